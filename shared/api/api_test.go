@@ -1,0 +1,122 @@
+package api
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const minimal = `{"control_plane":{"cluster":"outbound|8080||cp.kvroute-system.svc.cluster.local","authority":"cp.kvroute-system.svc.cluster.local"}}`
+
+func TestParseConfigFillsDefaults(t *testing.T) {
+	c, err := ParseConfig([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, DefaultEndpointHeader, c.EndpointHeader)
+	assert.Equal(t, 100, c.ControlPlane.PollMs)
+	assert.Equal(t, 64, c.BlockBytes)
+	assert.Equal(t, 16, c.BlockTokens)
+	assert.Equal(t, PolicyShared, c.Tenants.DefaultPolicy)
+	p := c.RuleParams()
+	assert.Equal(t, 0.95, p.MaxKVUsage)
+	assert.Equal(t, 500*time.Millisecond, p.MaxStateAge)
+	assert.Equal(t, 3, p.MaxEndpoints)
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	cases := map[string]struct {
+		json string
+		want []string
+	}{
+		"empty":             {``, []string{"control_plane.cluster"}},
+		"not json":          {`{`, []string{"plugin config"}},
+		"unknown field":     {`{"control_plane":{"cluster":"c","authority":"a"},"endpoint_headr":"x"}`, []string{"unknown field"}},
+		"missing authority": {`{"control_plane":{"cluster":"c"}}`, []string{"control_plane.authority"}},
+		"isolated needs a secret": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"tenants":{"header":"x-tenant","policies":{"acme":"isolated"}}}`,
+			[]string{"tenants.secret"},
+		},
+		"bad policy and bad header, reported together": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"endpoint_header":"bad header","tenants":{"default_policy":"private"}}`,
+			[]string{"endpoint_header", "tenant policy \"private\""},
+		},
+		"guards out of range": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"guards":{"max_kv_usage":1.5}}`,
+			[]string{"max_kv_usage"},
+		},
+		"trailing data": {minimal + `{}`, []string{"trailing"}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(c.json))
+			require.Error(t, err)
+			for _, w := range c.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestTenantSaltFollowsPolicy(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"control_plane":{"cluster":"c","authority":"a"},
+		"tenants":{"header":"X-Tenant","secret":"s3cret","policies":{"acme":"isolated","globex":"shared"}}}`))
+	require.NoError(t, err)
+	assert.Equal(t, "x-tenant", c.Tenants.Header, "header names are lower-cased as Envoy stores them")
+	s, isolated := c.TenantSalt("acme")
+	assert.True(t, isolated)
+	assert.Equal(t, prefix.TenantSalt([]byte("s3cret"), "acme"), s)
+	_, isolated = c.TenantSalt("globex")
+	assert.False(t, isolated)
+	_, isolated = c.TenantSalt("unknown")
+	assert.False(t, isolated, "default policy is shared")
+}
+
+func goodReport() Report {
+	return Report{Kind: KindOutcome, Model: "llama", Replica: "10.0.0.1:8000", Domain: prefix.Text,
+		BlockSize: 64, Stride: 4, Blocks: 9, Keys: []uint64{1, 2}, PromptTokens: 150, CachedTokens: 128, AtMs: 1}
+}
+
+func TestReportValidate(t *testing.T) {
+	require.NoError(t, func() error { r := goodReport(); return r.Validate() }())
+	cases := map[string]func(*Report){
+		"kind":            func(r *Report) { r.Kind = "guess" },
+		"model":           func(r *Report) { r.Model = "" },
+		"replica":         func(r *Report) { r.Replica = "" },
+		"domain":          func(r *Report) { r.Domain = 9 },
+		"stride":          func(r *Report) { r.Stride = 0 },
+		"keys vs blocks":  func(r *Report) { r.Blocks = 20 },
+		"negative cached": func(r *Report) { r.CachedTokens = -2 },
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := goodReport()
+			mut(&r)
+			assert.Error(t, r.Validate())
+		})
+	}
+}
+
+func TestAppendBatchParsesBack(t *testing.T) {
+	r1, r2 := goodReport(), goodReport()
+	r2.Kind = KindPlacement
+	r2.Keys = []uint64{^uint64(0), 1 << 63} // full 64-bit keys survive JSON
+	var enc [][]byte
+	for _, r := range []Report{r1, r2} {
+		b, err := json.Marshal(r)
+		require.NoError(t, err)
+		enc = append(enc, b)
+	}
+	b := AppendBatch(nil, `proxy "7"`, enc)
+	rb, err := ParseReportBatch(b)
+	require.NoError(t, err)
+	assert.Equal(t, `proxy "7"`, rb.Proxy)
+	assert.Equal(t, []Report{r1, r2}, rb.Reports)
+
+	_, err = ParseReportBatch(AppendBatch(nil, "p", [][]byte{[]byte(`{"kind":"outcome"}`)}))
+	assert.ErrorContains(t, err, "report 0")
+	_, err = ParseReportBatch([]byte(`{"proxy":"p","reports":[],"extra":1}`))
+	assert.ErrorContains(t, err, "unknown field")
+}

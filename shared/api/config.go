@@ -1,0 +1,267 @@
+// Package api holds what the filter and the control plane exchange besides the table:
+// the filter's plugin configuration (which the manifests also carry) and the reports the
+// filter sends back.
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/rule"
+)
+
+// DefaultEndpointHeader is the header Envoy's override_host policy reads (the Gateway API
+// inference extension's name for it).
+const DefaultEndpointHeader = "x-gateway-destination-endpoint"
+
+// Tenant policies.
+const (
+	// Shared tenants may hit cache entries other shared tenants created.
+	PolicyShared = "shared"
+	// Isolated tenants get their own chains (tenant salt) and, optionally, vLLM's
+	// cache_salt so the engine keeps their blocks apart too: a cache hit is a timing
+	// side channel between tenants (seeds 000 and 001).
+	PolicyIsolated = "isolated"
+)
+
+// Config is the filter's plugin configuration: Envoy's `configuration` / Istio's
+// WasmPlugin `pluginConfig`, as JSON. Durations are milliseconds. Unknown fields are
+// rejected so that a misspelt knob is a start-up error, not a silent default.
+type Config struct {
+	ControlPlane ControlPlane `json:"control_plane"`
+	// EndpointHeader receives "ip:port,ip:port,..." (best first).
+	EndpointHeader string `json:"endpoint_header,omitempty"`
+	// ModelHeader, when set, names a header that carries the model and wins over the
+	// body's "model" field (for gateways that already resolved it).
+	ModelHeader string  `json:"model_header,omitempty"`
+	Tenants     Tenants `json:"tenants,omitempty"`
+	// Adapters maps a LoRA adapter's model name to its base model: the adapter's
+	// requests route on the base model's replicas, with chains seeded by the adapter.
+	Adapters map[string]string `json:"adapters,omitempty"`
+	// BlockBytes and BlockTokens are used until the first table says otherwise.
+	BlockBytes  int `json:"block_bytes,omitempty"`
+	BlockTokens int `json:"block_tokens,omitempty"`
+	// MaxBodyBytes: larger request bodies are not parsed; they route by least queued.
+	MaxBodyBytes int `json:"max_body_bytes,omitempty"`
+	// MaxJSONDepth bounds nesting in request bodies.
+	MaxJSONDepth int    `json:"max_json_depth,omitempty"`
+	Guards       Guards `json:"guards,omitempty"`
+	// LedgerTimeoutMs drops a local queue entry whose response never started (lost
+	// stream); the engine's own metrics take over by then.
+	LedgerTimeoutMs int `json:"ledger_timeout_ms,omitempty"`
+}
+
+// ControlPlane says where the table comes from and where reports go.
+type ControlPlane struct {
+	// Cluster is the Envoy cluster of the control plane, e.g.
+	// "outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.local".
+	Cluster string `json:"cluster"`
+	// Authority is the :authority of calls to it.
+	Authority string `json:"authority"`
+	// Token, when set, is sent as "Authorization: Bearer <token>".
+	Token string `json:"token,omitempty"`
+	// PollMs is how often the leader asks for a new table version.
+	PollMs int `json:"poll_ms,omitempty"`
+	// TimeoutMs bounds each call.
+	TimeoutMs int `json:"timeout_ms,omitempty"`
+	// ReportMs is how often the leader posts queued reports.
+	ReportMs int `json:"report_ms,omitempty"`
+	// MaxReportBatch caps reports per POST.
+	MaxReportBatch int `json:"max_report_batch,omitempty"`
+}
+
+// Tenants says who a request belongs to and whether it may share cache.
+type Tenants struct {
+	// Header carries the tenant. It must be set by something the mesh trusts (an
+	// authenticating gateway, or a header the sidecar sets from the peer identity), and
+	// never taken from an unauthenticated client.
+	Header string `json:"header,omitempty"`
+	// DefaultPolicy applies to tenants not in Policies and to requests without a tenant.
+	DefaultPolicy string `json:"default_policy,omitempty"`
+	// Policies maps a tenant to PolicyShared or PolicyIsolated.
+	Policies map[string]string `json:"policies,omitempty"`
+	// Secret derives isolated tenants' salts (HMAC-SHA256); required when any tenant
+	// can be isolated.
+	Secret string `json:"secret,omitempty"`
+	// InjectCacheSalt sets vLLM's cache_salt on isolated tenants' requests.
+	InjectCacheSalt bool `json:"inject_cache_salt,omitempty"`
+}
+
+// Guards are the rule's guards (see package rule).
+type Guards struct {
+	MaxKVUsage    float64 `json:"max_kv_usage,omitempty"`
+	MaxStateAgeMs int     `json:"max_state_age_ms,omitempty"`
+	TieEpsilon    float64 `json:"tie_epsilon,omitempty"`
+	MaxEndpoints  int     `json:"max_endpoints,omitempty"`
+}
+
+// ParseConfig decodes and validates a plugin configuration, filling defaults.
+func ParseConfig(b []byte) (Config, error) {
+	var c Config
+	if len(bytes.TrimSpace(b)) == 0 {
+		return c, errors.New("plugin config is empty: control_plane.cluster and control_plane.authority are required")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("plugin config: %w", err)
+	}
+	if dec.More() {
+		return c, errors.New("plugin config: trailing data after the JSON object")
+	}
+	c.fillDefaults()
+	return c, c.Validate()
+}
+
+func (c *Config) fillDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.EndpointHeader == "" {
+		c.EndpointHeader = DefaultEndpointHeader
+	}
+	c.EndpointHeader = strings.ToLower(c.EndpointHeader)
+	c.ModelHeader = strings.ToLower(c.ModelHeader)
+	c.Tenants.Header = strings.ToLower(c.Tenants.Header)
+	if c.Tenants.DefaultPolicy == "" {
+		c.Tenants.DefaultPolicy = PolicyShared
+	}
+	def(&c.ControlPlane.PollMs, 100)
+	def(&c.ControlPlane.TimeoutMs, 1000)
+	def(&c.ControlPlane.ReportMs, 500)
+	def(&c.ControlPlane.MaxReportBatch, 512)
+	def(&c.BlockBytes, prefix.DefaultBlockBytes)
+	def(&c.BlockTokens, prefix.DefaultBlockTokens)
+	def(&c.MaxBodyBytes, 4<<20)
+	def(&c.MaxJSONDepth, 64)
+	def(&c.LedgerTimeoutMs, 30000)
+	p := rule.DefaultParams()
+	if c.Guards.MaxKVUsage == 0 {
+		c.Guards.MaxKVUsage = p.MaxKVUsage
+	}
+	def(&c.Guards.MaxStateAgeMs, int(p.MaxStateAge/time.Millisecond))
+	if c.Guards.TieEpsilon == 0 {
+		c.Guards.TieEpsilon = p.TieEpsilon
+	}
+	def(&c.Guards.MaxEndpoints, p.MaxEndpoints)
+}
+
+// Validate reports every problem at once, so an operator fixes the config in one pass.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.ControlPlane.Cluster == "" {
+		bad("control_plane.cluster is required (e.g. outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.local)")
+	}
+	if c.ControlPlane.Authority == "" {
+		bad("control_plane.authority is required")
+	}
+	if c.ControlPlane.PollMs < 10 {
+		bad("control_plane.poll_ms %d is below 10", c.ControlPlane.PollMs)
+	}
+	if c.ControlPlane.TimeoutMs < 1 || c.ControlPlane.ReportMs < 10 || c.ControlPlane.MaxReportBatch < 1 {
+		bad("control_plane timeout_ms, report_ms (>=10) and max_report_batch must be positive")
+	}
+	if !validHeaderName(c.EndpointHeader) {
+		bad("endpoint_header %q is not a valid header name", c.EndpointHeader)
+	}
+	if c.ModelHeader != "" && !validHeaderName(c.ModelHeader) {
+		bad("model_header %q is not a valid header name", c.ModelHeader)
+	}
+	if c.Tenants.Header != "" && !validHeaderName(c.Tenants.Header) {
+		bad("tenants.header %q is not a valid header name", c.Tenants.Header)
+	}
+	isolated := c.Tenants.DefaultPolicy == PolicyIsolated
+	for _, p := range append([]string{c.Tenants.DefaultPolicy}, mapValues(c.Tenants.Policies)...) {
+		switch p {
+		case PolicyShared:
+		case PolicyIsolated:
+			isolated = true
+		default:
+			bad("tenant policy %q: want %q or %q", p, PolicyShared, PolicyIsolated)
+		}
+	}
+	if isolated && c.Tenants.Secret == "" {
+		bad("tenants.secret is required when a tenant is isolated")
+	}
+	if len(c.Tenants.Policies) > 0 && c.Tenants.Header == "" {
+		bad("tenants.policies needs tenants.header")
+	}
+	if c.BlockBytes < 1 || c.BlockBytes > 1<<16 || c.BlockTokens < 1 || c.BlockTokens > 1<<12 {
+		bad("block_bytes (1..65536) and block_tokens (1..4096) out of range: %d, %d", c.BlockBytes, c.BlockTokens)
+	}
+	if c.MaxBodyBytes < 1024 {
+		bad("max_body_bytes %d is below 1024", c.MaxBodyBytes)
+	}
+	if c.MaxJSONDepth < 4 || c.MaxJSONDepth > 1000 {
+		bad("max_json_depth %d out of range 4..1000", c.MaxJSONDepth)
+	}
+	if c.Guards.MaxKVUsage <= 0 || c.Guards.MaxKVUsage > 1 {
+		bad("guards.max_kv_usage %v out of range (0, 1]", c.Guards.MaxKVUsage)
+	}
+	if c.Guards.MaxStateAgeMs < 1 || c.Guards.TieEpsilon < 0 || c.Guards.TieEpsilon > 1 {
+		bad("guards.max_state_age_ms must be positive and guards.tie_epsilon within [0, 1]")
+	}
+	if c.Guards.MaxEndpoints < 1 || c.Guards.MaxEndpoints > 16 {
+		bad("guards.max_endpoints %d out of range 1..16", c.Guards.MaxEndpoints)
+	}
+	if c.LedgerTimeoutMs < 1 {
+		bad("ledger_timeout_ms must be positive")
+	}
+	for a, base := range c.Adapters {
+		if a == "" || base == "" {
+			bad("adapters: empty name in %q -> %q", a, base)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RuleParams converts the guards for package rule.
+func (c *Config) RuleParams() rule.Params {
+	return rule.Params{
+		MaxKVUsage:   c.Guards.MaxKVUsage,
+		MaxStateAge:  time.Duration(c.Guards.MaxStateAgeMs) * time.Millisecond,
+		TieEpsilon:   c.Guards.TieEpsilon,
+		MaxEndpoints: c.Guards.MaxEndpoints,
+	}
+}
+
+// TenantSalt returns the salt for a tenant: zero for shared tenants.
+func (c *Config) TenantSalt(tenant string) (prefix.Salt, bool) {
+	policy, ok := c.Tenants.Policies[tenant]
+	if !ok {
+		policy = c.Tenants.DefaultPolicy
+	}
+	if policy != PolicyIsolated {
+		return prefix.Salt{}, false
+	}
+	return prefix.TenantSalt([]byte(c.Tenants.Secret), tenant), true
+}
+
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func mapValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}

@@ -1,0 +1,143 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute/shared/prefix"
+)
+
+// HTTP paths of the control plane that filters call.
+const (
+	// TablePath: GET ?version=V[&model=M] answers 304 (unchanged), a delta frame (V is
+	// recent) or a full frame, in package table's format.
+	TablePath = "/v1/table"
+	// ReportsPath: POST a ReportBatch as JSON.
+	ReportsPath = "/v1/reports"
+	// TableContentType is the media type of table frames.
+	TableContentType = "application/vnd.kvroute.table"
+)
+
+// Report kinds.
+const (
+	// Placement: the filter sent a request's prefix to Replica. The control plane adds
+	// speculative entries that expire unless an outcome or a KV event confirms them.
+	KindPlacement = "placement"
+	// Outcome: the engine answered; CachedTokens says how much of the prefix it really
+	// had, which confirms the prefix up to there and refutes the blocks beyond.
+	KindOutcome = "outcome"
+)
+
+// Report is one event the filter tells the control plane about. It holds hashes and
+// counts only, never prompt text.
+type Report struct {
+	Kind    string `json:"kind"`
+	Model   string `json:"model"`
+	Replica string `json:"replica"` // "ip:port"
+	// Domain of the keys (prefix.Text or prefix.Token).
+	Domain prefix.Domain `json:"domain"`
+	// BlockSize is in bytes (text) or tokens (token); Stride is the table's stride.
+	BlockSize int `json:"block_size"`
+	Stride    int `json:"stride"`
+	// Blocks is the number of complete blocks of the request's chain.
+	Blocks int `json:"blocks"`
+	// Keys are the chain's checkpoint keys in order: Keys[j] is the key of block
+	// (j+1)*Stride-1.
+	Keys []uint64 `json:"keys"`
+	// PromptBytes is the canonical prompt's length (text domain), for learning the
+	// bytes-per-token ratio from PromptTokens.
+	PromptBytes int `json:"prompt_bytes,omitempty"`
+	// PredictedCachedTokens is what the filter expected the replica to have cached.
+	PredictedCachedTokens int `json:"predicted_cached_tokens"`
+	// Outcome fields: the engine's usage numbers (-1 when the response had none) and
+	// the HTTP status.
+	PromptTokens int   `json:"prompt_tokens,omitempty"`
+	CachedTokens int   `json:"cached_tokens,omitempty"`
+	Status       int   `json:"status,omitempty"`
+	AtMs         int64 `json:"at_ms"`
+}
+
+// ReportBatch is the body of POST /v1/reports.
+type ReportBatch struct {
+	// Proxy identifies the sender (for the control plane's metrics only).
+	Proxy   string   `json:"proxy"`
+	Reports []Report `json:"reports"`
+}
+
+// Limits on what the control plane accepts in one batch.
+const (
+	MaxReportsPerBatch = 10000
+	MaxKeysPerReport   = 1 << 16
+)
+
+// Validate checks one report's fields.
+func (r *Report) Validate() error {
+	switch r.Kind {
+	case KindPlacement, KindOutcome:
+	default:
+		return fmt.Errorf("kind %q: want %q or %q", r.Kind, KindPlacement, KindOutcome)
+	}
+	if r.Model == "" || len(r.Model) > 1024 {
+		return errors.New("model is required (at most 1024 bytes)")
+	}
+	if r.Replica == "" || len(r.Replica) > 256 {
+		return errors.New("replica is required (ip:port)")
+	}
+	if r.Domain != prefix.Text && r.Domain != prefix.Token {
+		return fmt.Errorf("domain %d: want 1 (text) or 2 (token)", r.Domain)
+	}
+	if r.BlockSize < 1 || r.Stride < 1 {
+		return errors.New("block_size and stride must be positive")
+	}
+	if len(r.Keys) > MaxKeysPerReport {
+		return fmt.Errorf("%d keys, at most %d", len(r.Keys), MaxKeysPerReport)
+	}
+	if len(r.Keys) != r.Blocks/r.Stride {
+		return fmt.Errorf("%d keys for %d blocks at stride %d: want %d", len(r.Keys), r.Blocks, r.Stride, r.Blocks/r.Stride)
+	}
+	if r.PromptBytes < 0 || r.PredictedCachedTokens < 0 || r.PromptTokens < 0 || r.CachedTokens < -1 {
+		return errors.New("negative count")
+	}
+	return nil
+}
+
+// ParseReportBatch decodes and validates a batch; the first bad report rejects the
+// batch, with its index in the error.
+func ParseReportBatch(b []byte) (ReportBatch, error) {
+	var rb ReportBatch
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rb); err != nil {
+		return rb, fmt.Errorf("report batch: %w", err)
+	}
+	if dec.More() {
+		return rb, errors.New("report batch: trailing data after the JSON object")
+	}
+	if len(rb.Reports) > MaxReportsPerBatch {
+		return rb, fmt.Errorf("report batch: %d reports, at most %d", len(rb.Reports), MaxReportsPerBatch)
+	}
+	for i := range rb.Reports {
+		if err := rb.Reports[i].Validate(); err != nil {
+			return rb, fmt.Errorf("report %d: %w", i, err)
+		}
+	}
+	return rb, nil
+}
+
+// AppendBatch writes a ReportBatch from reports already encoded as JSON objects, so the
+// filter's leader can post what other VMs queued without decoding it.
+func AppendBatch(dst []byte, proxy string, encoded [][]byte) []byte {
+	p, _ := json.Marshal(proxy)
+	dst = append(dst, `{"proxy":`...)
+	dst = append(dst, p...)
+	dst = append(dst, `,"reports":[`...)
+	for i, e := range encoded {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, e...)
+	}
+	return append(dst, "]}"...)
+}

@@ -1,0 +1,200 @@
+// Package rule is kvroute's routing decision: for a request x and each eligible replica r,
+//
+//	cost(r) = (Q(r) + U(r, x)) / speed(r)
+//
+// where Q(r) is the prompt work already queued on r (uncached tokens not yet prefilled)
+// and U(r, x) = prompt tokens of x - tokens of x already cached on r. The minimum wins.
+//
+// Seed 000's worked example: 8,000-token prompts, 6,000 of them a shared prefix. The owner
+// of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000, so the owner keeps
+// the request while its extra queue is under the 6,000 tokens (428 ms of prefill) it
+// saves, and the first request that finds it deeper spills to the coldest replica, which
+// becomes a second owner. Hot prefixes gain owners in proportion to their load without a
+// separate replication policy; when nothing is cached anywhere the rule is plain
+// least-queued-tokens.
+package rule
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// Replica is one candidate as the router sees it.
+type Replica struct {
+	// Queued is Q(r): uncached prompt tokens waiting for prefill on r, from the control
+	// plane's last snapshot plus what this router sent since.
+	Queued float64
+	// Cached is the number of this request's prompt tokens already cached on r.
+	Cached float64
+	// Speed is r's prefill rate in tokens per second; 0 means "same as the others" (1).
+	Speed float64
+	// KVUsage is r's KV-cache usage, 0..1.
+	KVUsage float64
+	// StateAge is how old the router's knowledge of r is.
+	StateAge time.Duration
+	// Healthy is false for replicas the control plane saw failing.
+	Healthy bool
+}
+
+// Params are the guards and knobs of the rule.
+type Params struct {
+	// MaxKVUsage excludes replicas above this KV usage. 0.95: admitting above it forces
+	// vLLM to preempt running sequences (seed 000).
+	MaxKVUsage float64
+	// MaxStateAge excludes replicas whose state is older than this (seed 000: "a few
+	// hundred milliseconds"); queue depth is the term that goes wrong fastest.
+	MaxStateAge time.Duration
+	// TieEpsilon: costs within this fraction of the best are a near tie, broken at
+	// random so that many routers holding the same snapshot do not herd onto one replica.
+	TieEpsilon float64
+	// MaxEndpoints is the length of the result: the pick plus retry targets.
+	MaxEndpoints int
+}
+
+// DefaultParams are the values DESIGN.md gives.
+func DefaultParams() Params {
+	return Params{MaxKVUsage: 0.95, MaxStateAge: 500 * time.Millisecond, TieEpsilon: 0.02, MaxEndpoints: 3}
+}
+
+// Decision is the outcome of Pick.
+type Decision struct {
+	// Order lists replica indices, best first, at most MaxEndpoints long.
+	Order []int
+	// Fallback is true when no replica passed the guards and Order is least-queued
+	// over every replica (healthy ones first): a request never fails for lack of state.
+	Fallback bool
+	// Spill is true when the pick is not a replica holding the longest cached prefix
+	// (the owner was too deep, or excluded by a guard).
+	Spill bool
+	// BestCached is the longest cached prefix, in tokens, among all replicas.
+	BestCached float64
+	// Cost is the pick's cost in seconds of prefill (0 on fallback).
+	Cost float64
+}
+
+// Cost is (Q + U) / speed for a prompt of promptTokens tokens.
+func Cost(promptTokens float64, r Replica) float64 {
+	uncached := promptTokens - r.Cached
+	if uncached < 0 {
+		uncached = 0
+	}
+	speed := r.Speed
+	if speed <= 0 {
+		speed = 1
+	}
+	return (r.Queued + uncached) / speed
+}
+
+// Eligible reports whether r passes the guards.
+func Eligible(r Replica, p Params) bool {
+	if !r.Healthy {
+		return false
+	}
+	if p.MaxKVUsage > 0 && r.KVUsage > p.MaxKVUsage {
+		return false
+	}
+	if p.MaxStateAge > 0 && r.StateAge > p.MaxStateAge {
+		return false
+	}
+	return true
+}
+
+// Picker applies the rule. It owns a scratch buffer and a random source, so it is not
+// safe for concurrent use; each proxy-wasm VM (one thread) holds its own.
+type Picker struct {
+	Params Params
+	rng    *rand.Rand
+	scored []scored
+}
+
+type scored struct {
+	idx  int
+	cost float64
+}
+
+// NewPicker returns a Picker whose near-tie breaking is driven by seed (fixed in tests,
+// random in production).
+func NewPicker(p Params, seed uint64) *Picker {
+	return &Picker{Params: p, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// Pick orders replicas for a request of promptTokens tokens. order is reused for the
+// result when it has capacity.
+func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) Decision {
+	p := pk.Params
+	max := p.MaxEndpoints
+	if max <= 0 {
+		max = 3
+	}
+	d := Decision{Order: order[:0]}
+	for _, r := range replicas {
+		d.BestCached = math.Max(d.BestCached, r.Cached)
+	}
+
+	pk.scored = pk.scored[:0]
+	for i, r := range replicas {
+		if Eligible(r, p) {
+			pk.scored = append(pk.scored, scored{i, Cost(promptTokens, r)})
+		}
+	}
+	if len(pk.scored) == 0 {
+		return pk.fallback(replicas, d, max)
+	}
+	slices.SortStableFunc(pk.scored, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
+
+	// Near ties: every candidate within TieEpsilon of the best is equally good; put a
+	// random one of them first.
+	best := pk.scored[0].cost
+	ties := 1
+	for ties < len(pk.scored) && pk.scored[ties].cost <= best+p.TieEpsilon*best {
+		ties++
+	}
+	if ties > 1 {
+		j := pk.rng.IntN(ties)
+		pk.scored[0], pk.scored[j] = pk.scored[j], pk.scored[0]
+	}
+
+	for _, s := range pk.scored {
+		if len(d.Order) == max {
+			break
+		}
+		d.Order = append(d.Order, s.idx)
+	}
+	pick := replicas[d.Order[0]]
+	d.Cost = pk.scored[0].cost
+	d.Spill = pick.Cached < d.BestCached
+	return d
+}
+
+// fallback orders by queued tokens alone, healthy replicas first, ignoring the KV and
+// staleness guards: with no trustworthy state the least-queued replica is the safest.
+func (pk *Picker) fallback(replicas []Replica, d Decision, max int) Decision {
+	d.Fallback = true
+	pk.scored = pk.scored[:0]
+	for i, r := range replicas {
+		q := r.Queued
+		if !r.Healthy {
+			q = math.Inf(1)
+		}
+		pk.scored = append(pk.scored, scored{i, q})
+	}
+	slices.SortStableFunc(pk.scored, func(x, y scored) int {
+		if c := cmp.Compare(x.cost, y.cost); c != 0 {
+			return c
+		}
+		return cmp.Compare(replicas[x.idx].Queued, replicas[y.idx].Queued)
+	})
+	for _, s := range pk.scored {
+		if len(d.Order) == max {
+			break
+		}
+		d.Order = append(d.Order, s.idx)
+	}
+	if len(d.Order) > 0 {
+		d.Spill = replicas[d.Order[0]].Cached < d.BestCached
+	}
+	return d
+}
