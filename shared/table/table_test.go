@@ -87,7 +87,7 @@ func TestDeltaRoundTrip(t *testing.T) {
 	next.Version = 9
 	next.GeneratedMs += 100
 	lm := next.Models["llama"]
-	lm.Replicas[1].Queued = 55555 // queue terms change every version
+	lm.Replicas[1].Queued = 55555         // queue terms change every version
 	require.NoError(t, lm.Set(100))       // removed
 	require.NoError(t, lm.Set(200, 1))    // changed set
 	require.NoError(t, lm.Set(250, 0, 1)) // added
