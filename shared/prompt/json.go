@@ -1,0 +1,427 @@
+package prompt
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// scanner is a minimal JSON reader over a whole body: one pass, no reflection, no
+// allocation beyond the caller's buffers, with a nesting bound. It reads strings
+// decoded (escapes resolved, invalid UTF-8 replaced by U+FFFD as encoding/json does)
+// and can copy any value in compact form. Errors name an offset, never content.
+type scanner struct {
+	b        []byte
+	i        int
+	depth    int
+	maxDepth int
+}
+
+// errSyntax and errDepth are wrapped with the offset.
+var (
+	errSyntax = errors.New("invalid JSON")
+	errDepth  = errors.New("JSON nested too deeply")
+)
+
+func (s *scanner) fail(what string) error {
+	return fmt.Errorf("%w at offset %d: %s", errSyntax, s.i, what)
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) expect(c byte) error {
+	if s.peek() != c {
+		return s.fail("expected '" + string(c) + "'")
+	}
+	s.i++
+	return nil
+}
+
+func (s *scanner) enter() error {
+	s.depth++
+	if s.depth > s.maxDepth {
+		return fmt.Errorf("%w: more than %d levels at offset %d", errDepth, s.maxDepth, s.i)
+	}
+	return nil
+}
+
+func (s *scanner) leave() { s.depth-- }
+
+// str reads a string value and appends its decoded bytes to dst, passing each run of
+// bytes through esc (which may rewrite them) when esc is not nil.
+func (s *scanner) str(dst []byte, esc func([]byte, []byte) []byte) ([]byte, error) {
+	if s.peek() != '"' {
+		return dst, s.fail("expected a string")
+	}
+	s.i++
+	put := func(dst, run []byte) []byte {
+		if esc != nil {
+			return esc(dst, run)
+		}
+		return append(dst, run...)
+	}
+	var u8 [utf8.UTFMax]byte
+	for {
+		start := s.i
+		for s.i < len(s.b) {
+			c := s.b[s.i]
+			if c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+				break
+			}
+			s.i++
+		}
+		dst = put(dst, s.b[start:s.i])
+		if s.i >= len(s.b) {
+			return dst, s.fail("unterminated string")
+		}
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return dst, nil
+		case c < 0x20:
+			return dst, s.fail("control character in string")
+		case c >= utf8.RuneSelf:
+			r, n := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && n == 1 {
+				dst = put(dst, []byte("\uFFFD"))
+			} else {
+				dst = put(dst, s.b[s.i:s.i+n])
+			}
+			s.i += n
+		default: // backslash
+			if s.i+1 >= len(s.b) {
+				return dst, s.fail("unterminated escape")
+			}
+			e := s.b[s.i+1]
+			s.i += 2
+			var one byte
+			switch e {
+			case '"', '\\', '/':
+				one = e
+			case 'b':
+				one = '\b'
+			case 'f':
+				one = '\f'
+			case 'n':
+				one = '\n'
+			case 'r':
+				one = '\r'
+			case 't':
+				one = '\t'
+			case 'u':
+				r, ok := s.hex4()
+				if !ok {
+					return dst, s.fail("bad \\u escape")
+				}
+				if utf16.IsSurrogate(r) {
+					// A high surrogate followed by a low one is one rune; anything
+					// else becomes U+FFFD and the next escape is read on its own,
+					// as encoding/json does.
+					dec := utf8.RuneError
+					if len(s.b)-s.i >= 6 && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+						if r2, ok := hex4At(s.b, s.i+2); ok {
+							if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+								dec = d
+								s.i += 6
+							}
+						}
+					}
+					r = dec
+				}
+				n := utf8.EncodeRune(u8[:], r)
+				dst = put(dst, u8[:n])
+				continue
+			default:
+				return dst, s.fail("bad escape")
+			}
+			dst = put(dst, []byte{one})
+		}
+	}
+}
+
+func (s *scanner) hex4() (rune, bool) {
+	r, ok := hex4At(s.b, s.i)
+	if ok {
+		s.i += 4
+	}
+	return r, ok
+}
+
+func hex4At(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// value skips one value of any kind, validating it; with dst != nil it appends the
+// value in compact form (insignificant space removed, strings kept as written).
+func (s *scanner) value(dst *[]byte) error {
+	switch c := s.peek(); {
+	case c == '{' || c == '[':
+		if err := s.enter(); err != nil {
+			return err
+		}
+		defer s.leave()
+		end := byte('}')
+		if c == '[' {
+			end = ']'
+		}
+		s.i++
+		emit(dst, c)
+		if s.peek() == end {
+			s.i++
+			emit(dst, end)
+			return nil
+		}
+		for {
+			if c == '{' {
+				if err := s.rawString(dst); err != nil {
+					return err
+				}
+				if err := s.expect(':'); err != nil {
+					return err
+				}
+				emit(dst, ':')
+			}
+			if err := s.value(dst); err != nil {
+				return err
+			}
+			switch s.peek() {
+			case ',':
+				s.i++
+				emit(dst, ',')
+			case end:
+				s.i++
+				emit(dst, end)
+				return nil
+			default:
+				return s.fail("expected ',' or a closing bracket")
+			}
+		}
+	case c == '"':
+		return s.rawString(dst)
+	case c == '-' || c >= '0' && c <= '9':
+		start := s.i
+		if err := s.number(); err != nil {
+			return err
+		}
+		if dst != nil {
+			*dst = append(*dst, s.b[start:s.i]...)
+		}
+		return nil
+	default:
+		for _, lit := range []string{"true", "false", "null"} {
+			if len(s.b)-s.i >= len(lit) && string(s.b[s.i:s.i+len(lit)]) == lit {
+				s.i += len(lit)
+				if dst != nil {
+					*dst = append(*dst, lit...)
+				}
+				return nil
+			}
+		}
+		return s.fail("expected a value")
+	}
+}
+
+func emit(dst *[]byte, c byte) {
+	if dst != nil {
+		*dst = append(*dst, c)
+	}
+}
+
+// rawString validates a string and, with dst != nil, appends it as written.
+func (s *scanner) rawString(dst *[]byte) error {
+	s.ws()
+	start := s.i
+	if _, err := s.str(nil, func(d, _ []byte) []byte { return d }); err != nil {
+		return err
+	}
+	if dst != nil {
+		*dst = append(*dst, s.b[start:s.i]...)
+	}
+	return nil
+}
+
+// number validates a JSON number per RFC 8259.
+func (s *scanner) number() error {
+	b, i := s.b, s.i
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		s.i = i
+		return s.fail("bad number")
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.i = i
+			return s.fail("bad number")
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.i = i
+			return s.fail("bad number")
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	s.i = i
+	return nil
+}
+
+// uint32Value reads a number that must be an integer in 0..2^32-1 (a token id).
+func (s *scanner) uint32Value() (uint32, error) {
+	s.ws()
+	start := s.i
+	if err := s.number(); err != nil {
+		return 0, err
+	}
+	var v uint64
+	for _, c := range s.b[start:s.i] {
+		if c < '0' || c > '9' {
+			s.i = start
+			return 0, s.fail("token id is not a non-negative integer")
+		}
+		v = v*10 + uint64(c-'0')
+		if v > 1<<32-1 {
+			s.i = start
+			return 0, s.fail("token id above 2^32-1")
+		}
+	}
+	return uint32(v), nil
+}
+
+// boolValue reads true or false; any other value is skipped and reported as not ok.
+func (s *scanner) boolValue() (v, ok bool, err error) {
+	switch s.peek() {
+	case 't':
+		if len(s.b)-s.i >= 4 && string(s.b[s.i:s.i+4]) == "true" {
+			s.i += 4
+			return true, true, nil
+		}
+	case 'f':
+		if len(s.b)-s.i >= 5 && string(s.b[s.i:s.i+5]) == "false" {
+			s.i += 5
+			return false, true, nil
+		}
+	}
+	return false, false, s.value(nil)
+}
+
+// object iterates the members of an object, calling member with the decoded key (valid
+// only during the call) positioned at the member's value; member must consume it.
+func (s *scanner) object(key []byte, member func(key []byte) error) ([]byte, error) {
+	if err := s.expect('{'); err != nil {
+		return key, err
+	}
+	if err := s.enter(); err != nil {
+		return key, err
+	}
+	defer s.leave()
+	if s.peek() == '}' {
+		s.i++
+		return key, nil
+	}
+	for {
+		var err error
+		key, err = s.str(key[:0], nil)
+		if err != nil {
+			return key, err
+		}
+		if err := s.expect(':'); err != nil {
+			return key, err
+		}
+		if err := member(key); err != nil {
+			return key, err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return key, nil
+		default:
+			return key, s.fail("expected ',' or '}'")
+		}
+	}
+}
+
+// array iterates the elements of an array, calling elem positioned at each one.
+func (s *scanner) array(elem func(i int) error) error {
+	if err := s.expect('['); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.leave()
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for i := 0; ; i++ {
+		if err := elem(i); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return s.fail("expected ',' or ']'")
+		}
+	}
+}

@@ -1,0 +1,480 @@
+package prompt
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var lim = Limits{MaxBytes: 1 << 20, MaxDepth: 32}
+
+func parse(t *testing.T, api API, body string) Request {
+	t.Helper()
+	var p Parser
+	r, err := p.Parse(api, []byte(body), lim)
+	require.NoError(t, err)
+	// Copy out of the parser's buffers.
+	r.Text = bytes.Clone(r.Text)
+	if r.Tokens != nil {
+		r.Tokens = append([]uint32{}, r.Tokens...)
+	}
+	return r
+}
+
+func canon(parts ...string) []byte { return []byte(strings.Join(parts, "")) }
+
+func TestCompletionsPromptForms(t *testing.T) {
+	cases := []struct {
+		name   string
+		body   string
+		text   string
+		tokens []uint32
+	}{
+		{"string", `{"model":"m","prompt":"hello world"}`, "hello world", nil},
+		{"list of strings: first routes", `{"model":"m","prompt":["first","second"]}`, "first", nil},
+		{"token ids", `{"model":"m","prompt":[1, 2, 4294967295]}`, "", []uint32{1, 2, 4294967295}},
+		{"list of token-id lists: first routes", `{"model":"m","prompt":[[5,6],[7]]}`, "", []uint32{5, 6}},
+		{"empty token list", `{"model":"m","prompt":[[]]}`, "", []uint32{}},
+		{"escapes decoded", `{"model":"m","prompt":"a\nb\u00e9\ud83d\ude00\"\\"}`, "a\nbé😀\"\\", nil},
+		{"separator bytes escaped", "{\"model\":\"m\",\"prompt\":\"x\\u001ey\\u001bz\"}", "x\x1b3y\x1b0z", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := parse(t, Completions, c.body)
+			assert.Equal(t, "m", r.Model)
+			if c.tokens != nil {
+				assert.True(t, r.IsTokens())
+				assert.Equal(t, c.tokens, r.Tokens)
+			} else {
+				assert.False(t, r.IsTokens())
+				assert.Equal(t, c.text, string(r.Text))
+			}
+		})
+	}
+}
+
+func TestChatCanonicalForm(t *testing.T) {
+	r := parse(t, Chat, `{"model":"llama","stream":true,"messages":[
+		{"role":"system","content":"You are helpful."},
+		{"role":"user","name":"ann","content":[{"type":"text","text":"Look"},{"type":"image_url","image_url":{"url":"http://x/a.png"}}]},
+		{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+		{"role":"tool","tool_call_id":"c1","content":"42"}],
+		"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}`)
+	assert.True(t, r.Stream)
+	want := canon(
+		"\x1dtools\x1f", `[{"type":"function","function":{"name":"f","parameters":{}}}]`, "\x1e",
+		"\x1dsystem\x1fYou are helpful.\x1e",
+		"\x1duser\x1fLook\n\x1cimage_url\x1f", `{"type":"image_url","image_url":{"url":"http://x/a.png"}}`, "\x1fnann\x1e",
+		"\x1dassistant\x1f\x1fc", `[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]`, "\x1e",
+		"\x1dtool\x1f42\x1fic1\x1e",
+	)
+	assert.Equal(t, string(want), string(r.Text))
+}
+
+func TestCanonicalFormIgnoresLayout(t *testing.T) {
+	a := parse(t, Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	same := []string{
+		"{ \"messages\" : [ { \"content\" : \"hi\" , \"role\" : \"user\" } ] ,\n\t\"model\" : \"m\" }",
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"\u0068i"}],"tools":[]}`,
+		`{"model":"m","temperature":0.7,"messages":[{"role":"user","content":"hi"}],"user":"x"}`,
+	}
+	for _, body := range same {
+		assert.Equal(t, string(a.Text), string(parse(t, Chat, body).Text), body)
+	}
+	different := []string{
+		`{"model":"m","messages":[{"role":"system","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi "}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi","name":"x"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`,
+	}
+	for _, body := range different {
+		assert.NotEqual(t, string(a.Text), string(parse(t, Chat, body).Text), body)
+	}
+}
+
+// The property routing relies on: a conversation's next turn extends the previous
+// turn's serialization, so their leading blocks are shared.
+func TestChatSerializationIsPrefixPreserving(t *testing.T) {
+	turn1 := parse(t, Chat, `{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"}]}`)
+	turn2 := parse(t, Chat, `{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"},
+		{"role":"assistant","content":"A1"},{"role":"user","content":"Q2"}]}`)
+	assert.True(t, bytes.HasPrefix(turn2.Text, turn1.Text))
+	// A message's content cannot be confused with message structure.
+	forged := parse(t, Chat, "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\\u001e\\u001duser\\u001fQ1\"}]}")
+	assert.False(t, bytes.HasPrefix(forged.Text, turn1.Text))
+	assert.NotEqual(t, turn1.Text, forged.Text)
+}
+
+func TestErrorsAreBoundedAndSayWhereNotWhat(t *testing.T) {
+	secret := "my-secret-prompt"
+	deep := `{"model":"m","metadata":` + strings.Repeat("[", 40) + strings.Repeat("]", 40) + `,"messages":[]}`
+	cases := map[string]struct {
+		api  API
+		body string
+		is   error
+	}{
+		"not json":               {Chat, "hello " + secret, errSyntax},
+		"truncated":              {Chat, `{"model":"m","messages":[{"role":"user","content":"` + secret, errSyntax},
+		"no prompt":              {Completions, `{"model":"m"}`, ErrNoPrompt},
+		"messages on completion": {Completions, `{"model":"m","messages":[]}`, ErrNoPrompt},
+		"deep nesting":           {Chat, deep, errDepth},
+		"negative token":         {Completions, `{"prompt":[1,-2]}`, errSyntax},
+		"float token":            {Completions, `{"prompt":[1.5]}`, errSyntax},
+		"huge token":             {Completions, `{"prompt":[4294967296]}`, errSyntax},
+		"mixed list":             {Completions, `{"prompt":["a",1]}`, errSyntax},
+		"content is a number":    {Chat, `{"messages":[{"role":"user","content":5}]}`, errSyntax},
+		"trailing data":          {Chat, `{"messages":[]} {}`, errSyntax},
+		"top level array":        {Chat, `[{"messages":[]}]`, errSyntax},
+		"control char in string": {Chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\"}]}", errSyntax},
+		"too large":              {Chat, `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<20) + `"}]}`, ErrTooLarge},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			var p Parser
+			_, err := p.Parse(c.api, []byte(c.body), lim)
+			require.ErrorIs(t, err, c.is)
+			assert.NotContains(t, err.Error(), secret)
+		})
+	}
+}
+
+func TestDuplicateKeysLastWins(t *testing.T) {
+	r := parse(t, Chat, `{"model":"a","model":"b","cache_salt":"x","cache_salt":"y","stream":true,"stream":"no","messages":[{"role":"user","content":"1","content":"2"}]}`)
+	assert.Equal(t, "b", r.Model)
+	assert.Equal(t, "y", r.CacheSalt)
+	assert.False(t, r.Stream)
+	assert.Equal(t, "\x1duser\x1f2\x1e", string(r.Text))
+}
+
+func TestWithCacheSalt(t *testing.T) {
+	cases := map[string]string{
+		"added":             `{"model":"m","messages":[]}`,
+		"added with spaces": "{\"model\":\"m\",\"messages\":[] \n}",
+		"replaced":          `{"model":"m","cache_salt":"client-value","messages":[]}`,
+		"last one replaced": `{"cache_salt":"a","model":"m","cache_salt":"b","messages":[]}`,
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			var p Parser
+			r, err := p.Parse(Chat, []byte(body), lim)
+			require.NoError(t, err)
+			out := WithCacheSalt([]byte(body), &r, "abc\"123")
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(out, &m), string(out))
+			assert.Equal(t, "abc\"123", m["cache_salt"])
+			assert.Equal(t, "m", m["model"])
+			r2, err := p.Parse(Chat, out, lim)
+			require.NoError(t, err)
+			assert.Equal(t, "abc\"123", r2.CacheSalt)
+		})
+	}
+	var p Parser
+	r, err := p.Parse(Chat, []byte(`{}`), lim)
+	require.ErrorIs(t, err, ErrNoPrompt)
+	assert.JSONEq(t, `{"cache_salt":"s"}`, string(WithCacheSalt([]byte(`{}`), &r, "s")))
+}
+
+func TestAPIForPath(t *testing.T) {
+	for path, want := range map[string]API{
+		"/v1/completions": Completions, "/v1/chat/completions": Chat, "/v1/chat/completions?x=1": Chat,
+	} {
+		got, ok := APIForPath(path)
+		assert.True(t, ok, path)
+		assert.Equal(t, want, got, path)
+	}
+	for _, path := range []string{"/v1/embeddings", "/v1/models", "/", "/v1/chat/completions/render"} {
+		_, ok := APIForPath(path)
+		assert.False(t, ok, path)
+	}
+}
+
+// reference is a second, independent implementation of the canonical serialization on
+// top of encoding/json, for differential fuzzing.
+func reference(api API, body []byte) (Request, error) {
+	var r Request
+	r.API = api
+	if !json.Valid(body) || bytes.TrimSpace(body)[0] != '{' {
+		return r, errSyntax
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return r, errSyntax
+	}
+	_ = json.Unmarshal(top["model"], &r.Model)
+	_ = json.Unmarshal(top["stream"], &r.Stream)
+	if raw, ok := top["cache_salt"]; ok && raw[0] == '"' {
+		_ = json.Unmarshal(raw, &r.CacheSalt)
+		r.HasCacheSalt = true
+	}
+	esc := func(b []byte) []byte { return escape(nil, b) }
+	compact := func(raw []byte) []byte {
+		var buf bytes.Buffer
+		_ = json.Compact(&buf, raw)
+		return buf.Bytes()
+	}
+	present := func(m map[string]json.RawMessage, k string) (json.RawMessage, bool) {
+		v, ok := m[k]
+		return v, ok && string(v) != "null"
+	}
+	str := func(raw json.RawMessage) ([]byte, error) {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, errSyntax
+		}
+		return esc([]byte(s)), nil
+	}
+	switch api {
+	case Completions:
+		raw, ok := top["prompt"]
+		if !ok {
+			return r, ErrNoPrompt
+		}
+		switch raw[0] {
+		case '"':
+			s, err := str(raw)
+			r.Text = s
+			return r, err
+		case '[':
+		default:
+			return r, errSyntax
+		}
+		var list []json.RawMessage
+		_ = json.Unmarshal(raw, &list)
+		if len(list) == 0 {
+			return r, ErrNoPrompt
+		}
+		kind := func(e json.RawMessage) byte {
+			switch c := e[0]; {
+			case c == '"' || c == '[':
+				return c
+			case c == '-' || c >= '0' && c <= '9':
+				return '0'
+			}
+			return 0
+		}
+		k := kind(list[0])
+		ids := func(es []json.RawMessage) ([]uint32, error) {
+			out := []uint32{}
+			for _, e := range es {
+				v, err := strconv.ParseUint(string(e), 10, 32)
+				if err != nil {
+					return nil, errSyntax
+				}
+				out = append(out, uint32(v))
+			}
+			return out, nil
+		}
+		for _, e := range list {
+			if kind(e) == 0 || kind(e) != k {
+				return r, errSyntax
+			}
+		}
+		switch k {
+		case '"':
+			s, err := str(list[0])
+			r.Text = s
+			return r, err
+		case '[':
+			var inner []json.RawMessage
+			_ = json.Unmarshal(list[0], &inner)
+			t, err := ids(inner)
+			r.Tokens = t
+			return r, err
+		default:
+			t, err := ids(list)
+			r.Tokens = t
+			return r, err
+		}
+	default:
+		raw, ok := top["messages"]
+		if !ok {
+			return r, ErrNoPrompt
+		}
+		var msgs []json.RawMessage
+		if raw[0] != '[' || json.Unmarshal(raw, &msgs) != nil {
+			return r, errSyntax
+		}
+		out := []byte{}
+		if tools, ok := top["tools"]; ok {
+			if c := compact(tools); string(c) != "null" && string(c) != "[]" {
+				out = append(out, gs)
+				out = append(out, "tools"...)
+				out = append(out, us)
+				out = append(out, esc(c)...)
+				out = append(out, rs)
+			}
+		}
+		for _, mraw := range msgs {
+			var m map[string]json.RawMessage
+			if mraw[0] != '{' || json.Unmarshal(mraw, &m) != nil {
+				return r, errSyntax
+			}
+			var role, content []byte
+			var err error
+			if v, ok := present(m, "role"); ok {
+				if role, err = str(v); err != nil {
+					return r, err
+				}
+			}
+			if v, ok := m["content"]; ok {
+				switch v[0] {
+				case '"':
+					if content, err = str(v); err != nil {
+						return r, err
+					}
+				case 'n':
+				case '[':
+					var parts []json.RawMessage
+					_ = json.Unmarshal(v, &parts)
+					for i, praw := range parts {
+						var part map[string]json.RawMessage
+						if praw[0] != '{' || json.Unmarshal(praw, &part) != nil {
+							return r, errSyntax
+						}
+						if i > 0 {
+							content = append(content, '\n')
+						}
+						var typ string
+						_ = json.Unmarshal(part["type"], &typ)
+						var text *string
+						if tr, ok := part["text"]; ok && tr[0] == '"' {
+							text = new(string)
+							_ = json.Unmarshal(tr, text)
+						}
+						if typ == "text" && text != nil {
+							content = append(content, esc([]byte(*text))...)
+							continue
+						}
+						content = append(content, fs)
+						content = append(content, esc([]byte(typ))...)
+						content = append(content, us)
+						content = append(content, esc(compact(praw))...)
+					}
+				default:
+					return r, errSyntax
+				}
+			}
+			out = append(out, gs)
+			out = append(out, role...)
+			out = append(out, us)
+			out = append(out, content...)
+			if v, ok := present(m, "name"); ok {
+				s, err := str(v)
+				if err != nil {
+					return r, err
+				}
+				out = append(append(out, us, 'n'), s...)
+			}
+			if v, ok := m["tool_calls"]; ok && string(v) != "null" {
+				out = append(append(out, us, 'c'), esc(compact(v))...)
+			}
+			if v, ok := present(m, "tool_call_id"); ok {
+				s, err := str(v)
+				if err != nil {
+					return r, err
+				}
+				out = append(append(out, us, 'i'), s...)
+			}
+			out = append(out, rs)
+		}
+		r.Text = out
+		return r, nil
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}],"tools":[{"a":1}]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]},{"role":"tool","tool_call_id":"1","content":"x"}]}`,
+		`{"model":"m","prompt":"hello","cache_salt":"s"}`,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"model":"m","prompt":["a","b"]}`,
+		"{\"prompt\":\"\\ud83d\\ude00\\ud800x\\u001e\"}",
+		`{"messages":[{"role":"user","content":"a","content":"b","name":"n"}]}`,
+	}
+	for _, s := range seeds {
+		f.Add(s, true)
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, body string, chat bool) {
+		api := Completions
+		if chat {
+			api = Chat
+		}
+		var p Parser
+		got, err := p.Parse(api, []byte(body), Limits{MaxBytes: 1 << 20, MaxDepth: 1000})
+		if errors.Is(err, errDepth) {
+			return
+		}
+		if err == nil && !json.Valid([]byte(body)) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		want, werr := reference(api, []byte(body))
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("%q: parser err %v, reference err %v", body, err, werr)
+		}
+		if err != nil {
+			if errors.Is(werr, ErrNoPrompt) != errors.Is(err, ErrNoPrompt) {
+				t.Fatalf("%q: parser err %v, reference err %v", body, err, werr)
+			}
+			return
+		}
+		if got.Model != want.Model || got.Stream != want.Stream || got.CacheSalt != want.CacheSalt ||
+			got.HasCacheSalt != want.HasCacheSalt {
+			t.Fatalf("%q: fields %+v vs %+v", body, got, want)
+		}
+		if got.IsTokens() != (want.Tokens != nil) || fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) {
+			t.Fatalf("%q: tokens %v vs %v", body, got.Tokens, want.Tokens)
+		}
+		if !bytes.Equal(got.Text, want.Text) {
+			t.Fatalf("%q: text\n%q\nvs\n%q", body, got.Text, want.Text)
+		}
+		if got.HasCacheSalt || got.closeBrace >= 0 {
+			out := WithCacheSalt([]byte(body), &got, "kv")
+			var m map[string]json.RawMessage
+			if err := json.Unmarshal(out, &m); err != nil || string(m["cache_salt"]) != `"kv"` {
+				t.Fatalf("%q: cache_salt injection gave %q", body, out)
+			}
+		}
+	})
+}
+
+// An 8,000-token chat body (about 32 KB): a long system prompt, a short question.
+func benchBody() []byte {
+	sys := strings.Repeat("You are a careful assistant for ACME support. Follow the policy. ", 470)
+	return []byte(fmt.Sprintf(`{"model":"llama","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":"Where is my order 12345?"}]}`, sys))
+}
+
+func BenchmarkParseChat32KB(b *testing.B) {
+	body := benchBody()
+	var p Parser
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Parse(Chat, body, Limits{MaxBytes: 1 << 20, MaxDepth: 64}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The same work with encoding/json, for comparison in the closing note.
+func BenchmarkParseChat32KBEncodingJSON(b *testing.B) {
+	body := benchBody()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := reference(Chat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
