@@ -141,7 +141,7 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 		}
 	}
 	if len(pk.scored) == 0 {
-		return pk.fallback(replicas, d, max)
+		return pk.LeastQueued(replicas, order)
 	}
 	slices.SortStableFunc(pk.scored, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
 
@@ -169,9 +169,19 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 	return d
 }
 
-// fallback orders by queued tokens alone, healthy replicas first, ignoring the KV and
-// staleness guards: with no trustworthy state the least-queued replica is the safest.
-func (pk *Picker) fallback(replicas []Replica, d Decision, max int) Decision {
+// LeastQueued orders replicas by queued tokens alone, healthy replicas first, ignoring
+// the KV and staleness guards: with no trustworthy state, or no prefix to match, the
+// least-queued replica is the safest. Pick falls back to it when every replica is
+// excluded; the result is marked Fallback.
+func (pk *Picker) LeastQueued(replicas []Replica, order []int) Decision {
+	max := pk.Params.MaxEndpoints
+	if max <= 0 {
+		max = 3
+	}
+	d := Decision{Order: order[:0]}
+	for _, r := range replicas {
+		d.BestCached = math.Max(d.BestCached, r.Cached)
+	}
 	d.Fallback = true
 	pk.scored = pk.scored[:0]
 	for i, r := range replicas {

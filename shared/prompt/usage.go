@@ -1,0 +1,68 @@
+package prompt
+
+import "bytes"
+
+// Usage is what an engine reports about a request's prompt.
+type Usage struct {
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens; -1 when the engine did
+	// not report it (vLLM without --enable-prompt-tokens-details).
+	CachedTokens int
+}
+
+// FindUsage looks for the last complete "usage" object in the tail of a response: the
+// end of a JSON body, or the last SSE chunks of a stream (vLLM sends usage in the final
+// chunk when stream_options.include_usage is set). A "usage" key cannot be forged by
+// generated text: inside a JSON string its quotes would be escaped.
+func FindUsage(tail []byte) (Usage, bool) {
+	key := []byte(`"usage"`)
+	end := len(tail)
+	for {
+		i := bytes.LastIndex(tail[:end], key)
+		if i < 0 {
+			return Usage{}, false
+		}
+		end = i
+		s := &scanner{b: tail, i: i + len(key), maxDepth: 8}
+		if s.peek() != ':' {
+			continue
+		}
+		s.i++
+		if s.peek() != '{' {
+			continue // "usage": null in intermediate stream chunks
+		}
+		u, ok := s.usage()
+		if ok {
+			return u, true
+		}
+	}
+}
+
+func (s *scanner) usage() (Usage, bool) {
+	u := Usage{PromptTokens: -1, CachedTokens: -1}
+	var key []byte
+	_, err := s.object(key, func(k []byte) error {
+		switch string(k) {
+		case "prompt_tokens":
+			v, err := s.uint32Value()
+			u.PromptTokens = int(v)
+			return err
+		case "prompt_tokens_details":
+			if s.peek() != '{' {
+				return s.value(nil)
+			}
+			_, err := s.object(nil, func(k []byte) error {
+				if string(k) != "cached_tokens" || s.peek() == 'n' {
+					return s.value(nil)
+				}
+				v, err := s.uint32Value()
+				u.CachedTokens = int(v)
+				return err
+			})
+			return err
+		default:
+			return s.value(nil)
+		}
+	})
+	return u, err == nil && u.PromptTokens >= 0
+}

@@ -1,0 +1,48 @@
+package prompt
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestFindUsage(t *testing.T) {
+	cases := []struct {
+		name   string
+		tail   string
+		want   Usage
+		wantOK bool
+	}{
+		{"json body", `{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":8000,"completion_tokens":300,"total_tokens":8300,"prompt_tokens_details":{"cached_tokens":5984}}}`,
+			Usage{8000, 5984}, true},
+		{"no details", `{"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}}`, Usage{12, -1}, true},
+		{"sse final chunk", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":96}}}\n\ndata: [DONE]\n\n",
+			Usage{100, 96}, true},
+		{"generated text mentioning usage is not usage", `{"choices":[{"message":{"content":"the \"usage\":{\"prompt_tokens\":1} field"}}],"usage":{"prompt_tokens":7}}`,
+			Usage{7, -1}, true},
+		{"cut in the middle", `{"usage":{"prompt_tokens":8000,"prompt_tok`, Usage{}, false},
+		{"absent", `{"choices":[]}`, Usage{}, false},
+		{"only null usage", "data: {\"usage\":null}\n\n", Usage{}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			u, ok := FindUsage([]byte(c.tail))
+			assert.Equal(t, c.wantOK, ok)
+			if ok {
+				assert.Equal(t, c.want, u)
+			}
+		})
+	}
+}
+
+func FuzzFindUsage(f *testing.F) {
+	f.Add(`{"usage":{"prompt_tokens":8000,"prompt_tokens_details":{"cached_tokens":5984}}}`)
+	f.Add("data: {\"usage\":null}\n\ndata: {\"usage\":{\"prompt_tokens\":1}}\n\n")
+	f.Fuzz(func(t *testing.T, tail string) {
+		u, ok := FindUsage([]byte(tail))
+		if ok && (u.PromptTokens < 0 || u.CachedTokens < -1) {
+			t.Fatalf("%q: %+v", tail, u)
+		}
+	})
+}

@@ -1,0 +1,167 @@
+// Package route is one routing decision from start to end: the request's prompt becomes
+// a chain of block keys, the table says how much of that chain each replica holds, the
+// router's own ledger adds what it sent since the table's snapshot, and the rule picks.
+// The filter runs it for every request; the fleet simulator runs the same code.
+package route
+
+import (
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// Chain is a request's prefix identity.
+type Chain struct {
+	Domain prefix.Domain
+	// Keys of every complete block, in order.
+	Keys []uint64
+	// BlockSize is in bytes (text) or tokens (token).
+	BlockSize int
+	// PromptTokens is exact for token prompts, estimated from bytes for text.
+	PromptTokens float64
+	// PromptBytes is the canonical text's length (text domain).
+	PromptBytes int
+	// BytesPerToken converts text blocks to tokens (text domain).
+	BytesPerToken float64
+}
+
+// Identity is who a chain belongs to: the seed's inputs.
+type Identity struct {
+	Model string // the table's (base) model
+	LoRA  string // the adapter, "" for none
+	Salt  prefix.Salt
+}
+
+// NewChain computes the chain of req under cfg (the table model's block sizes). keys is
+// reused for the result when it has room.
+func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64) Chain {
+	if req.IsTokens() {
+		bt := int(cfg.BlockTokens)
+		if bt <= 0 {
+			bt = prefix.DefaultBlockTokens
+		}
+		seed := prefix.Seed(prefix.Token, id.Model, id.LoRA, id.Salt)
+		return Chain{
+			Domain:       prefix.Token,
+			Keys:         prefix.TokenKeys(keys[:0], seed, req.Tokens, bt),
+			BlockSize:    bt,
+			PromptTokens: float64(len(req.Tokens)),
+		}
+	}
+	bb := int(cfg.BlockBytes)
+	if bb <= 0 {
+		bb = prefix.DefaultBlockBytes
+	}
+	bpt := cfg.BytesPerToken
+	if bpt <= 0 {
+		bpt = 4 // the usual ratio for English text until the control plane learns better
+	}
+	seed := prefix.Seed(prefix.Text, id.Model, id.LoRA, id.Salt)
+	return Chain{
+		Domain:        prefix.Text,
+		Keys:          prefix.TextKeys(keys[:0], seed, req.Text, bb),
+		BlockSize:     bb,
+		PromptTokens:  float64(len(req.Text)) / bpt,
+		PromptBytes:   len(req.Text),
+		BytesPerToken: bpt,
+	}
+}
+
+// Tokens converts a number of matched blocks of c to tokens.
+func (c *Chain) Tokens(blocks int) float64 {
+	if c.Domain == prefix.Token {
+		return float64(blocks * c.BlockSize)
+	}
+	return float64(blocks*c.BlockSize) / c.BytesPerToken
+}
+
+// Decision is the router's answer for one request.
+type Decision struct {
+	rule.Decision
+	// Addrs are the chosen replicas' "ip:port", best first.
+	Addrs []string
+	// PredictedCached is the tokens of the prompt expected cached on the pick.
+	PredictedCached float64
+	// Uncached is the prefill work the pick gets: prompt - predicted cached tokens.
+	Uncached float64
+}
+
+// Header joins the addresses as the endpoint header value: "ip:port,ip:port".
+func (d *Decision) Header() string { return strings.Join(d.Addrs, ",") }
+
+// Router holds one router's scratch space, picker and ledger. Not safe for concurrent
+// use: each proxy-wasm VM (one thread) has its own.
+type Router struct {
+	Picker *rule.Picker
+	Ledger *Ledger
+
+	matched []int
+	cands   []rule.Replica
+	order   []int
+	pending map[string]float64
+}
+
+// NewRouter returns a router with the given rule parameters and tie-breaking seed.
+func NewRouter(p rule.Params, seed uint64) *Router {
+	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), pending: map[string]float64{}}
+}
+
+// Decide picks replicas of m for chain c. tableAge is how long ago the table was last
+// confirmed current; each replica's state age adds to it.
+func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
+	r.matched, _ = m.Match(c.Keys, r.matched)
+
+	// Queue term: the snapshot's queue plus what this router sent after the snapshot
+	// was taken (seed 000: "use the router's own record of recent assignments").
+	r.cands = r.cands[:0]
+	for i, rep := range m.Replicas {
+		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
+		measured := now.Add(-age)
+		cached := c.Tokens(r.matched[i])
+		if cached > c.PromptTokens {
+			cached = c.PromptTokens
+		}
+		r.cands = append(r.cands, rule.Replica{
+			Queued:   float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, measured),
+			Cached:   cached,
+			Speed:    float64(rep.Speed),
+			KVUsage:  rep.KVUsage,
+			StateAge: age,
+			Healthy:  rep.Healthy,
+		})
+	}
+	d := Decision{Decision: r.Picker.Pick(c.PromptTokens, r.cands, r.order)}
+	r.order = d.Order
+	for _, i := range d.Order {
+		d.Addrs = append(d.Addrs, m.Replicas[i].Addr)
+	}
+	if len(d.Order) > 0 {
+		pick := r.cands[d.Order[0]]
+		d.PredictedCached = pick.Cached
+		d.Uncached = c.PromptTokens - pick.Cached
+	}
+	return d
+}
+
+// LeastQueued orders m's replicas by queued tokens alone (snapshot plus ledger), healthy
+// first: the route for a request that cannot be parsed, which has no prefix to match.
+func (r *Router) LeastQueued(m *table.Model, now time.Time, tableAge time.Duration) Decision {
+	r.cands = r.cands[:0]
+	for _, rep := range m.Replicas {
+		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
+		r.cands = append(r.cands, rule.Replica{
+			Queued:  float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, now.Add(-age)),
+			Healthy: rep.Healthy,
+		})
+	}
+	d := Decision{Decision: r.Picker.LeastQueued(r.cands, r.order)}
+	r.order = d.Order
+	for _, i := range d.Order {
+		d.Addrs = append(d.Addrs, m.Replicas[i].Addr)
+	}
+	return d
+}

@@ -1,0 +1,182 @@
+package route
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var cfg = table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+
+func chatBody(system, question string) []byte {
+	return []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, question))
+}
+
+func chainOf(t *testing.T, body []byte, id Identity) Chain {
+	t.Helper()
+	var p prompt.Parser
+	req, err := p.Parse(prompt.Chat, body, prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 32})
+	require.NoError(t, err)
+	c := NewChain(cfg, id, &req, nil)
+	c.Keys = append([]uint64{}, c.Keys...)
+	return c
+}
+
+func model(t *testing.T, n int) *table.Model {
+	rs := make([]table.Replica, n)
+	for i := range rs {
+		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("r", i), Addr: fmt.Sprintf("10.0.0.%d:8000", i), Healthy: true, StateAgeMs: 20}
+	}
+	m, err := table.NewModel("llama", cfg, rs)
+	require.NoError(t, err)
+	return m
+}
+
+// hold records, as the control plane would from a placement report, that the replica
+// in slot holds the chain's checkpoints.
+func hold(t *testing.T, m *table.Model, c Chain, slot uint32) {
+	for _, k := range prefix.Checkpoints(nil, c.Keys, int(cfg.Stride)) {
+		s := append([]uint32{slot}, m.Lookup(k)...)
+		require.NoError(t, m.Set(k, s...))
+	}
+}
+
+func exactRouter() *Router {
+	p := rule.DefaultParams()
+	p.TieEpsilon = 0
+	return NewRouter(p, 1)
+}
+
+func TestSharedSystemPromptRoutesToItsOwner(t *testing.T) {
+	system := strings.Repeat("You are the ACME support assistant. ", 700) // ~25 KB, ~6,300 tokens
+	id := Identity{Model: "llama"}
+	first := chainOf(t, chatBody(system, "Where is order 1?"), id)
+	second := chainOf(t, chatBody(system, "Cancel order 2, please."), id)
+
+	m := model(t, 4)
+	hold(t, m, first, 2)
+	for i := range m.Replicas {
+		m.Replicas[i].Queued = 1000 // equal queues: only the cache term differs
+	}
+	r := exactRouter()
+	now := time.Now()
+	d := r.Decide(m, &second, 50*time.Millisecond, now)
+	assert.Equal(t, "10.0.0.2:8000", d.Addrs[0], "the replica holding the system prompt")
+	assert.False(t, d.Spill)
+	assert.Len(t, d.Addrs, 3)
+	// Nearly the whole system prompt is predicted cached, to the checkpoint (4 blocks).
+	assert.InDelta(t, float64(len(system))/4, d.PredictedCached, 4*64/4+64)
+	assert.Equal(t, d.Addrs[0]+","+d.Addrs[1]+","+d.Addrs[2], d.Header())
+}
+
+func TestTenantsWithDifferentSaltsDoNotShare(t *testing.T) {
+	system := strings.Repeat("Shared instructions. ", 500)
+	acme := Identity{Model: "llama", Salt: prefix.TenantSalt([]byte("k"), "acme")}
+	globex := Identity{Model: "llama", Salt: prefix.TenantSalt([]byte("k"), "globex")}
+	m := model(t, 3)
+	hold(t, m, chainOf(t, chatBody(system, "q"), acme), 1)
+	c := chainOf(t, chatBody(system, "q"), globex)
+	d := exactRouter().Decide(m, &c, 0, time.Now())
+	assert.Zero(t, d.PredictedCached)
+	assert.Zero(t, d.BestCached)
+}
+
+// The ledger adds what this router sent after the snapshot was measured: a burst of
+// requests does not all pile onto the replica that looked idle.
+func TestLedgerSpreadsABurstBetweenSnapshots(t *testing.T) {
+	m := model(t, 3)
+	r := exactRouter()
+	now := time.Now()
+	counts := map[string]int{}
+	for i := 0; i < 30; i++ {
+		c := chainOf(t, chatBody(fmt.Sprint("unique prompt ", i, strings.Repeat("x", 4000)), "q"), Identity{Model: "llama"})
+		d := r.Decide(m, &c, 10*time.Millisecond, now)
+		r.Ledger.Add(uint64(i), d.Addrs[0], d.Uncached, now)
+		counts[d.Addrs[0]]++
+		now = now.Add(time.Millisecond)
+	}
+	for addr, n := range counts {
+		assert.Equal(t, 10, n, addr)
+	}
+	// Entries sent before the snapshot was measured are already in its queue numbers.
+	assert.Zero(t, r.Ledger.PendingSince("10.0.0.0:8000", now))
+	assert.Positive(t, r.Ledger.PendingSince("10.0.0.0:8000", now.Add(-time.Hour)))
+}
+
+func TestStaleTableFallsBackToLeastQueued(t *testing.T) {
+	system := strings.Repeat("abc ", 3000)
+	c := chainOf(t, chatBody(system, "q"), Identity{Model: "llama"})
+	m := model(t, 3)
+	hold(t, m, c, 0)
+	m.Replicas[0].Queued, m.Replicas[1].Queued, m.Replicas[2].Queued = 500, 900, 100
+	d := exactRouter().Decide(m, &c, 2*time.Second, time.Now())
+	assert.True(t, d.Fallback)
+	assert.Equal(t, []string{"10.0.0.2:8000", "10.0.0.0:8000", "10.0.0.1:8000"}, d.Addrs)
+	assert.True(t, d.Spill, "the owner lost the request to staleness")
+}
+
+func TestTokenPromptsUseTheTokenDomain(t *testing.T) {
+	var p prompt.Parser
+	toks := make([]string, 200)
+	for i := range toks {
+		toks[i] = fmt.Sprint(i + 100)
+	}
+	req, err := p.Parse(prompt.Completions, []byte(`{"model":"llama","prompt":[`+strings.Join(toks, ",")+`]}`), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 8})
+	require.NoError(t, err)
+	c := NewChain(cfg, Identity{Model: "llama"}, &req, nil)
+	assert.Equal(t, prefix.Token, c.Domain)
+	assert.Len(t, c.Keys, 200/16)
+	assert.Equal(t, 200.0, c.PromptTokens)
+	// The control plane computes the same keys from an engine's BlockStored token_ids.
+	ids := make([]uint32, 200)
+	for i := range ids {
+		ids[i] = uint32(i + 100)
+	}
+	assert.Equal(t, prefix.TokenKeys(nil, prefix.Seed(prefix.Token, "llama", "", prefix.Salt{}), ids, 16), c.Keys)
+
+	m := model(t, 2)
+	hold(t, m, c, 1)
+	d := exactRouter().Decide(m, &c, 0, time.Now())
+	assert.Equal(t, "10.0.0.1:8000", d.Addrs[0])
+	assert.Equal(t, 192.0, d.PredictedCached, "12 blocks of 16 tokens, checkpoint every 4")
+}
+
+func TestLedgerExpire(t *testing.T) {
+	l := NewLedger()
+	t0 := time.Unix(1000, 0)
+	l.Add(1, "a", 10, t0)
+	l.Add(2, "a", 20, t0.Add(time.Second))
+	assert.Equal(t, 1, l.Expire(t0.Add(500*time.Millisecond)))
+	assert.Equal(t, 1, l.Len())
+	l.Done(2)
+	assert.Zero(t, l.Len())
+}
+
+func BenchmarkDecide22Replicas8kTokens(b *testing.B) {
+	system := strings.Repeat("You are the ACME support assistant. ", 900)
+	var p prompt.Parser
+	req, _ := p.Parse(prompt.Chat, chatBody(system, "q"), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 32})
+	c := NewChain(cfg, Identity{Model: "llama"}, &req, nil)
+	rs := make([]table.Replica, 22)
+	for i := range rs {
+		rs[i] = table.Replica{Slot: uint32(i), Addr: fmt.Sprintf("10.0.0.%d:8000", i), Healthy: true}
+	}
+	m, _ := table.NewModel("llama", cfg, rs)
+	for _, k := range prefix.Checkpoints(nil, c.Keys, 4) {
+		_ = m.Set(k, 3)
+	}
+	r := NewRouter(rule.DefaultParams(), 1)
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Decide(m, &c, 0, now)
+	}
+}
