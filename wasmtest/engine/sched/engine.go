@@ -1,0 +1,579 @@
+// Package sched is the simulated engine's deterministic core: a continuous-batching
+// scheduler modelled on vLLM v1's (vllm/v1/core/sched/scheduler.py) over the paged
+// prefix cache of package cache, with step durations from package timing.
+//
+// It never reads a clock and never sleeps: time is a [time.Duration] of simulated time
+// passed in by the caller. A driver loop is
+//
+//	for {
+//		at, ok := eng.NextStepAt() // when the step in flight ends, or the next one can start
+//		if !ok { break }           // idle: nothing queued
+//		eng.Advance(at)            // finish due steps, start the next; hooks fire
+//	}
+//
+// with Submit(at, req) interleaved at arrival times. A real-time driver sleeps until
+// NextStepAt; a discrete-event simulator jumps to it. Same inputs, same outputs.
+//
+// A step, as in vLLM: running requests first, in admission order, each gets its
+// remaining prefill chunk or one decode token within the token budget
+// (MaxNumBatchedTokens); when a running request needs a block and none is free, the
+// most recently admitted running request is preempted (recompute: its blocks are freed,
+// it goes back to the front of the queue). Then, if nothing was preempted, waiting
+// requests are admitted in arrival order while sequences (MaxNumSeqs), budget and
+// blocks last, each looking up its longest cached prefix first. Blocks that become full
+// are hashed and cached when scheduled, and the step's KV events are published at its
+// start, as vLLM does. The step ends after timing.Profile.Step; then every request whose
+// known tokens are all computed samples one token.
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/cache"
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
+)
+
+// Config configures an Engine.
+type Config struct {
+	Profile timing.Profile
+	// NumGPUBlocks overrides Profile.NumGPUBlocks() when > 0.
+	NumGPUBlocks int
+	// HashAlgo is cache.AlgoSimXXH64 (default) or cache.AlgoSHA256CBOR; HashSeed is
+	// vLLM's PYTHONHASHSEED.
+	HashAlgo string
+	HashSeed string
+
+	// OnEvents receives the KV events of each step that produced some, at the step's
+	// start (one vLLM EventBatch). The slice is the receiver's. When nil, no events are
+	// built at all.
+	OnEvents func(at time.Duration, events []kvevents.Event)
+	// OnToken is called for every sampled token (r.Output already holds it).
+	OnToken func(r *Request, at time.Duration)
+	// OnFinish is called once per request, when it finished or was aborted.
+	OnFinish func(r *Request, at time.Duration)
+}
+
+// Stats are the engine's cumulative counters (vLLM's Prometheus counters).
+type Stats struct {
+	PrefixQueries    int64 // prompt tokens looked up in the prefix cache
+	PrefixHits       int64 // of which cached
+	Preemptions      int64
+	PromptTokens     int64 // prompt tokens of requests that produced a first token
+	GenerationTokens int64
+	Finished         int64 // finish_reason "length"
+	Aborted          int64
+	Steps            int64
+}
+
+// State is the queue and cache state a router looks at.
+type State struct {
+	Waiting, Running int
+	// QueuedPrefillTokens: uncached prompt tokens of requests that are waiting or not yet
+	// fully prefilled (for waiting requests, estimated from the cache at arrival or
+	// preemption).
+	QueuedPrefillTokens int
+	KVUsage             float64 // vLLM kv_cache_usage_perc, 0..1
+	FreeBlocks          int     // unreferenced blocks (cached or not)
+	CachedBlocks        int
+}
+
+// ErrTooLong is returned by Submit for requests that can never run.
+var ErrTooLong = errors.New("request exceeds the engine's limits")
+
+// Engine is one simulated replica's scheduler. It is not safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	prof   timing.Profile
+	bs     int
+	pool   *cache.Pool
+	hasher *cache.Hasher
+
+	waiting queue
+	running []*Request
+	batch   []*Request // scheduled in the step in flight
+
+	inflight bool
+	stepEnd  time.Duration
+	lastEnd  time.Duration // end of the last finished step
+	clock    time.Duration // latest time seen
+	stalled  bool          // work exists but nothing could be scheduled
+
+	events        []kvevents.Event
+	queuedPrefill int
+	stats         Stats
+	ids           []int32  // scratch: cache hits
+	tokBuf        []uint32 // scratch: block tokens spanning prompt and output
+}
+
+// New returns an idle engine with an empty cache.
+func New(cfg Config) (*Engine, error) {
+	p := cfg.Profile
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	n := cfg.NumGPUBlocks
+	if n <= 0 {
+		n = p.NumGPUBlocks()
+	}
+	if cfg.HashAlgo == "" {
+		cfg.HashAlgo = cache.AlgoSimXXH64
+	}
+	h, err := cache.NewHasher(cfg.HashAlgo, cfg.HashSeed, p.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := cache.NewPool(n)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, prof: p, bs: p.BlockSize, pool: pool, hasher: h}
+	pool.OnRemove = e.onRemove
+	return e, nil
+}
+
+// Profile returns the timing profile.
+func (e *Engine) Profile() timing.Profile { return e.prof }
+
+// NumGPUBlocks returns the pool size in blocks (vLLM num_gpu_blocks).
+func (e *Engine) NumGPUBlocks() int { return e.pool.NumBlocks() }
+
+// Hasher returns the engine's block hasher (for precomputing Request.Chain).
+func (e *Engine) Hasher() *cache.Hasher { return e.hasher }
+
+// Stats returns the cumulative counters.
+func (e *Engine) Stats() Stats { return e.stats }
+
+// State returns the current queue and cache state.
+func (e *Engine) State() State {
+	return State{
+		Waiting:             e.waiting.len(),
+		Running:             len(e.running),
+		QueuedPrefillTokens: e.queuedPrefill,
+		KVUsage:             e.pool.Usage(),
+		FreeBlocks:          e.pool.NumFree(),
+		CachedBlocks:        e.pool.NumCached(),
+	}
+}
+
+// CachedPrefix returns how many tokens of prompt the engine would serve from its cache
+// right now (block aligned, at most len(prompt)-1), without changing anything.
+func (e *Engine) CachedPrefix(prompt []uint32, x cache.Extra) int {
+	return e.CachedPrefixChain(e.hasher.NewChain(prompt, x), len(prompt))
+}
+
+// CachedPrefixChain is CachedPrefix for a precomputed chain of a numTokens-token prompt.
+func (e *Engine) CachedPrefixChain(c *cache.Chain, numTokens int) int {
+	return e.pool.CountHits(c.Hashes, (numTokens-1)/e.bs) * e.bs
+}
+
+// Submit queues r, arriving at time at (not before the latest time the engine has
+// seen; earlier times are raised to it). It fails for requests that can never run.
+func (e *Engine) Submit(at time.Duration, r *Request) error {
+	switch {
+	case r.state != stateNew:
+		return fmt.Errorf("request %q submitted twice", r.ID)
+	case len(r.Prompt) == 0:
+		return fmt.Errorf("request %q: empty prompt", r.ID)
+	case r.MaxTokens < 1:
+		return fmt.Errorf("request %q: max tokens %d < 1", r.ID, r.MaxTokens)
+	case len(r.Prompt)+r.MaxTokens > e.prof.MaxModelLen:
+		return fmt.Errorf("request %q: %d prompt + %d output tokens > max model len %d: %w",
+			r.ID, len(r.Prompt), r.MaxTokens, e.prof.MaxModelLen, ErrTooLong)
+	case e.blocksFor(len(r.Prompt)+r.MaxTokens) > e.pool.NumBlocks()-1:
+		return fmt.Errorf("request %q: needs %d blocks, pool has %d: %w",
+			r.ID, e.blocksFor(len(r.Prompt)+r.MaxTokens), e.pool.NumBlocks()-1, ErrTooLong)
+	}
+	at = max(at, e.clock)
+	e.clock = at
+	x := cache.Extra{LoRA: r.LoRA, Salt: r.CacheSalt}
+	outBlocks := r.MaxTokens/e.bs + 1
+	if r.Chain != nil && r.Chain.Extra == x && len(r.Chain.Hashes) == len(r.Prompt)/e.bs {
+		r.chain = *r.Chain.Clone(outBlocks)
+	} else {
+		r.chain.Hashes = make([]uint64, 0, len(r.Prompt)/e.bs+outBlocks)
+		e.hasher.Start(&r.chain, x)
+		e.hasher.Extend(&r.chain, r.Prompt)
+	}
+	r.seed = uint64(len(r.Prompt))*0x9e3779b97f4a7c15 ^ uint64(r.Prompt[len(r.Prompt)-1])
+	if n := len(r.chain.Hashes); n > 0 {
+		r.seed ^= r.chain.Hashes[n-1]
+	}
+	r.Arrival = at
+	r.CachedTokens = -1
+	r.Output = make([]uint32, 0, r.MaxTokens)
+	r.blocks = make([]int32, 0, e.blocksFor(len(r.Prompt)+r.MaxTokens))
+	e.enqueue(r, false)
+	e.stalled = false
+	return nil
+}
+
+// enqueue puts r in the waiting queue with an estimate of its uncached tokens.
+func (e *Engine) enqueue(r *Request, front bool) {
+	total := r.numTokens()
+	r.pending = total - e.pool.CountHits(r.chain.Hashes, (total-1)/e.bs)*e.bs
+	e.queuedPrefill += r.pending
+	r.state = stateWaiting
+	if front {
+		e.waiting.pushFront(r)
+	} else {
+		e.waiting.pushBack(r)
+	}
+}
+
+// NextStepAt returns when Advance has something to do: the end of the step in flight,
+// or when the next step can start. ok is false when the engine is idle.
+func (e *Engine) NextStepAt() (at time.Duration, ok bool) {
+	if e.inflight {
+		return e.stepEnd, true
+	}
+	if e.stalled || (len(e.running) == 0 && e.waiting.len() == 0) {
+		return 0, false
+	}
+	return e.nextStart(), true
+}
+
+func (e *Engine) nextStart() time.Duration {
+	if len(e.running) == 0 && e.waiting.len() > 0 {
+		return max(e.lastEnd, e.waiting.at(0).Arrival)
+	}
+	return e.lastEnd
+}
+
+// Advance runs the engine up to time now: it finishes every step that ends by now and
+// starts the next one at the end of the previous (or at the first arrival when idle).
+// Hooks fire from inside Advance.
+func (e *Engine) Advance(now time.Duration) {
+	for {
+		if e.inflight {
+			if e.stepEnd > now {
+				break
+			}
+			e.finishStep()
+			continue
+		}
+		if e.stalled || (len(e.running) == 0 && e.waiting.len() == 0) {
+			break
+		}
+		start := e.nextStart()
+		if start > now {
+			break
+		}
+		if !e.startStep(start) {
+			e.stalled = true
+			break
+		}
+	}
+	e.clock = max(e.clock, now)
+}
+
+func (e *Engine) blocksFor(tokens int) int { return (tokens + e.bs - 1) / e.bs }
+
+func (e *Engine) startStep(t time.Duration) bool {
+	budget := e.prof.MaxNumBatchedTokens
+	e.batch = e.batch[:0]
+	preempted := false
+	prefill, decodes, decodeCtx := 0, 0, 0
+
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		r := e.running[i]
+		numNew := min(r.numTokens()-r.numComputed, budget)
+		for {
+			need := e.blocksFor(r.numComputed+numNew) - len(r.blocks)
+			if need <= 0 {
+				break
+			}
+			if tbl, ok := e.pool.Allocate(need, r.blocks); ok {
+				r.blocks = tbl
+				break
+			}
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == r {
+				r = nil
+				break
+			}
+		}
+		if r == nil {
+			break
+		}
+		if r.numComputed < r.prefillTarget {
+			prefill += numNew
+		} else {
+			decodes++
+			decodeCtx += r.numComputed + numNew
+		}
+		e.schedule(r, numNew)
+		budget -= numNew
+	}
+
+	for !preempted && e.waiting.len() > 0 && len(e.running) < e.prof.MaxNumSeqs && budget > 0 {
+		r := e.waiting.at(0)
+		if r.Arrival > t {
+			break
+		}
+		total := r.numTokens()
+		var free int
+		e.ids, free = e.pool.Match(r.chain.Hashes, (total-1)/e.bs, e.ids[:0])
+		computed := len(e.ids) * e.bs
+		numNew := min(total-computed, budget)
+		need := e.blocksFor(computed+numNew) - len(e.ids)
+		if need+free > e.pool.NumFree() {
+			break
+		}
+		e.waiting.popFront()
+		e.pool.Pin(e.ids)
+		r.blocks = append(r.blocks[:0], e.ids...)
+		r.blocks, _ = e.pool.Allocate(need, r.blocks)
+		r.numComputed, r.numCommitted, r.prefillTarget = computed, len(e.ids), total
+		e.queuedPrefill += total - computed - r.pending
+		r.pending = 0
+		e.stats.PrefixQueries += int64(total)
+		e.stats.PrefixHits += int64(computed)
+		if r.CachedTokens < 0 {
+			r.CachedTokens, r.ScheduledAt = computed, t
+		}
+		r.state = stateRunning
+		e.running = append(e.running, r)
+		prefill += numNew
+		e.schedule(r, numNew)
+		budget -= numNew
+	}
+
+	if len(e.batch) == 0 {
+		if preempted {
+			// Everything that ran was preempted: schedule again from the queue.
+			return e.startStep(t)
+		}
+		e.flushEvents(t)
+		return false
+	}
+	e.stats.Steps++
+	e.flushEvents(t)
+	e.inflight = true
+	e.stepEnd = t + e.prof.Step(prefill, decodes, decodeCtx)
+	return true
+}
+
+// schedule adds r to the step with numNew tokens and caches the blocks they fill.
+func (e *Engine) schedule(r *Request, numNew int) {
+	r.scheduled = numNew
+	e.batch = append(e.batch, r)
+	full := (r.numComputed + numNew) / e.bs
+	if full <= r.numCommitted {
+		return
+	}
+	for b := len(r.chain.Hashes); b < full; b++ {
+		e.tokBuf = r.tokensRange(b*e.bs, (b+1)*e.bs, e.tokBuf)
+		e.hasher.ExtendBlock(&r.chain, e.tokBuf)
+	}
+	runStart := -1
+	for b := r.numCommitted; b < full; b++ {
+		isNew := e.pool.Commit(r.blocks[b], r.chain.Hashes[b])
+		if isNew && runStart < 0 {
+			runStart = b
+		}
+		if !isNew && runStart >= 0 {
+			e.stored(r, runStart, b)
+			runStart = -1
+		}
+	}
+	if runStart >= 0 {
+		e.stored(r, runStart, full)
+	}
+	r.numCommitted = full
+}
+
+// stored records a BlockStored event for r's blocks [lo, hi).
+func (e *Engine) stored(r *Request, lo, hi int) {
+	if e.cfg.OnEvents == nil {
+		return
+	}
+	ev := kvevents.Event{
+		Kind:            kvevents.BlockStored,
+		BlockHashes:     append([]uint64(nil), r.chain.Hashes[lo:hi]...),
+		TokenIDs:        r.tokensRange(lo*e.bs, hi*e.bs, nil),
+		BlockSize:       e.bs,
+		LoraID:          r.LoraID,
+		LoraName:        r.LoRA,
+		Medium:          kvevents.MediumGPU,
+		KVCacheSpecKind: kvevents.SpecFullAttention,
+	}
+	if lo > 0 {
+		ev.ParentBlockHash, ev.HasParent = r.chain.Hashes[lo-1], true
+	}
+	if x := r.chain.Extra; !x.IsZero() {
+		ev.ExtraKeys = make([][]string, hi-lo)
+		for i := range ev.ExtraKeys {
+			ev.ExtraKeys[i] = x.Keys(lo + i)
+		}
+	}
+	e.events = append(e.events, ev)
+}
+
+func (e *Engine) onRemove(hash uint64) {
+	if e.cfg.OnEvents == nil {
+		return
+	}
+	e.events = append(e.events, kvevents.Event{
+		Kind:        kvevents.BlockRemoved,
+		BlockHashes: []uint64{hash},
+		Medium:      kvevents.MediumGPU,
+	})
+}
+
+func (e *Engine) flushEvents(t time.Duration) {
+	if len(e.events) == 0 || e.cfg.OnEvents == nil {
+		e.events = e.events[:0]
+		return
+	}
+	evs := e.events
+	e.events = nil
+	e.cfg.OnEvents(t, evs)
+}
+
+// preempt frees a running request's blocks and puts it back at the queue's front
+// (vLLM v1 recompute preemption).
+func (e *Engine) preempt(r *Request) {
+	if r.numComputed < r.prefillTarget {
+		e.queuedPrefill -= r.prefillTarget - r.numComputed
+	}
+	e.pool.Release(r.blocks)
+	r.blocks = r.blocks[:0]
+	r.numComputed, r.numCommitted, r.prefillTarget = 0, 0, 0
+	r.Preemptions++
+	e.stats.Preemptions++
+	e.enqueue(r, true)
+}
+
+func (e *Engine) finishStep() {
+	at := e.stepEnd
+	e.inflight = false
+	e.lastEnd = at
+	finished := false
+	for _, r := range e.batch {
+		if r.state != stateRunning {
+			continue // aborted during the step
+		}
+		if r.numComputed < r.prefillTarget {
+			e.queuedPrefill -= r.scheduled
+		}
+		r.numComputed += r.scheduled
+		r.scheduled = 0
+		if r.numComputed < r.numTokens() {
+			continue // prefill chunk: nothing sampled yet
+		}
+		r.Output = append(r.Output, tokenizer.OutputToken(r.seed, len(r.Output)))
+		e.stats.GenerationTokens++
+		if len(r.Output) == 1 {
+			r.FirstTokenAt = at
+			e.stats.PromptTokens += int64(len(r.Prompt))
+		}
+		if e.cfg.OnToken != nil {
+			e.cfg.OnToken(r, at)
+		}
+		if len(r.Output) >= r.MaxTokens {
+			e.pool.Release(r.blocks)
+			r.blocks = r.blocks[:0]
+			e.stats.Finished++
+			e.done(r, at, "length")
+			finished = true
+		}
+	}
+	e.batch = e.batch[:0]
+	if finished {
+		e.compactRunning()
+	}
+}
+
+func (e *Engine) done(r *Request, at time.Duration, reason string) {
+	r.state = stateDone
+	r.FinishedAt = at
+	r.FinishReason = reason
+	if e.cfg.OnFinish != nil {
+		e.cfg.OnFinish(r, at)
+	}
+}
+
+func (e *Engine) compactRunning() {
+	k := 0
+	for _, r := range e.running {
+		if r.state == stateRunning {
+			e.running[k] = r
+			k++
+		}
+	}
+	clear(e.running[k:])
+	e.running = e.running[:k]
+}
+
+// Abort removes r (waiting or running) at time at, freeing its blocks; OnFinish fires
+// with reason "abort". Aborting a finished request does nothing.
+func (e *Engine) Abort(at time.Duration, r *Request) {
+	switch r.state {
+	case stateWaiting:
+		e.waiting.remove(r)
+		e.queuedPrefill -= r.pending
+		r.pending = 0
+	case stateRunning:
+		if r.numComputed < r.prefillTarget {
+			e.queuedPrefill -= r.prefillTarget - r.numComputed
+		}
+		e.pool.Release(r.blocks)
+		r.blocks = r.blocks[:0]
+		r.state = stateDone
+		e.compactRunning()
+	default:
+		return
+	}
+	e.stats.Aborted++
+	e.stalled = false
+	e.done(r, max(at, e.clock), "abort")
+}
+
+// Restart simulates an engine process restart at time at: every request is aborted,
+// the cache is emptied, counters are zeroed, and an AllBlocksCleared event is
+// published.
+func (e *Engine) Restart(at time.Duration) {
+	at = max(at, e.clock)
+	var all []*Request
+	all = append(all, e.running...)
+	for i := range e.waiting.len() {
+		all = append(all, e.waiting.at(i))
+	}
+	e.running = e.running[:0]
+	e.waiting.clear()
+	e.batch = e.batch[:0]
+	e.inflight, e.stalled = false, false
+	e.queuedPrefill = 0
+	e.lastEnd, e.clock = at, at
+	e.events = e.events[:0]
+	e.pool.Clear()
+	for _, r := range all {
+		r.blocks = r.blocks[:0]
+		e.done(r, at, "abort")
+	}
+	e.stats = Stats{}
+	e.cleared(at)
+}
+
+// ResetPrefixCache drops every cached block, as vLLM's reset_prefix_cache: it refuses
+// (false) while any request holds blocks, and publishes AllBlocksCleared on success.
+func (e *Engine) ResetPrefixCache(at time.Duration) bool {
+	if !e.pool.Reset() {
+		return false
+	}
+	e.cleared(max(at, e.clock))
+	return true
+}
+
+func (e *Engine) cleared(at time.Duration) {
+	if e.cfg.OnEvents != nil {
+		e.cfg.OnEvents(at, []kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
+	}
+}
