@@ -1,0 +1,436 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/openai"
+	"github.com/kvroute/kvroute/wasmtest/engine/replica"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
+)
+
+// job is one validated generation request: one or more prompts (a completions batch)
+// sharing the sampling settings.
+type job struct {
+	id        string
+	chat      bool
+	model     string // echoed in responses
+	prompts   [][]uint32
+	maxTokens int
+	stream    bool
+	usage     bool // stream_options.include_usage
+	contUsage bool // stream_options.continuous_usage_stats
+	salt      string
+	lora      string
+	loraID    int
+}
+
+// common validates the fields completions and chat share.
+func (s *Server) common(j *job, model string, n *int, stream bool, so *openai.StreamOptions, salt *string) *openai.Error {
+	lora, loraID, e := s.model(model)
+	if e != nil {
+		return e
+	}
+	j.lora, j.loraID = lora, loraID
+	j.model = model
+	if j.model == "" {
+		j.model = s.cfg.ModelName
+	}
+	if n != nil && *n != 1 {
+		return &openai.Error{Status: 400, Type: "BadRequestError", Param: "n", Message: "n must be 1: the engine simulator generates one sequence per prompt"}
+	}
+	if so != nil && !stream {
+		return openai.BadRequest("Stream options can only be defined when `stream=True`.")
+	}
+	j.stream = stream
+	if so != nil {
+		j.usage, j.contUsage = so.IncludeUsage, so.IncludeUsage && so.ContinuousUsageStats
+	}
+	if salt != nil {
+		if *salt == "" {
+			return &openai.Error{Status: 400, Type: "BadRequestError", Param: "cache_salt", Message: "Parameter 'cache_salt' must be a non-empty string if provided."}
+		}
+		if len(*salt) > 1024 {
+			return &openai.Error{Status: 400, Type: "BadRequestError", Param: "cache_salt", Message: "Parameter 'cache_salt' must be at most 1024 characters."}
+		}
+		j.salt = *salt
+	}
+	return nil
+}
+
+// checkLength applies vLLM's context-length checks to one prompt.
+func (s *Server) checkLength(prompt []uint32, maxTokens int) *openai.Error {
+	limit := s.rep.Profile().MaxModelLen
+	switch {
+	case len(prompt) == 0:
+		return openai.BadRequest("The decoder prompt cannot be empty")
+	case len(prompt) >= limit:
+		return openai.BadRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, len(prompt))
+	case len(prompt)+maxTokens > limit:
+		return openai.BadRequest("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+			maxTokens, limit, len(prompt), maxTokens, limit, len(prompt))
+	}
+	return nil
+}
+
+func (s *Server) maxTokens(vals ...*int) (int, *openai.Error) {
+	for _, v := range vals {
+		if v != nil {
+			if *v < 1 {
+				return 0, &openai.Error{Status: 400, Type: "BadRequestError", Param: "max_tokens", Message: fmt.Sprintf("max_tokens must be at least 1, got %d.", *v)}
+			}
+			return *v, nil
+		}
+	}
+	return s.cfg.DefaultMaxTokens, nil
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e == nil {
+		e = s.injectedFailure()
+	}
+	var req openai.CompletionRequest
+	if e == nil {
+		e = openai.Decode(body, &req)
+	}
+	j := &job{id: fmt.Sprintf("cmpl-%016x%016x", time.Now().UnixNano(), s.ids.Add(1))}
+	if e == nil {
+		e = s.common(j, req.Model, req.N, req.Stream, req.StreamOptions, req.CacheSalt)
+	}
+	var prompts []openai.Prompt
+	if e == nil {
+		prompts, e = openai.ParsePrompts(req.Prompt, s.cfg.VocabSize)
+	}
+	if e == nil {
+		j.maxTokens, e = s.maxTokens(req.MaxTokens)
+	}
+	addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	for _, p := range prompts {
+		if e != nil {
+			break
+		}
+		toks := p.IDs
+		if !p.IsIDs {
+			toks = tokenizer.Encode(p.Text, addSpecial)
+		}
+		if e = s.checkLength(toks, j.maxTokens); e == nil {
+			j.prompts = append(j.prompts, toks)
+		}
+	}
+	if e != nil {
+		e.Write(w)
+		return
+	}
+	s.generate(w, r, j)
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e == nil {
+		e = s.injectedFailure()
+	}
+	var req openai.ChatRequest
+	if e == nil {
+		e = openai.Decode(body, &req)
+	}
+	j := &job{id: fmt.Sprintf("chatcmpl-%016x%016x", time.Now().UnixNano(), s.ids.Add(1)), chat: true}
+	if e == nil {
+		e = s.common(j, req.Model, req.N, req.Stream, req.StreamOptions, req.CacheSalt)
+	}
+	if e == nil {
+		j.maxTokens, e = s.maxTokens(req.MaxCompletionTokens, req.MaxTokens)
+	}
+	var toks []uint32
+	if e == nil {
+		toks, e = renderChat(req.Messages, req.Tools, req.AddGenerationPrompt, req.ContinueFinalMessage)
+	}
+	if e == nil {
+		e = s.checkLength(toks, j.maxTokens)
+	}
+	if e != nil {
+		e.Write(w)
+		return
+	}
+	j.prompts = [][]uint32{toks}
+	s.generate(w, r, j)
+}
+
+// renderChat validates messages and renders them with the simulator's chat template.
+func renderChat(msgs []openai.ChatMessage, tools []byte, addGen *bool, cont bool) ([]uint32, *openai.Error) {
+	if len(msgs) == 0 {
+		return nil, &openai.Error{Status: 400, Type: "BadRequestError", Param: "messages", Message: "messages must contain at least one message"}
+	}
+	add := addGen == nil || *addGen
+	if add && cont && addGen != nil {
+		return nil, openai.BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	flat := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return nil, &openai.Error{Status: 400, Type: "BadRequestError", Param: "messages", Message: fmt.Sprintf("messages[%d]: role is required", i)}
+		}
+		text, e := openai.MessageText(m.Content)
+		if e != nil {
+			return nil, e
+		}
+		flat[i] = tokenizer.Message{Role: m.Role, Content: text}
+	}
+	t := bytes.TrimSpace(tools)
+	if bytes.Equal(t, []byte("null")) {
+		t = nil
+	}
+	return tokenizer.EncodeChat(string(t), flat, add, cont), nil
+}
+
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	var req openai.TokenizeRequest
+	if e == nil {
+		e = openai.Decode(body, &req)
+	}
+	if e == nil {
+		_, _, e = s.model(req.Model)
+	}
+	var toks []uint32
+	var strs []string
+	switch {
+	case e != nil:
+	case req.Messages != nil:
+		toks, e = renderChat(req.Messages, req.Tools, req.AddGenerationPrompt, req.ContinueFinalMessage)
+	case req.Prompt != nil:
+		add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+		toks = tokenizer.Encode(*req.Prompt, add)
+		if req.ReturnTokenStrs {
+			if add {
+				strs = append(strs, "<|begin_of_text|>")
+			}
+			for i := 0; i < len(*req.Prompt); i += tokenizer.ChunkBytes {
+				strs = append(strs, strings.ToValidUTF8((*req.Prompt)[i:min(i+tokenizer.ChunkBytes, len(*req.Prompt))], "\uFFFD"))
+			}
+		}
+	default:
+		e = openai.BadRequest("either prompt or messages is required")
+	}
+	if e != nil {
+		e.Write(w)
+		return
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, openai.TokenizeResponse{Count: len(toks), MaxModelLen: s.rep.Profile().MaxModelLen, Tokens: toks, TokenStrs: strs})
+}
+
+// generate submits the job's prompts and answers, streaming or not.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, j *job) {
+	handles := make([]*replica.Handle, 0, len(j.prompts))
+	for i, p := range j.prompts {
+		h, err := s.rep.Submit(replica.Request{ID: fmt.Sprintf("%s-%d", j.id, i), Prompt: p, MaxTokens: j.maxTokens,
+			CacheSalt: j.salt, LoRA: j.lora, LoraID: j.loraID})
+		if err != nil {
+			abortAll(handles)
+			if errors.Is(err, sched.ErrTooLong) {
+				openai.BadRequest("%v", err).Write(w)
+			} else {
+				openai.ServerError(http.StatusInternalServerError, err.Error()).Write(w)
+			}
+			return
+		}
+		handles = append(handles, h)
+	}
+	if j.stream {
+		s.stream(w, r, j, handles)
+	} else {
+		s.complete(w, r, j, handles)
+	}
+}
+
+func outputText(toks []uint32) string {
+	var b strings.Builder
+	for _, t := range toks {
+		b.WriteString(tokenizer.OutputText(t))
+	}
+	return b.String()
+}
+
+func usageOf(ps ...replica.Progress) *openai.Usage {
+	u := &openai.Usage{PromptTokensDetails: &openai.PromptTokensDetails{}}
+	for _, p := range ps {
+		u.PromptTokens += p.PromptTokens
+		u.CompletionTokens += len(p.Tokens)
+		u.PromptTokensDetails.CachedTokens += max(p.CachedTokens, 0)
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job, handles []*replica.Handle) {
+	results := make([]replica.Progress, len(handles))
+	for i, h := range handles {
+		have := 0
+		for {
+			p, err := h.Wait(r.Context(), have)
+			if err != nil { // client went away
+				abortAll(handles)
+				return
+			}
+			if p.Done {
+				results[i] = p
+				break
+			}
+			have = len(p.Tokens)
+		}
+		if results[i].Err != nil {
+			openai.ServerError(http.StatusInternalServerError, results[i].Err.Error()).Write(w)
+			return
+		}
+	}
+	created := time.Now().Unix()
+	usage := usageOf(results...)
+	s.logDone(j, usage)
+	if j.chat {
+		p := results[0]
+		fr := p.FinishReason
+		writeJSON(w, http.StatusOK, openai.ChatResponse{ID: j.id, Object: "chat.completion", Created: created, Model: j.model,
+			Choices: []openai.ChatChoice{{Message: openai.ChatResponseMessage{Role: "assistant", Content: outputText(p.Tokens), ToolCalls: []any{}}, FinishReason: &fr}},
+			Usage:   usage})
+		return
+	}
+	resp := openai.CompletionResponse{ID: j.id, Object: "text_completion", Created: created, Model: j.model, Usage: usage}
+	for i, p := range results {
+		fr := p.FinishReason
+		resp.Choices = append(resp.Choices, openai.CompletionChoice{Index: i, Text: outputText(p.Tokens), FinishReason: &fr})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+type update struct {
+	i int
+	p replica.Progress
+}
+
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles []*replica.Handle) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	updates := make(chan update)
+	for i, h := range handles {
+		go func() {
+			have := 0
+			for {
+				p, err := h.Wait(ctx, have)
+				if err != nil {
+					return
+				}
+				select {
+				case updates <- update{i, p}:
+				case <-ctx.Done():
+					return
+				}
+				if p.Done {
+					return
+				}
+				have = len(p.Tokens)
+			}
+		}()
+	}
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if flusher != nil {
+		flusher.Flush()
+	}
+	send := func(b []byte) bool {
+		if _, err := w.Write(b); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	created := time.Now().Unix()
+	sent := make([]int, len(handles))
+	final := make([]replica.Progress, len(handles))
+	started := make([]bool, len(handles))
+	for remaining := len(handles); remaining > 0; {
+		var u update
+		select {
+		case u = <-updates:
+		case <-ctx.Done():
+			abortAll(handles)
+			return
+		}
+		p := u.p
+		if p.Err != nil {
+			send(openai.SSERaw(openai.ServerError(http.StatusInternalServerError, p.Err.Error()).Body()))
+			send(openai.SSEDone)
+			return
+		}
+		text := outputText(p.Tokens[sent[u.i]:])
+		sent[u.i] = len(p.Tokens)
+		var fr *string
+		if p.Done {
+			reason := p.FinishReason
+			fr = &reason
+			final[u.i] = p
+			remaining--
+		}
+		var usage *openai.Usage
+		if j.contUsage {
+			usage = usageOf(p)
+		}
+		var chunk any
+		if j.chat {
+			if !started[u.i] {
+				started[u.i] = true
+				empty := ""
+				role := openai.ChatChunk{ID: j.id, Object: "chat.completion.chunk", Created: created, Model: j.model,
+					Choices: []openai.ChatChunkChoice{{Index: u.i, Delta: openai.ChatDelta{Role: "assistant", Content: &empty}}}, Usage: usage}
+				if !send(openai.SSE(role)) {
+					abortAll(handles)
+					return
+				}
+			}
+			chunk = openai.ChatChunk{ID: j.id, Object: "chat.completion.chunk", Created: created, Model: j.model,
+				Choices: []openai.ChatChunkChoice{{Index: u.i, Delta: openai.ChatDelta{Content: &text}, FinishReason: fr}}, Usage: usage}
+		} else {
+			chunk = openai.CompletionChunk{ID: j.id, Object: "text_completion", Created: created, Model: j.model,
+				Choices: []openai.CompletionChoice{{Index: u.i, Text: text, FinishReason: fr}}, Usage: usage}
+		}
+		if !send(openai.SSE(chunk)) {
+			abortAll(handles)
+			return
+		}
+	}
+	usage := usageOf(final...)
+	s.logDone(j, usage)
+	if j.usage {
+		var chunk any
+		if j.chat {
+			chunk = openai.ChatChunk{ID: j.id, Object: "chat.completion.chunk", Created: created, Model: j.model, Choices: []openai.ChatChunkChoice{}, Usage: usage}
+		} else {
+			chunk = openai.CompletionChunk{ID: j.id, Object: "text_completion", Created: created, Model: j.model, Choices: []openai.CompletionChoice{}, Usage: usage}
+		}
+		send(openai.SSE(chunk))
+	}
+	send(openai.SSEDone)
+}
+
+func (s *Server) logDone(j *job, u *openai.Usage) {
+	s.log.Debug("request served", "id", j.id, "chat", j.chat, "stream", j.stream, "prompts", len(j.prompts),
+		"prompt_tokens", u.PromptTokens, "cached_tokens", u.PromptTokensDetails.CachedTokens, "completion_tokens", u.CompletionTokens)
+}
+
+func abortAll(handles []*replica.Handle) {
+	for _, h := range handles {
+		h.Abort()
+	}
+}

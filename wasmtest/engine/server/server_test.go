@@ -1,0 +1,581 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
+	"github.com/kvroute/kvroute/wasmtest/engine/replica"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
+)
+
+const model = "test/model"
+
+func start(t *testing.T, events bool) *Server {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := Config{
+		ModelName:   model,
+		LoRAModules: []LoRAModule{{Name: "alice", Path: "/adapters/alice"}},
+		EnableAdmin: true,
+		Logger:      quiet,
+		Replica:     replica.Config{Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 0.01},
+	}
+	if events {
+		ec, _, err := publisher.ParseConfig(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv@sim@test/model"}`)
+		require.NoError(t, err)
+		cfg.Replica.Events = ec
+		cfg.Replica.EventsOptions = publisher.Options{Encoding: kvevents.Map, BindHost: "127.0.0.1"}
+	}
+	s, err := Start(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	assert.True(t, strings.HasPrefix(s.Addr(), "127.0.0.1:"), "loopback by default")
+	return s
+}
+
+func post(t *testing.T, s *Server, path, body string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post(s.URL()+path, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+func get(t *testing.T, s *Server, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(s.URL() + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+type completion struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index        int     `json:"index"`
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+		Message      *struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+		Delta *struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *usage `json:"usage"`
+}
+
+func decode(t *testing.T, b []byte) completion {
+	t.Helper()
+	var c completion
+	require.NoError(t, json.Unmarshal(b, &c), string(b))
+	return c
+}
+
+var system = strings.Repeat("You are a careful assistant for ACME. Follow the policy. ", 20)
+
+func TestCompletions(t *testing.T) {
+	s := start(t, false)
+	prompt := system + "Question one?"
+	n := len(tokenizer.Encode(prompt, true))
+	body := `{"model":"` + model + `","prompt":` + jsonString(prompt) + `,"max_tokens":5}`
+
+	code, b := post(t, s, "/v1/completions", body)
+	require.Equal(t, 200, code, string(b))
+	c := decode(t, b)
+	assert.True(t, strings.HasPrefix(c.ID, "cmpl-"))
+	assert.Equal(t, "text_completion", c.Object)
+	assert.Equal(t, model, c.Model)
+	require.Len(t, c.Choices, 1)
+	assert.Equal(t, "length", *c.Choices[0].FinishReason)
+	assert.NotEmpty(t, c.Choices[0].Text)
+	assert.Equal(t, usage{PromptTokens: n, CompletionTokens: 5, TotalTokens: n + 5, PromptTokensDetails: c.Usage.PromptTokensDetails}, *c.Usage)
+	require.NotNil(t, c.Usage.PromptTokensDetails, "usage always carries prompt_tokens_details")
+	assert.Zero(t, c.Usage.PromptTokensDetails.CachedTokens)
+
+	// Same prompt again: every full block but the one holding the last token hits.
+	code, b = post(t, s, "/v1/completions", body)
+	require.Equal(t, 200, code)
+	again := decode(t, b)
+	assert.Equal(t, (n-1)/16*16, again.Usage.PromptTokensDetails.CachedTokens)
+	assert.Equal(t, c.Choices[0].Text, again.Choices[0].Text, "the simulated model is deterministic")
+
+	// A prompt sharing the system text hits its block-aligned shared prefix.
+	other := system + "A different, longer question two?"
+	shared := 1 + len(system)/4 // BOS + whole chunks of the shared text
+	code, b = post(t, s, "/v1/completions", `{"prompt":`+jsonString(other)+`,"max_tokens":1}`)
+	require.Equal(t, 200, code)
+	assert.Equal(t, shared/16*16, decode(t, b).Usage.PromptTokensDetails.CachedTokens)
+
+	// cache_salt: the same prompt, salted, shares nothing.
+	code, b = post(t, s, "/v1/completions", `{"prompt":`+jsonString(prompt)+`,"max_tokens":1,"cache_salt":"tenant-a"}`)
+	require.Equal(t, 200, code)
+	assert.Zero(t, decode(t, b).Usage.PromptTokensDetails.CachedTokens)
+
+	// LoRA adapters are served models; their blocks are separate too.
+	code, b = post(t, s, "/v1/completions", `{"model":"alice","prompt":`+jsonString(prompt)+`,"max_tokens":1}`)
+	require.Equal(t, 200, code)
+	assert.Zero(t, decode(t, b).Usage.PromptTokensDetails.CachedTokens)
+	assert.Equal(t, "alice", decode(t, b).Model)
+}
+
+func TestCompletionPromptForms(t *testing.T) {
+	s := start(t, false)
+	ids := make([]string, 40)
+	for i := range ids {
+		ids[i] = "7"
+	}
+	code, b := post(t, s, "/v1/completions", `{"prompt":[`+strings.Join(ids, ",")+`],"max_tokens":2}`)
+	require.Equal(t, 200, code, string(b))
+	assert.Equal(t, 40, decode(t, b).Usage.PromptTokens, "token ids are used as given")
+
+	code, b = post(t, s, "/v1/completions", `{"prompt":["first prompt","second prompt, longer"],"max_tokens":3}`)
+	require.Equal(t, 200, code, string(b))
+	c := decode(t, b)
+	require.Len(t, c.Choices, 2)
+	assert.Equal(t, 0, c.Choices[0].Index)
+	assert.Equal(t, 1, c.Choices[1].Index)
+	assert.Equal(t, 6, c.Usage.CompletionTokens)
+	assert.Equal(t, len(tokenizer.Encode("first prompt", true))+len(tokenizer.Encode("second prompt, longer", true)), c.Usage.PromptTokens)
+
+	code, b = post(t, s, "/v1/completions", `{"prompt":[[1,2,3],[4,5]],"max_tokens":1}`)
+	require.Equal(t, 200, code, string(b))
+	assert.Equal(t, 5, decode(t, b).Usage.PromptTokens)
+
+	code, b = post(t, s, "/v1/completions", `{"prompt":"hi"}`)
+	require.Equal(t, 200, code)
+	assert.Equal(t, 16, decode(t, b).Usage.CompletionTokens, "max_tokens defaults to 16")
+}
+
+func TestChatCompletions(t *testing.T) {
+	s := start(t, false)
+	turn1 := `[{"role":"system","content":` + jsonString(system) + `},{"role":"user","content":"What is a KV cache?"}]`
+	code, b := post(t, s, "/v1/chat/completions", `{"model":"`+model+`","messages":`+turn1+`,"max_completion_tokens":4}`)
+	require.Equal(t, 200, code, string(b))
+	c := decode(t, b)
+	assert.True(t, strings.HasPrefix(c.ID, "chatcmpl-"))
+	assert.Equal(t, "chat.completion", c.Object)
+	require.NotNil(t, c.Choices[0].Message)
+	assert.Equal(t, "assistant", c.Choices[0].Message.Role)
+	assert.Equal(t, 4, c.Usage.CompletionTokens)
+	want := tokenizer.EncodeChat("", []tokenizer.Message{{Role: "system", Content: system}, {Role: "user", Content: "What is a KV cache?"}}, true, false)
+	assert.Equal(t, len(want), c.Usage.PromptTokens)
+
+	// The next turn starts with the same messages: its shared prefix hits.
+	turn2 := `[{"role":"system","content":` + jsonString(system) + `},{"role":"user","content":"What is a KV cache?"},` +
+		`{"role":"assistant","content":[{"type":"text","text":"A store of keys and values."}]},{"role":"user","content":"And prefix caching?"}]`
+	code, b = post(t, s, "/v1/chat/completions", `{"messages":`+turn2+`,"max_tokens":1}`)
+	require.Equal(t, 200, code, string(b))
+	// Turn one's whole prompt, generation prompt included, is a text prefix of turn two.
+	shared := 1 + len(tokenizer.RenderChat("", []tokenizer.Message{{Role: "system", Content: system}, {Role: "user", Content: "What is a KV cache?"}}, true, false))/4
+	assert.Equal(t, shared/16*16, decode(t, b).Usage.PromptTokensDetails.CachedTokens)
+}
+
+// sse reads a streaming response: the JSON of every data event, and whether [DONE] came last.
+func sse(t *testing.T, s *Server, path, body string) ([]completion, bool) {
+	t.Helper()
+	resp, err := http.Post(s.URL()+path, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out []completion
+	done := false
+	for _, ev := range strings.Split(string(raw), "\n\n") {
+		if ev == "" {
+			continue
+		}
+		require.True(t, strings.HasPrefix(ev, "data: "), "every event is a data line: %q", ev)
+		require.False(t, done, "nothing after [DONE]")
+		data := strings.TrimPrefix(ev, "data: ")
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		out = append(out, decode(t, []byte(data)))
+	}
+	assert.True(t, strings.HasSuffix(string(raw), "data: [DONE]\n\n"))
+	return out, done
+}
+
+func TestStreaming(t *testing.T) {
+	s := start(t, false)
+	prompt := jsonString(system + "stream me")
+	_, plain := post(t, s, "/v1/completions", `{"prompt":`+prompt+`,"max_tokens":6}`)
+	want := decode(t, plain)
+
+	chunks, done := sse(t, s, "/v1/completions", `{"prompt":`+prompt+`,"max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}`)
+	require.True(t, done)
+	require.GreaterOrEqual(t, len(chunks), 2)
+	var text strings.Builder
+	for _, c := range chunks[:len(chunks)-1] {
+		assert.Nil(t, c.Usage, "usage only in the last chunk")
+		require.Len(t, c.Choices, 1)
+		text.WriteString(c.Choices[0].Text)
+	}
+	assert.Equal(t, want.Choices[0].Text, text.String())
+	assert.Equal(t, "length", *chunks[len(chunks)-2].Choices[0].FinishReason)
+	last := chunks[len(chunks)-1]
+	assert.Empty(t, last.Choices)
+	require.NotNil(t, last.Usage)
+	assert.Equal(t, 6, last.Usage.CompletionTokens)
+	assert.Equal(t, want.Usage.PromptTokens, last.Usage.PromptTokens)
+	assert.Equal(t, (want.Usage.PromptTokens-1)/16*16, last.Usage.PromptTokensDetails.CachedTokens)
+
+	chunks, done = sse(t, s, "/v1/completions", `{"prompt":`+prompt+`,"max_tokens":3,"stream":true}`)
+	require.True(t, done)
+	for _, c := range chunks {
+		assert.Nil(t, c.Usage, "no usage without include_usage")
+	}
+
+	chunks, done = sse(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`)
+	require.True(t, done)
+	require.NotNil(t, chunks[0].Choices[0].Delta)
+	assert.Equal(t, "assistant", chunks[0].Choices[0].Delta.Role, "first chat chunk carries the role")
+	assert.Equal(t, "chat.completion.chunk", chunks[0].Object)
+	assert.Equal(t, 3, chunks[len(chunks)-1].Usage.CompletionTokens)
+}
+
+func TestTokenizeModelsHealthVersion(t *testing.T) {
+	s := start(t, false)
+	code, b := post(t, s, "/tokenize", `{"prompt":"Hello, world"}`)
+	require.Equal(t, 200, code)
+	var tok struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+		TokenStrs   []string `json:"token_strs"`
+	}
+	require.NoError(t, json.Unmarshal(b, &tok))
+	assert.Equal(t, tokenizer.Encode("Hello, world", true), tok.Tokens)
+	assert.Equal(t, 4, tok.Count)
+	assert.Equal(t, timing.Fast().MaxModelLen, tok.MaxModelLen)
+	assert.Nil(t, tok.TokenStrs)
+
+	_, b = post(t, s, "/tokenize", `{"prompt":"Hello, world","add_special_tokens":false,"return_token_strs":true}`)
+	require.NoError(t, json.Unmarshal(b, &tok))
+	assert.Equal(t, []string{"Hell", "o, w", "orld"}, tok.TokenStrs)
+
+	code, b = post(t, s, "/tokenize", `{"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, 200, code)
+	require.NoError(t, json.Unmarshal(b, &tok))
+	assert.Equal(t, tokenizer.EncodeChat("", []tokenizer.Message{{Role: "user", Content: "hi"}}, true, false), tok.Tokens)
+
+	code, b = get(t, s, "/v1/models")
+	require.Equal(t, 200, code)
+	var models struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID, Object, OwnedBy, Root string
+			Parent                    *string
+			MaxModelLen               int `json:"max_model_len"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(b, &models))
+	assert.Equal(t, "list", models.Object)
+	require.Len(t, models.Data, 2)
+	assert.Equal(t, model, models.Data[0].ID)
+	assert.Equal(t, "model", models.Data[0].Object)
+	assert.Equal(t, 32768, models.Data[0].MaxModelLen)
+	assert.Equal(t, "alice", models.Data[1].ID)
+	assert.Equal(t, model, *models.Data[1].Parent)
+
+	code, b = get(t, s, "/health")
+	assert.Equal(t, 200, code)
+	assert.Empty(t, b)
+	code, _ = get(t, s, "/version")
+	assert.Equal(t, 200, code)
+}
+
+func TestErrorsAreVLLMStyle(t *testing.T) {
+	s := start(t, false)
+	long := strings.Repeat("x", 4*32768)
+	cases := []struct {
+		name, path, body string
+		code             int
+		typ, contains    string
+	}{
+		{"invalid json", "/v1/completions", `{"prompt":`, 400, "BadRequestError", "Invalid request body"},
+		{"empty body", "/v1/completions", ``, 400, "BadRequestError", "empty"},
+		{"missing prompt", "/v1/completions", `{"max_tokens":3}`, 400, "BadRequestError", "prompt"},
+		{"unknown model", "/v1/completions", `{"model":"gpt-4","prompt":"x"}`, 404, "NotFoundError", "The model `gpt-4` does not exist."},
+		{"max_tokens 0", "/v1/completions", `{"prompt":"x","max_tokens":0}`, 400, "BadRequestError", "max_tokens must be at least 1"},
+		{"prompt too long", "/v1/completions", `{"prompt":"` + long + `"}`, 400, "BadRequestError", "maximum context length is 32768 tokens"},
+		{"max_tokens too large", "/v1/completions", `{"prompt":"x","max_tokens":40000}`, 400, "BadRequestError", "'max_tokens' or 'max_completion_tokens' is too large: 40000"},
+		{"empty cache_salt", "/v1/completions", `{"prompt":"x","cache_salt":""}`, 400, "BadRequestError", "cache_salt"},
+		{"stream_options without stream", "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`, 400, "BadRequestError", "Stream options can only be defined when `stream=True`."},
+		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,999999]}`, 400, "BadRequestError", "Token id 999999 is out of vocabulary"},
+		{"empty token prompt", "/v1/completions", `{"prompt":[]}`, 400, "BadRequestError", "empty"},
+		{"empty text prompt", "/v1/completions", `{"prompt":"","add_special_tokens":false}`, 400, "BadRequestError", "The decoder prompt cannot be empty"},
+		{"n > 1", "/v1/completions", `{"prompt":"x","n":2}`, 400, "BadRequestError", "n must be 1"},
+		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, "BadRequestError", "at least one message"},
+		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "BadRequestError", "text only"},
+		{"generation prompt and continue", "/tokenize", `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, 400, "BadRequestError", "Cannot set both"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, b := post(t, s, c.path, c.body)
+			assert.Equal(t, c.code, code)
+			var e struct {
+				Object  string `json:"object"`
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Param   any    `json:"param"`
+				Code    int    `json:"code"`
+			}
+			require.NoError(t, json.Unmarshal(b, &e), string(b))
+			assert.Equal(t, "error", e.Object)
+			assert.Equal(t, c.typ, e.Type)
+			assert.Equal(t, c.code, e.Code)
+			assert.Contains(t, e.Message, c.contains)
+		})
+	}
+	_, b := post(t, s, "/v1/completions", `{"prompt":"x","max_tokens":0}`)
+	assert.JSONEq(t, `{"object":"error","message":"max_tokens must be at least 1, got 0.","type":"BadRequestError","param":"max_tokens","code":400}`, string(b))
+	_, b = post(t, s, "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`)
+	assert.JSONEq(t, `{"object":"error","message":"Stream options can only be defined when `+"`stream=True`"+`.","type":"BadRequestError","param":null,"code":400}`, string(b))
+}
+
+func TestMetrics(t *testing.T) {
+	s := start(t, false)
+	for range 2 {
+		code, _ := post(t, s, "/v1/completions", `{"prompt":`+jsonString(system)+`,"max_tokens":2}`)
+		require.Equal(t, 200, code)
+	}
+	resp, err := http.Get(s.URL() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, "text/plain; version=0.0.4; charset=utf-8", resp.Header.Get("Content-Type"))
+	values := map[string]string{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		values[line[:i]] = line[i+1:]
+	}
+	lbl := `{model_name="` + model + `",engine="0"}`
+	n := len(tokenizer.Encode(system, true))
+	assert.Equal(t, "0.0", values["vllm:num_requests_running"+lbl])
+	assert.Equal(t, "0.0", values["vllm:num_requests_waiting"+lbl])
+	assert.Equal(t, "0.0", values["vllm:kv_cache_usage_perc"+lbl])
+	assert.Equal(t, metricsInt(2*n), values["vllm:prefix_cache_queries_total"+lbl])
+	assert.Equal(t, metricsInt((n-1)/16*16), values["vllm:prefix_cache_hits_total"+lbl])
+	assert.Equal(t, "0.0", values["vllm:num_preemptions_total"+lbl])
+	assert.Equal(t, "4.0", values["vllm:generation_tokens_total"+lbl])
+	assert.Equal(t, "2.0", values[`vllm:request_success_total{model_name="`+model+`",engine="0",finished_reason="length"}`])
+	assert.Equal(t, "2.0", values["vllm:time_to_first_token_seconds_count"+lbl])
+	assert.Equal(t, "0.0", values["kvroute:queued_prefill_tokens"+lbl])
+	var info string
+	for k := range values {
+		if strings.HasPrefix(k, "vllm:cache_config_info{") {
+			info = k
+		}
+	}
+	assert.Contains(t, info, `block_size="16"`)
+	assert.Contains(t, info, `num_gpu_blocks="4096"`)
+	assert.Contains(t, info, `enable_prefix_caching="True"`)
+	assert.True(t, strings.HasSuffix(info, `engine="0"}`))
+}
+
+func TestQueuedPrefillTokensWhileWaiting(t *testing.T) {
+	// Submit straight to the replica while the simulated clock runs slowly enough for the
+	// queue to be observable: a 30,000-token prompt takes 0.3 simulated seconds = 300 s
+	// of wall time at time scale 1000. Only the state is asserted, never durations.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := Start(Config{ModelName: model, Logger: quiet,
+		Replica: replica.Config{Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 1000}})
+	require.NoError(t, err)
+	defer s.Close()
+	toks := make([]uint32, 30000)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	h, err := s.Replica().Submit(replica.Request{ID: "big", Prompt: toks, MaxTokens: 1})
+	require.NoError(t, err)
+	defer h.Abort()
+	st := s.Replica().State()
+	assert.Equal(t, 1, st.Waiting+st.Running)
+	assert.LessOrEqual(t, 30000-8192, st.QueuedPrefillTokens)
+	_, b := get(t, s, "/metrics")
+	assert.Regexp(t, `kvroute:queued_prefill_tokens\{model_name="test/model",engine="0"\} [1-9][0-9]*\.0\n`, string(b))
+}
+
+func TestFaultSwitches(t *testing.T) {
+	s := start(t, true)
+	admin := func(path string) int {
+		code, _ := post(t, s, path, "")
+		return code
+	}
+	require.Equal(t, 204, admin("/admin/fail-fraction?f=1&code=503"))
+	code, b := post(t, s, "/v1/completions", `{"prompt":"x","max_tokens":1}`)
+	assert.Equal(t, 503, code)
+	assert.Contains(t, string(b), `"type":"ServiceUnavailableError"`)
+	require.Equal(t, 204, admin("/admin/fail-fraction?f=1"))
+	code, _ = post(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`)
+	assert.Equal(t, 500, code)
+	require.Equal(t, 204, admin("/admin/fail-fraction?f=0"))
+	code, _ = post(t, s, "/v1/completions", `{"prompt":"x","max_tokens":1}`)
+	assert.Equal(t, 200, code)
+	assert.Equal(t, 400, admin("/admin/fail-fraction?f=2"))
+
+	// Half the requests fail, from a seeded sequence.
+	require.NoError(t, s.SetFailFraction(0.5, 500))
+	failed := 0
+	for range 40 {
+		if code, _ := post(t, s, "/v1/completions", `{"prompt":"x","max_tokens":1}`); code == 500 {
+			failed++
+		}
+	}
+	assert.InDelta(t, 20, failed, 12)
+	require.NoError(t, s.SetFailFraction(0, 500))
+
+	require.Equal(t, 204, admin("/admin/slow-metrics?ms=1"))
+	code, _ = get(t, s, "/metrics")
+	assert.Equal(t, 200, code)
+	require.Equal(t, 204, admin("/admin/slow-metrics?ms=0"))
+	assert.Equal(t, 400, admin("/admin/slow-metrics?ms=abc"))
+
+	// Restart: the cache empties, the KV event sequence starts over.
+	prompt := `{"prompt":` + jsonString(system) + `,"max_tokens":1}`
+	post(t, s, "/v1/completions", prompt)
+	_, b = post(t, s, "/v1/completions", prompt)
+	require.Positive(t, decode(t, b).Usage.PromptTokensDetails.CachedTokens)
+	require.Positive(t, s.Replica().Publisher().NextSeq())
+	require.Equal(t, 204, admin("/admin/restart"))
+	assert.Equal(t, uint64(1), s.Replica().Publisher().NextSeq(), "seq 0 was the AllBlocksCleared batch")
+	_, b = post(t, s, "/v1/completions", prompt)
+	assert.Zero(t, decode(t, b).Usage.PromptTokensDetails.CachedTokens, "cache cleared by the restart")
+
+	require.Equal(t, 204, admin("/admin/pause-events"))
+	assert.True(t, s.Replica().Publisher().Paused())
+	require.Equal(t, 204, admin("/admin/resume-events"))
+	assert.False(t, s.Replica().Publisher().Paused())
+
+	code, b = get(t, s, "/admin/state")
+	assert.Equal(t, 200, code)
+	assert.Contains(t, string(b), `"kv_events_next_seq"`)
+
+	// Admin switches refuse non-loopback peers.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/admin/restart", nil)
+	req.RemoteAddr = "10.1.2.3:4567"
+	s.Handler().ServeHTTP(rec, req)
+	assert.Equal(t, 403, rec.Code)
+}
+
+func TestRestartFailsRequestsInFlight(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := Start(Config{ModelName: model, Logger: quiet,
+		Replica: replica.Config{Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 1000}})
+	require.NoError(t, err)
+	defer s.Close()
+	h, err := s.Replica().Submit(replica.Request{ID: "r", Prompt: []uint32{1, 2, 3}, MaxTokens: 1000})
+	require.NoError(t, err)
+	s.Restart()
+	p, err := h.Wait(context.Background(), 0)
+	require.NoError(t, err)
+	assert.True(t, p.Done)
+	assert.ErrorIs(t, p.Err, replica.ErrRestarted)
+}
+
+func TestKVEventsOverZMQ(t *testing.T) {
+	s := start(t, true)
+	assert.True(t, strings.HasPrefix(s.EventsEndpoint(), "tcp://127.0.0.1:"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	require.NoError(t, sub.Dial(s.EventsEndpoint()))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv@sim"))
+	for deadline := time.Now().Add(10 * time.Second); !s.Replica().Publisher().Subscribed(); {
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(5 * time.Millisecond)
+	}
+	prompt := system + "events please"
+	code, _ := post(t, s, "/v1/completions", `{"prompt":`+jsonString(prompt)+`,"max_tokens":1,"cache_salt":"t1"}`)
+	require.Equal(t, 200, code)
+
+	msg := make(chan zmq4.Msg, 1)
+	go func() {
+		m, _ := sub.Recv()
+		msg <- m
+	}()
+	var m zmq4.Msg
+	select {
+	case m = <-msg:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no KV event batch")
+	}
+	require.Len(t, m.Frames, 3)
+	assert.Equal(t, "kv@sim@test/model", string(m.Frames[0]))
+	assert.Equal(t, uint64(0), binary.BigEndian.Uint64(m.Frames[1]))
+	b, _, err := kvevents.Decode(m.Frames[2])
+	require.NoError(t, err)
+	require.NotEmpty(t, b.Events)
+	ev := b.Events[0]
+	toks := tokenizer.Encode(prompt, true)
+	full := len(toks) / 16
+	assert.Equal(t, kvevents.BlockStored, ev.Kind)
+	assert.Len(t, ev.BlockHashes, full, "all full blocks of the prompt in one event")
+	assert.Equal(t, toks[:full*16], ev.TokenIDs)
+	assert.False(t, ev.HasParent)
+	assert.Equal(t, []string{"t1"}, ev.ExtraKeys[0], "cache_salt in the first block's extra keys")
+	assert.InDelta(t, float64(time.Now().Unix()), b.TS, 60, "ts is Unix time")
+}
+
+func TestSeveralReplicasInOneProcess(t *testing.T) {
+	a, b := start(t, true), start(t, true)
+	assert.NotEqual(t, a.Addr(), b.Addr())
+	assert.NotEqual(t, a.EventsEndpoint(), b.EventsEndpoint())
+	post(t, a, "/v1/completions", `{"prompt":`+jsonString(system)+`,"max_tokens":1}`)
+	_, body := post(t, b, "/v1/completions", `{"prompt":`+jsonString(system)+`,"max_tokens":1}`)
+	assert.Zero(t, decode(t, body).Usage.PromptTokensDetails.CachedTokens, "replicas have separate caches")
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func metricsInt(n int) string { return strconv.Itoa(n) + ".0" }
