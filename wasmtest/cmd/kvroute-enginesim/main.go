@@ -1,0 +1,276 @@
+// Command kvroute-enginesim runs simulated vLLM replicas: the OpenAI API, Prometheus
+// /metrics and ZMQ KV events exactly as vLLM speaks them, over a paged prefix cache and
+// a continuous-batching scheduler timed by a hardware profile. See --help.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/cache"
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
+	"github.com/kvroute/kvroute/wasmtest/engine/replica"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/server"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+)
+
+const usageHeader = `kvroute-enginesim: simulated vLLM replicas for testing kvroute.
+
+Each replica serves vLLM's OpenAI API (POST /v1/completions, /v1/chat/completions,
+/tokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics) and, with
+--kv-events-config, publishes KV cache events over ZMQ (PUB + optional ROUTER replay)
+in vLLM's wire format. Prompts are tokenized by a deterministic stand-in tokenizer
+(4 bytes per token); token-id prompts are used as given. Time runs at --time-scale
+wall seconds per simulated second; latencies in responses and metrics are simulated.
+
+Fault switches (loopback clients only, with --enable-admin):
+  POST /admin/restart                      cache cleared, AllBlocksCleared, event seq back to 0
+  POST /admin/pause-events[?on=false]      stop (or resume) sending KV events; seqs keep counting
+  POST /admin/resume-events
+  POST /admin/slow-metrics?ms=N            delay GET /metrics by N ms (0 = off)
+  POST /admin/fail-fraction?f=F[&code=503] fail a fraction F of generation requests (500 or 503)
+  POST /admin/reset-prefix-cache
+  GET  /admin/state                        queue, cache and event state as JSON
+
+Example:
+  kvroute-enginesim --port 8000 --profile seed000 --time-scale 0.001 \
+    --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@127.0.0.1:8000@llama"}'
+
+Flags:
+`
+
+type loraFlag []server.LoRAModule
+
+func (l *loraFlag) String() string {
+	var parts []string
+	for _, m := range *l {
+		parts = append(parts, m.Name+"="+m.Path)
+	}
+	return strings.Join(parts, " ")
+}
+
+func (l *loraFlag) Set(v string) error {
+	for _, item := range strings.Fields(v) {
+		name, path, ok := strings.Cut(item, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("lora module %q: want name=path", item)
+		}
+		*l = append(*l, server.LoRAModule{Name: name, Path: path})
+	}
+	return nil
+}
+
+// options are the parsed flags.
+type options struct {
+	host, model, servedName, profile         string
+	port, replicas                           int
+	blockSize, numGPUBlocks                  int
+	maxNumSeqs, maxBatchedTokens, maxLen     int
+	timeScale                                float64
+	kvEventsConfig, encoding                 string
+	legacyReplay                             bool
+	dpRank                                   int
+	hashAlgo, hashSeed                       string
+	loras                                    loraFlag
+	defaultMaxTokens, vocabSize              int
+	enableAdmin                              bool
+	logLevel                                 string
+	enablePrefixCaching, promptTokensDetails bool
+}
+
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvroute-enginesim", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		// Print flags GNU-style (--name), as vLLM documents them; both forms parse.
+		var b strings.Builder
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		fs.SetOutput(out)
+		fmt.Fprint(out, usageHeader, strings.ReplaceAll("\n"+b.String(), "\n  -", "\n  --")[1:])
+	}
+	seed := os.Getenv("PYTHONHASHSEED")
+	if seed == "" {
+		seed = "0"
+	}
+	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on for HTTP, and the host that replaces \"*\" in tcp:// KV event bind endpoints (use 0.0.0.0 to listen on all interfaces)")
+	fs.IntVar(&o.port, "port", 8000, "HTTP port of the first replica (0 = pick a free port); replica i listens on port+i")
+	fs.IntVar(&o.replicas, "replicas", 1, "replicas to run in this process; replica i adds i to the HTTP port and to the KV event endpoints' ports")
+	fs.StringVar(&o.model, "model", "meta-llama/Llama-3.3-70B-Instruct", "model name (vLLM --model); served under this name unless --served-model-name is set")
+	fs.StringVar(&o.servedName, "served-model-name", "", "name the API serves and metrics label model_name carries (default: --model)")
+	fs.Var(&o.loras, "lora-modules", "LoRA adapter served as a model, name=path (repeatable, or several separated by spaces); its blocks hash with its name")
+	fs.StringVar(&o.profile, "profile", "seed000", "timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200: 71.3 us/prefill token, 558,124-token KV pool) or fast (tiny, for tests)")
+	fs.IntVar(&o.blockSize, "block-size", 0, "tokens per KV block (0 = profile's, 16)")
+	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV pool size in blocks, overriding the profile (vLLM --num-gpu-blocks-override); 0 = profile pool / block size")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "maximum running sequences (0 = profile's: 256 seed000, 64 fast)")
+	fs.IntVar(&o.maxBatchedTokens, "max-num-batched-tokens", 0, "token budget per scheduler step, chunked prefill (0 = profile's, 8192)")
+	fs.IntVar(&o.maxLen, "max-model-len", 0, "context length limit, prompt + output tokens (0 = profile's)")
+	fs.Float64Var(&o.timeScale, "time-scale", 1, "wall seconds per simulated second: 1 = real time, 0.001 = one simulated second per wall millisecond")
+	fs.StringVar(&o.kvEventsConfig, "kv-events-config", "", `vLLM's KVEventsConfig JSON: enable_kv_cache_events, publisher ("zmq"), endpoint (default tcp://*:5557; bound if it contains "*" or "::", else connected), replay_endpoint (ROUTER), buffer_steps, hwm, topic`)
+	fs.StringVar(&o.encoding, "kv-events-encoding", string(kvevents.Map), "KV event layout: map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9")
+	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
+	fs.IntVar(&o.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the KV event ports (vLLM offset_endpoint_port) and fills data_parallel_rank")
+	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", cache.AlgoSimXXH64, "block hash: sim_xxh64 (fast, simulator-private) or sha256_cbor (vLLM's, identical hashes given the same seed)")
+	fs.StringVar(&o.hashSeed, "hash-seed", seed, "block hash seed, vLLM's PYTHONHASHSEED (defaults to $PYTHONHASHSEED if set)")
+	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 16, "output tokens when a request sets no max_tokens (the simulated model never stops early)")
+	fs.IntVar(&o.vocabSize, "vocab-size", 128256, "token ids accepted in token-id prompts are below this")
+	fs.BoolVar(&o.enableAdmin, "enable-admin", true, "serve the /admin/ fault switches (loopback clients only)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs carry ids and token counts, never prompt text)")
+	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
+	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
+	return fs
+}
+
+// parse turns command-line arguments into one server config per replica.
+func parse(args []string, out io.Writer) ([]server.Config, error) {
+	var o options
+	fs := newFlagSet(&o, out)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if !o.enablePrefixCaching {
+		return nil, errors.New("--enable-prefix-caching=false: the simulator always caches prefixes")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	prof, err := timing.ByName(o.profile)
+	if err != nil {
+		return nil, err
+	}
+	for _, ov := range []struct {
+		v   int
+		dst *int
+	}{{o.blockSize, &prof.BlockSize}, {o.maxNumSeqs, &prof.MaxNumSeqs}, {o.maxBatchedTokens, &prof.MaxNumBatchedTokens}, {o.maxLen, &prof.MaxModelLen}} {
+		if ov.v < 0 {
+			return nil, fmt.Errorf("engine limits must be >= 0, got %d", ov.v)
+		}
+		if ov.v > 0 {
+			*ov.dst = ov.v
+		}
+	}
+	if err := prof.Validate(); err != nil {
+		return nil, err
+	}
+	if o.timeScale <= 0 {
+		return nil, fmt.Errorf("--time-scale %v must be positive", o.timeScale)
+	}
+	if o.replicas < 1 {
+		return nil, fmt.Errorf("--replicas %d must be >= 1", o.replicas)
+	}
+	enc, err := kvevents.ParseEncoding(o.encoding)
+	if err != nil {
+		return nil, err
+	}
+	ev, unknown, err := publisher.ParseConfig(o.kvEventsConfig)
+	if err != nil {
+		return nil, err
+	}
+	if len(unknown) > 0 {
+		log.Warn("kv-events-config: ignoring unknown fields", "fields", unknown)
+	}
+	if _, err := cache.NewHasher(o.hashAlgo, o.hashSeed, prof.BlockSize); err != nil {
+		return nil, err
+	}
+	name := o.model
+	if o.servedName != "" {
+		name = o.servedName
+	}
+
+	var cfgs []server.Config
+	for i := range o.replicas {
+		rev := ev
+		if rev.Endpoint, err = offsetReplica(ev.Endpoint, i); err != nil {
+			return nil, err
+		}
+		if rev.ReplayEndpoint, err = offsetReplica(ev.ReplayEndpoint, i); err != nil {
+			return nil, err
+		}
+		port := o.port
+		if port != 0 {
+			port += i
+		}
+		cfgs = append(cfgs, server.Config{
+			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
+			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin,
+			Logger: log.With("replica", i),
+			Replica: replica.Config{
+				Engine:        sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed},
+				TimeScale:     o.timeScale,
+				Events:        rev,
+				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: o.legacyReplay, BindHost: o.host},
+			},
+		})
+	}
+	return cfgs, nil
+}
+
+// offsetReplica moves replica i's tcp endpoint i ports up (port 0 stays 0: any port).
+func offsetReplica(ep string, i int) (string, error) {
+	if i == 0 || ep == "" || strings.HasSuffix(ep, ":0") {
+		return ep, nil
+	}
+	if !strings.HasPrefix(ep, "tcp://") {
+		return "", fmt.Errorf("--replicas %d needs tcp:// KV event endpoints, got %q", i+1, ep)
+	}
+	j := strings.LastIndexByte(ep, ':')
+	port, err := strconv.Atoi(ep[j+1:])
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: bad port", ep)
+	}
+	return ep[:j+1] + strconv.Itoa(port+i), nil
+}
+
+// run starts every replica and serves until ctx ends.
+func run(ctx context.Context, cfgs []server.Config) error {
+	var servers []*server.Server
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
+	for i, c := range cfgs {
+		s, err := server.Start(c)
+		if err != nil {
+			return fmt.Errorf("replica %d: %w", i, err)
+		}
+		servers = append(servers, s)
+		c.Logger.Info("replica ready", "http", s.URL(), "kv_events", s.EventsEndpoint(), "kv_replay", s.ReplayEndpoint())
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func main() {
+	cfgs, err := parse(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvroute-enginesim:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfgs); err != nil {
+		fmt.Fprintln(os.Stderr, "kvroute-enginesim:", err)
+		os.Exit(1)
+	}
+}

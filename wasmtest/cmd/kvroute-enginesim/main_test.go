@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/server"
+)
+
+func TestHelpDocumentsEveryFlag(t *testing.T) {
+	var out bytes.Buffer
+	_, err := parse([]string{"--help"}, &out)
+	require.True(t, errors.Is(err, flag.ErrHelp))
+	var o options
+	newFlagSet(&o, &out).VisitAll(func(f *flag.Flag) {
+		assert.Contains(t, out.String(), "-"+f.Name, "flag %s is documented", f.Name)
+		assert.NotEmpty(t, f.Usage, f.Name)
+	})
+	for _, s := range []string{"/admin/restart", "/admin/fail-fraction", "--time-scale", "--kv-events-config", "--num-gpu-blocks", "--replicas"} {
+		assert.Contains(t, out.String(), s)
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	cfgs, err := parse(nil, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Len(t, cfgs, 1)
+	c := cfgs[0]
+	assert.Equal(t, "127.0.0.1", c.Host, "loopback by default")
+	assert.Equal(t, 8000, c.Port)
+	assert.Equal(t, "meta-llama/Llama-3.3-70B-Instruct", c.ModelName)
+	assert.Equal(t, "seed000", c.Replica.Engine.Profile.Name)
+	assert.Equal(t, 34882, c.Replica.Engine.Profile.NumGPUBlocks())
+	assert.Equal(t, 1.0, c.Replica.TimeScale)
+	assert.False(t, c.Replica.Events.Enabled())
+}
+
+func TestParseReplicasAndEvents(t *testing.T) {
+	cfgs, err := parse([]string{
+		"--port", "9000", "--replicas", "3", "--profile", "fast", "--num-gpu-blocks", "100", "--time-scale", "0.001",
+		"--served-model-name", "llama", "--lora-modules", "alice=/a bob=/b", "--kv-events-encoding", "array",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5600","topic":"kv"}`,
+	}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Len(t, cfgs, 3)
+	for i, c := range cfgs {
+		assert.Equal(t, 9000+i, c.Port)
+		assert.Equal(t, "llama", c.ModelName)
+		assert.Len(t, c.LoRAModules, 2)
+		assert.Equal(t, 100, c.Replica.Engine.NumGPUBlocks)
+		assert.Equal(t, kvevents.Array, c.Replica.EventsOptions.Encoding)
+		assert.Equal(t, "127.0.0.1", c.Replica.EventsOptions.BindHost)
+	}
+	assert.Equal(t, "tcp://*:5557", cfgs[0].Replica.Events.Endpoint)
+	assert.Equal(t, "tcp://*:5559", cfgs[2].Replica.Events.Endpoint)
+	assert.Equal(t, "tcp://*:5601", cfgs[1].Replica.Events.ReplayEndpoint)
+}
+
+func TestParseRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--profile", "a100"},
+		{"--time-scale", "0"},
+		{"--replicas", "0"},
+		{"--kv-events-encoding", "json"},
+		{"--kv-events-config", "{"},
+		{"--prefix-caching-hash-algo", "md5"},
+		{"--max-num-seqs", "-1"},
+		{"--lora-modules", "nopath"},
+		{"--enable-prefix-caching=false"},
+		{"extra"},
+	} {
+		_, err := parse(args, &bytes.Buffer{})
+		assert.Error(t, err, "%v", args)
+	}
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	cfgs, err := parse([]string{"--port", "0", "--replicas", "2", "--profile", "fast", "--log-level", "error",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:0"}`}, &bytes.Buffer{})
+	require.NoError(t, err)
+	// Start the first replica directly to learn its port, then check run() stops cleanly.
+	s, err := server.Start(cfgs[0])
+	require.NoError(t, err)
+	resp, err := http.Get(s.URL() + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	require.NoError(t, s.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfgs) }()
+	cancel()
+	select {
+	case err := <-done:
+		assert.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after cancel")
+	}
+}
