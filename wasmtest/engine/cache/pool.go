@@ -12,7 +12,7 @@
 //
 // Every operation is O(1) per block and allocation-free in steady state: blocks live
 // in one slice, the free queue is an intrusive doubly linked list of indexes, and the
-// hash index is a map sized for the pool up front.
+// hash index is an open-addressing table sized for the pool up front (index.go).
 //
 // One deviation from vLLM: when a block becomes full with a hash that is already
 // cached (a request recomputes a block it could not hit, e.g. the last block of a
@@ -33,7 +33,7 @@ type block struct {
 // Pool is the block pool of one engine. It is not safe for concurrent use.
 type Pool struct {
 	blocks  []block // len = num_gpu_blocks + 1: the last element is the free-queue sentinel
-	index   map[uint64]int32
+	index   *index
 	numFree int
 
 	// OnRemove, if set, is called with the hash of every cached block that is evicted
@@ -50,7 +50,7 @@ func NewPool(numBlocks int) (*Pool, error) {
 	if numBlocks > 1<<30 {
 		return nil, fmt.Errorf("num_gpu_blocks %d: too large", numBlocks)
 	}
-	p := &Pool{blocks: make([]block, numBlocks+1), index: make(map[uint64]int32, numBlocks)}
+	p := &Pool{blocks: make([]block, numBlocks+1), index: newIndex(numBlocks)}
 	p.Clear()
 	return p, nil
 }
@@ -60,7 +60,7 @@ func (p *Pool) sentinel() int32 { return int32(len(p.blocks) - 1) }
 // Clear empties the pool as a restart does: every block free, nothing cached, no
 // OnRemove calls.
 func (p *Pool) Clear() {
-	clear(p.index)
+	p.index.clear()
 	s := p.sentinel()
 	p.blocks[s] = block{prev: s, next: s}
 	for i := range s {
@@ -79,7 +79,7 @@ func (p *Pool) NumBlocks() int { return len(p.blocks) - 1 }
 func (p *Pool) NumFree() int { return p.numFree }
 
 // NumCached returns the number of blocks whose hash is cached.
-func (p *Pool) NumCached() int { return len(p.index) }
+func (p *Pool) NumCached() int { return p.index.len() }
 
 // Usage is vLLM's kv_cache_usage_perc: the fraction of usable blocks in use.
 func (p *Pool) Usage() float64 {
@@ -89,7 +89,7 @@ func (p *Pool) Usage() float64 {
 
 // Cached reports whether hash is cached.
 func (p *Pool) Cached(hash uint64) bool {
-	_, ok := p.index[hash]
+	_, ok := p.index.get(hash)
 	return ok
 }
 
@@ -101,7 +101,7 @@ func (p *Pool) Match(hashes []uint64, max int, ids []int32) (hit []int32, free i
 		max = len(hashes)
 	}
 	for _, h := range hashes[:max] {
-		id, ok := p.index[h]
+		id, ok := p.index.get(h)
 		if !ok {
 			break
 		}
@@ -119,7 +119,7 @@ func (p *Pool) CountHits(hashes []uint64, max int) int {
 		max = len(hashes)
 	}
 	for i, h := range hashes[:max] {
-		if _, ok := p.index[h]; !ok {
+		if _, ok := p.index.get(h); !ok {
 			return i
 		}
 	}
@@ -150,7 +150,7 @@ func (p *Pool) Allocate(n int, table []int32) ([]int32, bool) {
 		p.unlink(id)
 		b := &p.blocks[id]
 		if b.cached {
-			delete(p.index, b.hash)
+			p.index.del(b.hash)
 			b.cached = false
 			if p.OnRemove != nil {
 				p.OnRemove(b.hash)
@@ -168,19 +168,17 @@ func (p *Pool) Allocate(n int, table []int32) ([]int32, bool) {
 // moves to id (the fresher copy) and the old block silently becomes uncached: from
 // outside, the hash simply stays cached, so no event is due.
 func (p *Pool) Commit(id int32, hash uint64) (isNew bool) {
-	if old, dup := p.index[hash]; dup {
-		if old != id {
-			p.blocks[old].hash, p.blocks[old].cached = 0, false
-			b := &p.blocks[id]
-			b.hash, b.cached = hash, true
-			p.index[hash] = id
-		}
+	old, dup := p.index.get(hash)
+	if dup && old == id {
 		return false
+	}
+	if dup {
+		p.blocks[old].hash, p.blocks[old].cached = 0, false
 	}
 	b := &p.blocks[id]
 	b.hash, b.cached = hash, true
-	p.index[hash] = id
-	return true
+	p.index.put(hash, id)
+	return !dup
 }
 
 // Release drops one reference on every block in table, last block first, so that a
@@ -205,7 +203,7 @@ func (p *Pool) Reset() bool {
 	if p.numFree != p.NumBlocks()-1 {
 		return false
 	}
-	clear(p.index)
+	p.index.clear()
 	for i := range p.blocks[:p.sentinel()] {
 		p.blocks[i].hash, p.blocks[i].cached = 0, false
 	}

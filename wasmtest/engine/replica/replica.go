@@ -312,6 +312,13 @@ func (r *Replica) onEvents(at time.Duration, evs []kvevents.Event) {
 	}
 }
 
+// PublishErrors counts event batches the publisher failed to encode or queue.
+func (r *Replica) PublishErrors() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pubErrs
+}
+
 // ObserveEvents sets a function that sees every event batch as Go values, before it is
 // published (nil to stop). It runs with the replica locked: it must not call back.
 func (r *Replica) ObserveEvents(f func(kvevents.Batch)) {

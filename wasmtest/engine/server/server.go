@@ -275,6 +275,7 @@ func (s *Server) Handler() http.Handler {
 				out["kv_events_paused"] = p.Paused()
 				out["kv_events_endpoint"] = p.Endpoint()
 				out["kv_events_replay_endpoint"] = p.ReplayEndpoint()
+				out["kv_events_publish_errors"] = s.rep.PublishErrors()
 			}
 			writeJSON(w, http.StatusOK, out)
 			return nil
