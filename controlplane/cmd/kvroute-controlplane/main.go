@@ -1,0 +1,181 @@
+// Command kvroute-controlplane watches the LLM engines (metrics, KV events), keeps the
+// prefix index and serves the routing table to kvroute filters. Run with --help.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane"
+	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/controlplane/index"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+type engineFlags []discovery.Engine
+
+func (e *engineFlags) String() string { return fmt.Sprintf("%d engines", len(*e)) }
+func (e *engineFlags) Set(v string) error {
+	eng, err := discovery.ParseFlag(v)
+	if err != nil {
+		return err
+	}
+	*e = append(*e, eng)
+	return nil
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "kvroute-controlplane:", err)
+		os.Exit(2)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("kvroute-controlplane", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `kvroute-controlplane: watches LLM engines (Prometheus metrics, vLLM/SGLang KV events),
+keeps the prefix index and serves the routing table that every kvroute filter polls.
+
+HTTP API: GET /v1/table?version=V[&model=M][&wait_ms=W], POST /v1/reports,
+GET /debug/state, /metrics, /healthz, /readyz.
+
+Engines come from --engines-file, repeated --engine flags, and/or Kubernetes
+(--k8s-selector). An --engine value is comma-separated key=value pairs:
+  id, model, addr (ip:port), metrics (URL, default http://<addr>/metrics),
+  kv (tcp://host:port of the engine's KV-event PUB), replay (its replay ROUTER),
+  topic, kind (vllm|sglang), speed (prefill tokens/s), dp_size, dp_external
+e.g. --engine model=llama,addr=127.0.0.1:8001,kv=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,kind=vllm,speed=14025
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	var (
+		engines engineFlags
+		o       controlplane.Options
+		ic      index.Config
+	)
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:8080", "HTTP listen address (manifests use 0.0.0.0:8080)")
+	enginesFile := fs.String("engines-file", "", "static engines file, YAML or JSON: {engines: [{model, addr, metrics, kv, replay, topic, kind, speed, dp_size, dp_external, id}]}")
+	fs.Var(&engines, "engine", "a static engine as key=value pairs (repeatable; see above)")
+	k8sSelector := fs.String("k8s-selector", "", "discover engines from the EndpointSlices of the Services matching this label selector (e.g. kvroute.io/model)")
+	k8sNamespace := fs.String("k8s-namespace", "", "namespace of the engine Services (default: this pod's namespace, else \"default\")")
+	k8sPort := fs.String("k8s-port-name", "", "EndpointSlice port name of the engines' HTTP API (default: the first port)")
+	k8sPods := fs.Bool("k8s-pods", true, "read Pod labels/annotations (kvroute.io/kv-port, ...); needs get/list/watch on pods")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+	fs.StringVar(&o.KVBind, "kv-bind", "", "bind a SUB socket here (e.g. tcp://0.0.0.0:5557) for engines that connect to the control plane; engines are told apart by topic")
+	fs.IntVar(&o.MaxDPRanks, "kv-bind-ranks", 1, "with --kv-bind: also bind port+1..port+N-1 for data-parallel ranks 1..N-1")
+	fs.IntVar(&ic.BlockBytes, "block-bytes", 64, "text-domain block size in bytes (published to filters)")
+	fs.IntVar(&ic.BlockTokens, "block-tokens", 16, "token-domain block size in tokens; the engines' block_size must be a multiple of it")
+	fs.IntVar(&ic.Stride, "stride", 4, "the table keeps every stride-th key of a chain (published to filters)")
+	fs.Float64Var(&ic.DefaultBytesPerToken, "bytes-per-token", 4.0, "bytes per token of canonical prompt text until outcome reports teach the model's ratio")
+	fs.DurationVar(&ic.SpecTTL, "spec-ttl", 10*time.Second, "lifetime of a placement's speculative entries unless an outcome confirms them")
+	fs.IntVar(&ic.UnhealthyAfter, "unhealthy-after", 3, "consecutive failed scrapes before a replica is marked unhealthy")
+	fs.Float64Var(&ic.DefaultUncachedTokens, "default-uncached-tokens", 512, "uncached prompt tokens assumed per waiting request until outcomes say better (engines without kvroute:queued_prefill_tokens)")
+	fs.IntVar(&ic.MaxKeysPerReplica, "max-keys-per-replica", 1<<20, "cap on reported (text-domain) keys per replica")
+	fs.DurationVar(&ic.RefreshInterval, "refresh-interval", 100*time.Millisecond, "while scrapes succeed, publish a version at least this often so state age stays fresh")
+	fs.DurationVar(&o.PublishInterval, "publish-interval", 50*time.Millisecond, "at most one table version per interval")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", 100*time.Millisecond, "metrics scrape period per replica (50-100 ms)")
+	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", 500*time.Millisecond, "timeout of one metrics scrape")
+	fs.IntVar(&o.History, "history", 600, "versions kept for deltas (600 x 50 ms = 30 s)")
+	token := fs.String("token", "", "bearer token required on /v1/table, /v1/reports and /debug/state (prefer --token-file or $KVROUTE_CONTROLPLANE_TOKEN)")
+	tokenFile := fs.String("token-file", "", "file holding the bearer token")
+	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", 8<<20, "largest report batch accepted")
+	fs.DurationVar(&o.ReplayTimeout, "replay-timeout", 2*time.Second, "timeout of one KV-event replay request")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 5*time.Second, "time to drain HTTP requests on SIGTERM/SIGINT")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	o.Index = ic
+
+	o.Token = *token
+	if o.Token == "" {
+		o.Token = os.Getenv("KVROUTE_CONTROLPLANE_TOKEN")
+	}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		o.Token = strings.TrimSpace(string(b))
+	}
+	if *enginesFile != "" {
+		es, err := discovery.LoadFile(*enginesFile)
+		if err != nil {
+			return err
+		}
+		o.Engines = append(o.Engines, es...)
+	}
+	o.Engines = append(o.Engines, engines...)
+	if *k8sSelector != "" {
+		cfg, err := kubeConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		ns := *k8sNamespace
+		if ns == "" {
+			if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+				ns = strings.TrimSpace(string(b))
+			} else {
+				ns = "default"
+			}
+		}
+		o.Kubernetes = &discovery.Kubernetes{Client: cs, Namespace: ns, Selector: *k8sSelector, PortName: *k8sPort, Pods: *k8sPods, Logger: o.Logger}
+	}
+
+	cp, err := controlplane.New(o)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := cp.Start(ctx); err != nil {
+		return err
+	}
+	o.Logger.Info("kvroute control plane listening", "addr", cp.Addr(), "engines", len(o.Engines), "kubernetes", *k8sSelector != "")
+	<-ctx.Done()
+	o.Logger.Info("shutting down")
+	return cp.Wait()
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: not in a cluster and no --kubeconfig: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,373 @@
+// Package controlplane wires kvroute's control plane: discovery lists the engines; per
+// replica a scraper reads /metrics and a subscription reads KV events; the index keeps
+// who holds which prefix keys; the publisher turns its changes into table versions; the
+// server hands them to the filters and takes their reports.
+//
+// A test (or main) starts one in-process:
+//
+//	cp, err := controlplane.New(controlplane.Options{Listen: "127.0.0.1:0", Engines: engines})
+//	err = cp.Start(ctx) // serves until ctx ends; cp.Wait() returns after shutdown
+//	url := "http://" + cp.Addr() + api.TablePath
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/controlplane/publish"
+	"github.com/kvroute/kvroute/controlplane/scrape"
+	"github.com/kvroute/kvroute/controlplane/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Options configure a control plane; zero values take the defaults the flags document.
+type Options struct {
+	// Listen is the HTTP address (default 127.0.0.1:8080; tests use 127.0.0.1:0).
+	Listen string
+	// Engines is the static engine list (file and --engine flags).
+	Engines []discovery.Engine
+	// Kubernetes, when set, discovers engines instead (or in addition: both lists are
+	// merged, Kubernetes' entries winning on equal IDs).
+	Kubernetes *discovery.Kubernetes
+	// KVBind, when set, binds a SUB socket there for engines that connect to us; DP
+	// rank r connects to its port + r, so ranks 1..MaxDPRanks-1 bind port + r too.
+	KVBind     string
+	MaxDPRanks int
+	Index      index.Config
+	// PublishInterval: at most one table version per interval (default 50 ms).
+	PublishInterval time.Duration
+	// ScrapeInterval and ScrapeTimeout of each replica's /metrics (default 100 ms, 1 s).
+	ScrapeInterval time.Duration
+	ScrapeTimeout  time.Duration
+	// History is how many versions deltas can start from (default 600).
+	History int
+	// Token, when set, is required as a bearer token on the table, reports and debug.
+	Token        string
+	MaxBodyBytes int64
+	// ReplayTimeout bounds one KV-event replay request (default 2 s).
+	ReplayTimeout time.Duration
+	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// ControlPlane is one running control plane.
+type ControlPlane struct {
+	o         Options
+	Index     *index.Index
+	Publisher *publish.Publisher
+	Registry  *prometheus.Registry
+	log       *slog.Logger
+
+	ln      net.Listener
+	srv     *http.Server
+	kvAddrs []net.Addr
+	done    chan struct{}
+	err     error
+
+	mu         sync.Mutex
+	ctx        context.Context
+	workers    map[string]context.CancelFunc
+	replicas   map[string]discovery.Replica
+	static     []discovery.Engine
+	dynamic    []discovery.Engine
+	haveDyn    bool
+	wg         sync.WaitGroup
+	scrapeHTTP *http.Client
+
+	pubMu       sync.Mutex
+	versions    prometheus.Counter
+	publishTime prometheus.Observer
+	unknownTop  prometheus.Counter
+}
+
+// New validates options and builds the components; nothing runs until Start.
+func New(o Options) (*ControlPlane, error) {
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:8080"
+	}
+	if o.PublishInterval <= 0 {
+		o.PublishInterval = 50 * time.Millisecond
+	}
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = 100 * time.Millisecond
+	}
+	if o.ScrapeTimeout <= 0 {
+		o.ScrapeTimeout = time.Second
+	}
+	if o.MaxDPRanks <= 0 {
+		o.MaxDPRanks = 1
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	for i := range o.Engines {
+		if err := o.Engines[i].Validate(); err != nil {
+			return nil, fmt.Errorf("engine %d: %w", i, err)
+		}
+	}
+	if o.Kubernetes == nil && len(o.Engines) == 0 {
+		return nil, errors.New("no engines: give --engines-file, --engine or --k8s-selector")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ix := index.New(o.Index)
+	reg.MustRegister(ix.Collector())
+	c := &ControlPlane{
+		o: o, Index: ix, Registry: reg, log: o.Logger,
+		Publisher:  publish.New(publish.Options{MaxHistory: o.History}),
+		done:       make(chan struct{}),
+		workers:    map[string]context.CancelFunc{},
+		replicas:   map[string]discovery.Replica{},
+		static:     o.Engines,
+		scrapeHTTP: scrape.Client(o.ScrapeTimeout),
+	}
+	c.versions = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_table_versions_total", Help: "Table versions published."})
+	pt := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvroute_controlplane_publish_seconds", Help: "Time to build and apply one table version.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 8)})
+	c.publishTime = pt
+	c.unknownTop = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_kv_event_unknown_topic_total", Help: "KV-event messages on the central socket whose topic names no known replica."})
+	reg.MustRegister(c.versions, pt, c.unknownTop)
+	return c, nil
+}
+
+// Addr is the HTTP listener's address (after Start).
+func (c *ControlPlane) Addr() string { return c.ln.Addr().String() }
+
+// KVAddrs are the central KV-event sockets' addresses (after Start, with KVBind).
+func (c *ControlPlane) KVAddrs() []net.Addr { return c.kvAddrs }
+
+// Start listens and starts every loop; they run until ctx ends. Wait returns after the
+// graceful shutdown that follows.
+func (c *ControlPlane) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", c.o.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", c.o.Listen, err)
+	}
+	c.ln = ln
+	ctx, cancel := context.WithCancel(ctx)
+	c.mu.Lock()
+	c.ctx = ctx
+	c.mu.Unlock()
+
+	if c.o.KVBind != "" {
+		for r := 0; r < c.o.MaxDPRanks; r++ {
+			ep, err := discovery.OffsetEndpoint(c.o.KVBind, r)
+			if err == nil {
+				var addr net.Addr
+				rank := r
+				addr, _, err = kvevents.Listen(ctx, ep, func(topic string) (kvevents.Source, bool) { return c.resolveTopic(topic, rank) },
+					c.Index.Events(), func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
+				c.kvAddrs = append(c.kvAddrs, addr)
+			}
+			if err != nil {
+				cancel()
+				ln.Close()
+				return err
+			}
+		}
+	}
+
+	srv := &server.Server{
+		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
+		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry),
+	}
+	c.srv = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- c.srv.Serve(ln) }()
+
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.publishLoop(ctx) }()
+
+	c.setEngines(nil, false)
+	if c.o.Kubernetes != nil {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			if err := c.o.Kubernetes.Run(ctx, func(es []discovery.Engine) { c.setEngines(es, true) }); err != nil {
+				c.log.Error("kubernetes discovery stopped", "err", err)
+			}
+		}()
+	}
+
+	go func() {
+		<-ctx.Done()
+		sctx, scancel := context.WithTimeout(context.Background(), c.o.ShutdownTimeout)
+		err := c.srv.Shutdown(sctx)
+		scancel()
+		if herr := <-httpDone; herr != nil && !errors.Is(herr, http.ErrServerClosed) && err == nil {
+			err = herr
+		}
+		cancel()
+		c.wg.Wait()
+		c.err = err
+		close(c.done)
+	}()
+	return nil
+}
+
+// Wait blocks until the control plane has shut down.
+func (c *ControlPlane) Wait() error {
+	<-c.done
+	return c.err
+}
+
+// setEngines merges static and discovered engines and reconciles replicas, scrapers
+// and subscriptions.
+func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || c.ctx.Err() != nil {
+		return
+	}
+	if fromDiscovery {
+		c.dynamic, c.haveDyn = dyn, true
+	}
+	if c.o.Kubernetes != nil && !c.haveDyn && len(c.static) == 0 {
+		return // not ready until discovery has listed
+	}
+	all := append(append([]discovery.Engine(nil), c.static...), c.dynamic...)
+	reps := discovery.Replicas(all)
+	specs := make([]index.Spec, 0, len(reps))
+	want := map[string]func(context.Context){}
+	c.replicas = map[string]discovery.Replica{}
+	for _, r := range reps {
+		c.replicas[r.ID] = r
+		events := c.o.KVBind != ""
+		for _, s := range r.Streams {
+			if s.Endpoint != "" {
+				events = true
+			}
+		}
+		specs = append(specs, index.Spec{ID: r.ID, Model: r.Model, Addr: r.Addr, Kind: r.Kind, Speed: r.Speed, Events: events})
+		r := r
+		want["scrape|"+r.ID+"|"+r.Metrics+"|"+r.Kind] = func(ctx context.Context) { c.scrapeLoop(ctx, r) }
+		for _, s := range r.Streams {
+			if s.Endpoint == "" {
+				continue
+			}
+			src := kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: s.Rank}, Endpoint: s.Endpoint, Topic: s.Topic, Replay: s.Replay}
+			want[fmt.Sprintf("kv|%s|%d|%s|%s|%s", r.ID, s.Rank, s.Endpoint, s.Replay, s.Topic)] = func(ctx context.Context) {
+				kvevents.Subscribe(ctx, src, c.Index.Events(), kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
+			}
+		}
+	}
+	c.Index.SetReplicas(specs, time.Now())
+	for k, stop := range c.workers {
+		if _, ok := want[k]; !ok {
+			stop()
+			delete(c.workers, k)
+		}
+	}
+	for k, run := range want {
+		if _, ok := c.workers[k]; ok {
+			continue
+		}
+		wctx, stop := context.WithCancel(c.ctx)
+		c.workers[k] = stop
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); run(wctx) }()
+	}
+	c.log.Info("engines", "replicas", len(reps))
+}
+
+// resolveTopic maps a central-socket topic to a replica's stream: an engine's configured
+// topic, else llm-d's convention kv@<pod id>@<model> with the pod id being the replica's
+// ID, address or IP.
+func (c *ControlPlane) resolveTopic(topic string, rank int) (kvevents.Source, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.replicas {
+		for _, s := range r.Streams {
+			if s.Topic != "" && s.Topic == topic && s.Rank == rank {
+				return kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: rank}, Topic: topic}, true
+			}
+		}
+	}
+	parts := strings.Split(topic, "@")
+	if len(parts) < 2 || parts[0] != "kv" {
+		return kvevents.Source{}, false
+	}
+	pod := parts[1]
+	for _, r := range c.replicas {
+		host, _, _ := net.SplitHostPort(r.Addr)
+		if pod == r.ID || pod == r.Addr || pod == host {
+			if len(parts) >= 3 && parts[2] != "" && parts[2] != r.Model {
+				continue
+			}
+			return kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: rank}, Topic: topic}, true
+		}
+	}
+	return kvevents.Source{}, false
+}
+
+func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
+	t := time.NewTicker(c.o.ScrapeInterval)
+	defer t.Stop()
+	for {
+		s, err := scrape.Fetch(ctx, c.scrapeHTTP, r.Metrics, r.Kind)
+		if ctx.Err() != nil {
+			return
+		}
+		c.Index.ApplyScrape(r.ID, s, err, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// publishLoop makes a version at most every PublishInterval, when anything changed.
+func (c *ControlPlane) publishLoop(ctx context.Context) {
+	t := time.NewTicker(c.o.PublishInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.PublishNow(false)
+	}
+}
+
+// PublishNow flushes the index into a new version if anything changed (or force),
+// and returns the current version. The first version is made as soon as discovery
+// has listed replicas, even an empty one.
+func (c *ControlPlane) PublishNow(force bool) uint64 {
+	c.pubMu.Lock() // flush and publish in one order
+	defer c.pubMu.Unlock()
+	now := time.Now()
+	if !c.Index.Ready() {
+		return c.Publisher.Version()
+	}
+	start := time.Now()
+	ups := c.Index.Flush(now, force || c.Publisher.Version() == 0)
+	if ups == nil {
+		return c.Publisher.Version()
+	}
+	v, err := c.Publisher.Publish(ups, now)
+	if err != nil {
+		// A bug, not an input problem: the index produced an inconsistent delta.
+		c.log.Error("publish failed", "err", err)
+		return c.Publisher.Version()
+	}
+	c.versions.Inc()
+	c.publishTime.Observe(time.Since(start).Seconds())
+	return v
+}

@@ -1,0 +1,172 @@
+package index
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ReplicaState is one replica in GET /debug/state. It holds hashes' counts only.
+type ReplicaState struct {
+	ID             string   `json:"id"`
+	Model          string   `json:"model"`
+	Address        string   `json:"address"`
+	Healthy        bool     `json:"healthy"`
+	StateAgeMs     int64    `json:"state_age_ms"`
+	QueueTokens    float64  `json:"queue_tokens"`
+	Running        float64  `json:"running"`
+	Waiting        float64  `json:"waiting"`
+	KVUsage        float64  `json:"kv_usage"`
+	CapacityTokens int64    `json:"capacity_tokens"`
+	TextKeys       int      `json:"text_keys"`
+	TokenKeys      int      `json:"token_keys"`
+	KVEvents       KVEvents `json:"kv_events"`
+
+	spec       int
+	scrapeErrs uint64
+	orphans    uint64
+	skipped    uint64
+	restarts   uint64
+	hasEvents  bool
+}
+
+// KVEvents sums a replica's event streams (one per DP rank); last_seq is rank 0's.
+type KVEvents struct {
+	Connected     bool   `json:"connected"`
+	LastSeq       int64  `json:"last_seq"`
+	Batches       uint64 `json:"batches"`
+	StoredBlocks  uint64 `json:"stored_blocks"`
+	RemovedBlocks uint64 `json:"removed_blocks"`
+	Clears        uint64 `json:"clears"`
+	Gaps          uint64 `json:"gaps"`
+	DecodeErrors  uint64 `json:"decode_errors"`
+}
+
+// DebugState lists every replica, sorted by model and id.
+func (ix *Index) DebugState(now time.Time) []ReplicaState {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := make([]ReplicaState, 0, len(ix.replicas))
+	for _, r := range ix.replicas {
+		st := ix.replicaState(r, now)
+		rs := ReplicaState{
+			ID: r.spec.ID, Model: r.spec.Model, Address: r.spec.Addr, Healthy: r.healthy,
+			StateAgeMs: int64(st.StateAgeMs), QueueTokens: ix.queued(r),
+			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
+			CapacityTokens: r.sample.CapacityTokens,
+			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,
+			KVEvents:   KVEvents{LastSeq: -1},
+			spec:       r.specN,
+			scrapeErrs: r.scrapeErrs,
+			hasEvents:  r.spec.Events,
+		}
+		ranks := make([]int, 0, len(r.ranks))
+		for n := range r.ranks {
+			ranks = append(ranks, n)
+		}
+		slices.Sort(ranks)
+		rs.KVEvents.Connected = len(ranks) > 0
+		for _, n := range ranks {
+			rk := r.ranks[n]
+			if n == ranks[0] {
+				rs.KVEvents.LastSeq = rk.lastSeq
+			}
+			rs.KVEvents.Connected = rs.KVEvents.Connected && rk.connected
+			rs.KVEvents.Batches += rk.batches
+			rs.KVEvents.StoredBlocks += rk.stored
+			rs.KVEvents.RemovedBlocks += rk.removed
+			rs.KVEvents.Clears += rk.clears
+			rs.KVEvents.Gaps += rk.gaps
+			rs.KVEvents.DecodeErrors += rk.decodeErrors
+			rs.orphans += rk.orphans
+			rs.skipped += rk.skipped
+			rs.restarts += rk.restarts
+		}
+		out = append(out, rs)
+	}
+	slices.SortFunc(out, func(a, b ReplicaState) int {
+		if c := strings.Compare(a.Model, b.Model); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// Collector exports the index's per-replica state to Prometheus at scrape time.
+func (ix *Index) Collector() prometheus.Collector { return (*collector)(ix) }
+
+type collector Index
+
+var (
+	lbl  = []string{"model", "replica"}
+	desc = func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("kvroute_controlplane_"+name, help, lbl, nil)
+	}
+	dQueue    = desc("replica_queue_tokens", "Q(r): uncached prompt tokens queued on the replica, as published.")
+	dKV       = desc("replica_kv_usage", "KV-cache usage of the replica, 0..1.")
+	dHealthy  = desc("replica_healthy", "1 when the replica's scrapes succeed.")
+	dAge      = desc("replica_state_age_seconds", "Time since the replica's last successful scrape.")
+	dCap      = desc("replica_capacity_tokens", "KV-cache capacity in tokens (num_gpu_blocks x block_size).")
+	dText     = desc("replica_text_keys", "Confirmed text-domain checkpoint keys held by the replica.")
+	dToken    = desc("replica_token_keys", "Token-domain checkpoint keys held by the replica.")
+	dSpec     = desc("replica_speculative_keys", "Speculative checkpoint keys (placements not yet confirmed).")
+	dConn     = desc("kv_events_connected", "1 when every KV-event stream of the replica is connected.")
+	dBatches  = desc("kv_event_batches_total", "KV-event batches applied.")
+	dStored   = desc("kv_event_stored_blocks_total", "Blocks stored by KV events.")
+	dRemoved  = desc("kv_event_removed_blocks_total", "Blocks removed by KV events.")
+	dClears   = desc("kv_event_clears_total", "AllBlocksCleared events.")
+	dGaps     = desc("kv_event_gaps_total", "Sequence gaps seen.")
+	dDecode   = desc("kv_event_decode_errors_total", "Malformed KV-event messages skipped.")
+	dRestarts = desc("kv_event_restarts_total", "Publisher restarts (sequence went backwards).")
+	dOrphans  = desc("kv_event_orphan_blocks_total", "Stored blocks skipped because their parent was unknown.")
+	dSkipped  = desc("kv_event_skipped_blocks_total", "Blocks skipped: other medium or KV group, unnamed LoRA, incompatible block size.")
+	dScrape   = desc("scrape_errors_total", "Failed metrics scrapes.")
+	allDescs  = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dScrape}
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, r := range (*Index)(c).DebugState(time.Now()) {
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, r.Model, r.ID)
+		}
+		n := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), r.Model, r.ID)
+		}
+		g(dQueue, r.QueueTokens)
+		g(dKV, r.KVUsage)
+		g(dHealthy, b2f(r.Healthy))
+		g(dAge, float64(r.StateAgeMs)/1000)
+		g(dCap, float64(r.CapacityTokens))
+		g(dText, float64(r.TextKeys))
+		g(dToken, float64(r.TokenKeys))
+		g(dSpec, float64(r.spec))
+		n(dScrape, r.scrapeErrs)
+		if r.hasEvents {
+			g(dConn, b2f(r.KVEvents.Connected))
+			n(dBatches, r.KVEvents.Batches)
+			n(dStored, r.KVEvents.StoredBlocks)
+			n(dRemoved, r.KVEvents.RemovedBlocks)
+			n(dClears, r.KVEvents.Clears)
+			n(dGaps, r.KVEvents.Gaps)
+			n(dDecode, r.KVEvents.DecodeErrors)
+			n(dRestarts, r.restarts)
+			n(dOrphans, r.orphans)
+			n(dSkipped, r.skipped)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+package index
+
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/shared/prefix"
+)
+
+// Events adapts the index to kvevents.Handler.
+func (ix *Index) Events() kvevents.Handler { return (*eventSink)(ix) }
+
+type eventSink Index
+
+func (s *eventSink) ix() *Index { return (*Index)(s) }
+
+// stream returns the replica and rank state of a stream, or nil for unknown replicas
+// (discovery dropped it while its subscription was still winding down).
+func (ix *Index) stream(id kvevents.StreamID) (*replica, *rank) {
+	r := ix.replicas[id.Replica]
+	if r == nil {
+		ix.stats.UnknownStreams++
+		return nil, nil
+	}
+	return r, r.rank(id.Rank)
+}
+
+func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
+	ix := s.ix()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r, rk := ix.stream(id)
+	if r == nil {
+		return
+	}
+	rk.lastSeq = int64(seq)
+	rk.batches++
+	rk.hasBatches = true
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case kvevents.BlockStored:
+			ix.stored(r, rk, ev)
+		case kvevents.BlockRemoved:
+			ix.blocksRemoved(r, rk, ev)
+		case kvevents.AllBlocksCleared:
+			rk.clears++
+			ix.clearReplica(r)
+		default:
+			rk.skipped++
+		}
+	}
+}
+
+func (s *eventSink) Restart(id kvevents.StreamID) {
+	ix := s.ix()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if r, rk := ix.stream(id); r != nil {
+		rk.restarts++
+		ix.clearReplica(r)
+	}
+}
+
+func (s *eventSink) Gap(id kvevents.StreamID, from, to uint64, replayed bool) {
+	ix := s.ix()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r, rk := ix.stream(id)
+	if r == nil {
+		return
+	}
+	rk.gaps++
+	if !replayed {
+		// Lost events: some stored or removed blocks are unknown, so this rank's
+		// token-domain keys can no longer be trusted. Dropping them costs some
+		// cache hits until the engine stores blocks again; keeping them would route
+		// to blocks the engine may have evicted.
+		rk.uncertainDrops++
+		ix.dropRank(r, rk)
+	}
+}
+
+func (s *eventSink) DecodeError(id kvevents.StreamID, err error) {
+	ix := s.ix()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if r, rk := ix.stream(id); r != nil {
+		rk.decodeErrors++
+		rk.lastDecodeErr = err.Error()
+	}
+}
+
+func (s *eventSink) Connected(id kvevents.StreamID, up bool) {
+	ix := s.ix()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if r, rk := ix.stream(id); r != nil {
+		rk.connected = up
+		rk.everConnected = rk.everConnected || up
+	}
+}
+
+// stored maps a BlockStored event's blocks to token-domain keys. The chain seed is the
+// replica's model, the event's LoRA name and the cache_salt of the chain's first block;
+// each block's key is prefix.Next(parent key, le32(its token ids)), i.e. exactly what
+// prefix.TokenKeys gives a filter for the same token-id prompt. vLLM's own hash is only
+// used to find the parent: it depends on the hash algorithm and PYTHONHASHSEED, ours
+// does not.
+func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
+	n := uint64(len(ev.Hashes))
+	if !isGPU(ev.Medium) || ev.GroupIdx != 0 {
+		rk.skipped += n // offloaded copies and secondary KV groups do not route
+		return
+	}
+	if ev.HasLoraID && ev.LoraName == "" {
+		rk.skipped += n // an adapter we cannot name: its chain seed is unknown
+		return
+	}
+	bt := ix.cfg.BlockTokens
+	bs := ev.BlockSize
+	if bs <= 0 || bs%bt != 0 || len(ev.Tokens) != len(ev.Hashes)*bs {
+		rk.skipped += n // offload-origin events carry no tokens; other sizes cannot chain
+		return
+	}
+	rk.blockSize = bs
+	mult := bs / bt
+	var key uint64
+	var pos int
+	if !ev.HasParent {
+		key = ix.seed(r.spec.Model, ev.LoraName, prefix.SaltFromCacheSalt(ev.CacheSalt()))
+	} else {
+		ref, ok := rk.blocks[ev.Parent]
+		if !ok {
+			// The parent was stored before we subscribed (or lost in a gap): its chain
+			// position and key are unknown, so are these blocks'.
+			rk.orphans += n
+			return
+		}
+		key, pos = ref.key, int(ref.pos)+1
+	}
+	if rk.blocks == nil {
+		rk.blocks = map[uint64]blockRef{}
+	}
+	var cks [8]uint64
+	for i, h := range ev.Hashes {
+		if pos > math.MaxInt32 {
+			rk.skipped += n - uint64(i)
+			return
+		}
+		ck := cks[:0]
+		for t := 0; t < mult; t++ {
+			off := (i*mult + t) * bt
+			ix.scratch = le32(ix.scratch[:0], ev.Tokens[off:off+bt])
+			key = prefix.Next(key, ix.scratch)
+			if prefix.IsCheckpoint(pos, ix.cfg.Stride) {
+				ck = append(ck, key)
+			}
+			pos++
+		}
+		if old, ok := rk.blocks[h]; ok {
+			ix.unrefBlock(r, rk, h, old) // stored again (e.g. after a replay)
+		}
+		rk.blocks[h] = blockRef{key: key, pos: uint32(pos - 1)}
+		if mult > 1 && len(ck) > 0 {
+			if rk.multi == nil {
+				rk.multi = map[uint64][]uint64{}
+			}
+			rk.multi[h] = append([]uint64(nil), ck...)
+		}
+		for _, k := range ck {
+			ix.tokRef(r, k, 1)
+		}
+		rk.stored++
+	}
+}
+
+func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
+	if !isGPU(ev.Medium) || ev.GroupIdx != 0 {
+		rk.skipped += uint64(len(ev.Hashes))
+		return
+	}
+	for _, h := range ev.Hashes {
+		if ref, ok := rk.blocks[h]; ok {
+			ix.unrefBlock(r, rk, h, ref)
+		}
+		rk.removed++
+	}
+	// vLLM emits BlockRemoved only when it evicts a cached block to reuse it.
+	ix.ageText(r, float64(len(ev.Hashes)*ix.engineBlockSize(r, rk)))
+}

@@ -1,0 +1,158 @@
+package index
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ReportMetrics are observed per outcome report; nil fields are skipped.
+type ReportMetrics struct {
+	// Reports counts reports by kind and result (accepted, unknown_model,
+	// unknown_replica, config_mismatch).
+	Reports *prometheus.CounterVec
+	// FalseHits counts outcomes where the engine had less cached than predicted.
+	FalseHits prometheus.Counter
+	// CachedError observes predicted - actual cached tokens per outcome.
+	CachedError prometheus.Observer
+}
+
+// ApplyReports applies a validated batch (api.ParseReportBatch) and returns how many
+// reports were applied.
+func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetrics) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	applied := 0
+	for i := range b.Reports {
+		res := ix.report(&b.Reports[i], now, met)
+		if met != nil && met.Reports != nil {
+			met.Reports.WithLabelValues(b.Reports[i].Kind, res).Inc()
+		}
+		if res == "accepted" {
+			applied++
+			ix.stats.ReportsAccepted++
+		} else {
+			ix.stats.ReportsSkipped++
+		}
+	}
+	return applied
+}
+
+func (ix *Index) findReplica(m *model, addr string) *replica {
+	for _, r := range m.slots {
+		if r != nil && r.spec.Addr == addr {
+			return r
+		}
+	}
+	return nil
+}
+
+func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) string {
+	m := ix.models[rep.Model]
+	if m == nil {
+		return "unknown_model"
+	}
+	r := ix.findReplica(m, rep.Replica)
+	if r == nil {
+		return "unknown_replica"
+	}
+	size := ix.cfg.BlockBytes
+	if rep.Domain == prefix.Token {
+		size = ix.cfg.BlockTokens
+	}
+	if rep.BlockSize != size || rep.Stride != ix.cfg.Stride {
+		// Keys hashed with other block sizes (a filter still on an older table) name
+		// blocks this table does not have.
+		return "config_mismatch"
+	}
+	// Token-domain keys of a replica with KV events are the events' business: they are
+	// exact, so reports only add short-lived speculative entries for those.
+	eventsOwn := rep.Domain == prefix.Token && r.spec.Events
+	switch rep.Kind {
+	case api.KindPlacement:
+		// The request is on its way: until the engine has it, another request with the
+		// same prefix should still go there (it will share the prefill). Speculative
+		// entries expire after SpecTTL unless an outcome confirms them.
+		ix.stats.Placements++
+		until := now.Add(ix.cfg.SpecTTL).UnixMilli()
+		for _, k := range rep.Keys {
+			ix.setSpec(r, k, until)
+		}
+	case api.KindOutcome:
+		if met != nil && rep.CachedTokens >= 0 && rep.PromptTokens > 0 {
+			if rep.CachedTokens < rep.PredictedCachedTokens && met.FalseHits != nil {
+				met.FalseHits.Inc()
+			}
+			if met.CachedError != nil {
+				met.CachedError.Observe(float64(rep.PredictedCachedTokens - rep.CachedTokens))
+			}
+		}
+		if rep.CachedTokens >= 0 && rep.CachedTokens < rep.PredictedCachedTokens {
+			ix.stats.FalseHits++
+		}
+		if rep.Status < 200 || rep.Status > 299 {
+			// The engine did not run the request (or we cannot tell): whatever this
+			// chain's placement claimed is not there. Confirmed keys stay: an earlier
+			// request put them there.
+			ix.stats.Refutes++
+			for _, k := range rep.Keys {
+				ix.clearSpec(r, k)
+			}
+			return "accepted"
+		}
+		// A successful response means the engine prefilled the whole prompt, so every
+		// block of the chain is in its cache now, whatever cached_tokens said about
+		// the state before (that number only measures the prediction). Confirmed keys
+		// live in the replica's LRU until engine evictions or capacity age them out.
+		ix.stats.Confirms++
+		ix.learn(m, rep)
+		for j := len(rep.Keys) - 1; j >= 0; j-- {
+			k := rep.Keys[j]
+			if eventsOwn {
+				ix.clearSpec(r, k)
+				continue
+			}
+			// Touch from the last key to the first: vLLM frees a request's blocks in
+			// reverse, so its tail is evicted first, and the chain's root ends up the
+			// most recently used.
+			i := r.ensure(k)
+			h := &r.slab[i]
+			was := h.held()
+			if h.specUntil != 0 {
+				h.specUntil = 0
+				r.specN--
+			}
+			r.lruPushFront(i, rep.Domain == prefix.Token)
+			ix.settle(r, i, was)
+		}
+		ix.fitCapacity(r)
+	}
+	return "accepted"
+}
+
+// learn updates the model's bytes-per-token ratio (text prompts only: the filter
+// estimates tokens from canonical bytes with it) and its mean uncached prompt (the
+// queue estimate for engines without the queued-tokens gauge).
+func (ix *Index) learn(m *model, rep *api.Report) {
+	const alpha = 0.05
+	if rep.PromptTokens <= 0 {
+		return
+	}
+	if rep.Domain == prefix.Text && rep.PromptBytes > 0 {
+		v := float64(rep.PromptBytes) / float64(rep.PromptTokens)
+		if v >= 0.5 && v <= 64 { // outside this the report is nonsense
+			m.bpt = ewma(m.bpt, m.bptN, v, alpha)
+			m.bptN++
+		}
+	}
+	if rep.CachedTokens >= 0 {
+		u := float64(rep.PromptTokens - rep.CachedTokens)
+		if u < 0 {
+			u = 0
+		}
+		m.uncached = ewma(m.uncached, m.uncachedN, u, alpha)
+		m.uncachedN++
+	}
+}

@@ -1,0 +1,409 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// StreamID names one event publisher: a replica and its data-parallel rank (each DP rank
+// runs its own publisher on port + rank, reference section 1.5).
+type StreamID struct {
+	Replica string
+	Rank    int
+}
+
+func (id StreamID) String() string { return fmt.Sprintf("%s/dp%d", id.Replica, id.Rank) }
+
+// Handler receives what a subscription learns, in order, from one goroutine per
+// subscription. Implementations must not block for long.
+type Handler interface {
+	// Batch applies one batch; seq is its sequence number. Batches of a stream arrive in
+	// increasing seq order (replayed ones included) with every gap reported first.
+	Batch(id StreamID, seq uint64, b *Batch)
+	// Restart: the sequence went backwards, so the publisher (the engine) restarted and
+	// its cache is empty.
+	Restart(id StreamID)
+	// Gap: batches [from, to) were lost; replayed says whether a replay recovered them.
+	// When it did not, the stream's token-domain state is uncertain.
+	Gap(id StreamID, from, to uint64, replayed bool)
+	// DecodeError counts a message that could not be decoded (it is skipped).
+	DecodeError(id StreamID, err error)
+	// Connected reports the transport's state as far as it can be observed.
+	Connected(id StreamID, up bool)
+}
+
+// Source is one publisher to subscribe to (the engine binds, we connect).
+type Source struct {
+	ID StreamID
+	// Endpoint is the engine's PUB endpoint, e.g. tcp://10.0.0.7:5557.
+	Endpoint string
+	// Topic is the subscription prefix ("" = everything).
+	Topic string
+	// Replay is the engine's ROUTER replay endpoint, "" when not configured.
+	Replay string
+}
+
+// Options tune subscriptions; zero values take the defaults.
+type Options struct {
+	// ReplayTimeout bounds one replay request (until the END marker).
+	ReplayTimeout time.Duration
+	// ProbeInterval: when a connected stream has been silent this long, its endpoint is
+	// probed with a TCP dial to report Connected(false) for dead engines.
+	ProbeInterval time.Duration
+	// RetryInterval between connection attempts.
+	RetryInterval time.Duration
+	Logger        *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.ReplayTimeout <= 0 {
+		o.ReplayTimeout = 2 * time.Second
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = 2 * time.Second
+	}
+	if o.RetryInterval <= 0 {
+		o.RetryInterval = 250 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// endSeq is the replay end marker: (-1).to_bytes(8, "big", signed=True).
+const endSeq = ^uint64(0)
+
+// stream tracks one publisher's sequence numbers.
+type stream struct {
+	src      Source
+	applied  int64 // highest seq applied (live or replayed); -1 before the first
+	live     int64 // highest seq received live; -1 before the first
+	dec      *Decoder
+	batch    Batch
+	lastRecv time.Time
+}
+
+func newStream(src Source) *stream {
+	return &stream{src: src, applied: -1, live: -1, dec: NewDecoder()}
+}
+
+// Subscribe connects a SUB socket to src and feeds h until ctx ends. Bad input is
+// counted and skipped; a lost connection is retried (go-zeromq redials and re-sends the
+// subscription).
+func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
+	o = o.withDefaults()
+	st := newStream(src)
+	for ctx.Err() == nil {
+		sub := zmq4.NewSub(ctx,
+			zmq4.WithDialerRetry(o.RetryInterval),
+			zmq4.WithDialerMaxRetries(-1),
+			zmq4.WithAutomaticReconnect(true),
+			zmq4.WithDialerTimeout(2*time.Second),
+			zmq4.WithLogger(discardLogger()))
+		if err := sub.SetOption(zmq4.OptionSubscribe, src.Topic); err != nil {
+			o.Logger.Error("kv events: subscribe", "stream", src.ID, "err", err)
+		}
+		if err := sub.Dial(src.Endpoint); err != nil {
+			sub.Close()
+			if ctx.Err() != nil {
+				return
+			}
+			o.Logger.Warn("kv events: dial failed, retrying", "stream", src.ID, "endpoint", src.Endpoint, "err", err)
+			sleep(ctx, o.RetryInterval)
+			continue
+		}
+		h.Connected(src.ID, true)
+		run(ctx, sub, o, func(msg zmq4.Msg) { st.handleLive(ctx, msg.Frames, h, o) }, func() { st.probe(h, o) })
+		sub.Close()
+		h.Connected(src.ID, false)
+	}
+}
+
+// run receives from sock until ctx ends, calling onMsg for each message and idle
+// periodically.
+func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg), idle func()) {
+	msgs := make(chan zmq4.Msg, 64)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := sock.Recv()
+			if err != nil {
+				if ctx.Err() == nil {
+					o.Logger.Debug("kv events: recv", "err", err)
+					sleep(ctx, o.RetryInterval)
+					continue
+				}
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(o.ProbeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			sock.Close()
+			<-done
+			return
+		case m := <-msgs:
+			onMsg(m)
+		case <-tick.C:
+			if idle != nil {
+				idle()
+			}
+		}
+	}
+}
+
+// probe reports whether a silent engine still listens (ZMQ hides connection state).
+func (st *stream) probe(h Handler, o Options) {
+	if time.Since(st.lastRecv) < o.ProbeInterval {
+		return
+	}
+	addr := strings.TrimPrefix(st.src.Endpoint, "tcp://")
+	if addr == st.src.Endpoint {
+		return // ipc/inproc: nothing to probe
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	h.Connected(st.src.ID, err == nil)
+}
+
+// splitFrames accepts [topic, seq, payload] (live, and replies of vLLM >= 0.26) and
+// [seq, payload] (replies of older vLLM and SGLang).
+func splitFrames(frames [][]byte) (topic []byte, seq uint64, payload []byte, err error) {
+	switch len(frames) {
+	case 3:
+		topic, frames = frames[0], frames[1:]
+	case 2:
+	default:
+		return nil, 0, nil, fmt.Errorf("%w: %d frames, want 3", ErrMalformed, len(frames))
+	}
+	if len(frames[0]) != 8 {
+		return nil, 0, nil, fmt.Errorf("%w: sequence frame of %d bytes", ErrMalformed, len(frames[0]))
+	}
+	return topic, binary.BigEndian.Uint64(frames[0]), frames[1], nil
+}
+
+// handleLive processes one live message: restart and gap detection, replay, apply.
+func (st *stream) handleLive(ctx context.Context, frames [][]byte, h Handler, o Options) {
+	st.lastRecv = time.Now()
+	_, seq, payload, err := splitFrames(frames)
+	if err != nil {
+		h.DecodeError(st.src.ID, err)
+		return
+	}
+	if seq == endSeq || seq > 1<<62 {
+		h.DecodeError(st.src.ID, fmt.Errorf("%w: sequence %d", ErrMalformed, seq))
+		return
+	}
+	s := int64(seq)
+	if st.live >= 0 && s <= st.live {
+		// The publisher counts from 0 again: the engine restarted with an empty cache.
+		h.Restart(st.src.ID)
+		st.applied, st.live = -1, -1
+	}
+	st.live = s
+	if s <= st.applied {
+		return // already applied from a replay
+	}
+	if from := st.applied + 1; s > from {
+		first := st.applied < 0
+		recovered := false
+		if st.src.Replay != "" {
+			recovered = st.replay(ctx, uint64(from), h, o)
+		}
+		// Before the first message nothing was known, so nothing became uncertain;
+		// a replay from 0 there is a best-effort rebuild (e.g. after our restart).
+		if !first {
+			h.Gap(st.src.ID, uint64(from), seq, recovered)
+		}
+		if s <= st.applied {
+			return
+		}
+	}
+	st.apply(seq, payload, h)
+}
+
+func (st *stream) apply(seq uint64, payload []byte, h Handler) {
+	st.applied = int64(seq)
+	if err := st.dec.Decode(payload, &st.batch); err != nil {
+		h.DecodeError(st.src.ID, err)
+		return
+	}
+	h.Batch(st.src.ID, seq, &st.batch)
+}
+
+// replay asks the engine's ROUTER for every buffered batch from seq on and applies the
+// contiguous run starting at from. It reports whether [from, live) was fully recovered.
+func (st *stream) replay(ctx context.Context, from uint64, h Handler, o Options) bool {
+	ctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
+	defer cancel()
+	got, err := Replay(ctx, st.src.Replay, from)
+	if err != nil {
+		o.Logger.Warn("kv events: replay failed", "stream", st.src.ID, "from", from, "err", err)
+	}
+	for _, r := range got {
+		if r.Err != nil {
+			h.DecodeError(st.src.ID, r.Err)
+			continue
+		}
+		if int64(r.Seq) <= st.applied {
+			continue
+		}
+		if int64(r.Seq) != st.applied+1 {
+			break // the replay buffer no longer holds what we missed
+		}
+		st.apply(r.Seq, r.Payload, h)
+	}
+	return st.applied >= st.live-1
+}
+
+// Replayed is one batch from a replay reply.
+type Replayed struct {
+	Seq     uint64
+	Payload []byte
+	Err     error
+}
+
+// Replay sends ["", start_seq] over a DEALER (a REQ socket would only read the first
+// reply, reference section 1.4) and collects replies until the END marker, accepting
+// both [seq, payload] and [topic, seq, payload]. It returns what arrived, with an error
+// when the END marker did not arrive before ctx ended.
+func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, error) {
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second), zmq4.WithLogger(discardLogger()))
+	defer d.Close()
+	if err := d.Dial(endpoint); err != nil {
+		return nil, fmt.Errorf("replay: dial %s: %w", endpoint, err)
+	}
+	var seq [8]byte
+	binary.BigEndian.PutUint64(seq[:], from)
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, seq[:])); err != nil {
+		return nil, fmt.Errorf("replay: send: %w", err)
+	}
+	type recv struct {
+		m   zmq4.Msg
+		err error
+	}
+	ch := make(chan recv, 1)
+	var out []Replayed
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer d.Close()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			m, err := d.Recv()
+			select {
+			case ch <- recv{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return out, fmt.Errorf("replay: no END marker: %w", ctx.Err())
+		case r := <-ch:
+			if r.err != nil {
+				return out, fmt.Errorf("replay: recv: %w", r.err)
+			}
+			frames := r.m.Frames
+			if len(frames) > 0 && len(frames[0]) == 0 {
+				frames = frames[1:] // the empty delimiter
+			}
+			if len(frames) == 3 && len(frames[1]) == 8 && len(frames[0]) == 0 && binary.BigEndian.Uint64(frames[1]) == endSeq {
+				return out, nil // ["", END, ""]
+			}
+			if len(frames) == 2 && len(frames[0]) == 8 && binary.BigEndian.Uint64(frames[0]) == endSeq {
+				return out, nil // [END, ""]
+			}
+			_, s, payload, err := splitFrames(frames)
+			if err != nil {
+				out = append(out, Replayed{Err: err})
+				continue
+			}
+			out = append(out, Replayed{Seq: s, Payload: payload})
+		}
+	}
+}
+
+// Resolver maps a topic received on a central (bound) socket to its source.
+type Resolver func(topic string) (Source, bool)
+
+// Listen binds a SUB socket at endpoint for engines that connect to us (llm-d's
+// topology) and feeds h, telling streams apart by topic; messages whose topic does not
+// resolve are counted by unknown and dropped. It returns the bound address (tests bind
+// port 0) and a channel closed when serving stops, after ctx ends.
+func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, unknown func(topic string), o Options) (net.Addr, <-chan struct{}, error) {
+	o = o.withDefaults()
+	sub := zmq4.NewSub(ctx, zmq4.WithLogger(discardLogger()))
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return nil, nil, err
+	}
+	if err := sub.Listen(endpoint); err != nil {
+		sub.Close()
+		return nil, nil, fmt.Errorf("kv events: listen %s: %w", endpoint, err)
+	}
+	done := make(chan struct{})
+	streams := map[StreamID]*stream{}
+	go func() {
+		defer close(done)
+		run(ctx, sub, o, func(m zmq4.Msg) {
+			topic, _, _, err := splitFrames(m.Frames)
+			if err != nil {
+				unknown("")
+				return
+			}
+			src, ok := resolve(string(topic))
+			if !ok {
+				unknown(string(topic))
+				return
+			}
+			st := streams[src.ID]
+			if st == nil {
+				st = newStream(src)
+				streams[src.ID] = st
+				h.Connected(src.ID, true)
+			}
+			st.src = src
+			st.handleLive(ctx, m.Frames, h, o)
+		}, nil)
+	}()
+	return sub.Addr(), done, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }

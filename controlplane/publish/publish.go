@@ -1,0 +1,296 @@
+// Package publish turns the index's changes into table versions and serves them: the
+// published table (what every filter converges to), the recent versions' changed keys
+// (to compose a delta from any recent version), cached frames, and long-poll wake-ups.
+package publish
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// Publisher is safe for concurrent use: one goroutine publishes, many serve frames.
+type Publisher struct {
+	// mu guards t and hist. Composing a delta only reads t (Lookup); a full frame
+	// merges t's pending overlay (Each), so it takes mu exclusively, once per version
+	// thanks to the cache.
+	mu      sync.RWMutex
+	t       *table.Table
+	hist    []version // oldest first
+	maxHist int
+	maxKeys int
+	first   uint64
+
+	cacheMu sync.Mutex
+	cacheV  uint64
+	frames  map[frameKey][]byte
+
+	waitMu sync.Mutex
+	wake   chan struct{}
+}
+
+type version struct {
+	v, base uint64
+	models  map[string]*change
+}
+
+type change struct {
+	reset, removed bool
+	keys           []uint64 // sorted: every key whose replica set changed
+}
+
+type frameKey struct {
+	base  uint64 // 0 = full
+	model string // "" = all models
+}
+
+// Options: MaxHistory versions are kept for deltas (at a 50 ms publish interval, 600
+// covers 30 s of a filter's absence); a composed delta with more than MaxDeltaKeys keys
+// is served as a full frame instead.
+//
+// FirstVersion is the number of the first version (default: the Unix time in ms). A
+// restarted control plane thus never reuses a version number a filter may still hold
+// from the previous process, as long as versions advance at most once a millisecond.
+type Options struct {
+	MaxHistory   int
+	MaxDeltaKeys int
+	FirstVersion uint64
+}
+
+// New returns a publisher at version 0 (no table yet).
+func New(o Options) *Publisher {
+	if o.MaxHistory <= 0 {
+		o.MaxHistory = 600
+	}
+	if o.MaxDeltaKeys <= 0 {
+		o.MaxDeltaKeys = 1 << 20
+	}
+	if o.FirstVersion == 0 {
+		o.FirstVersion = uint64(time.Now().UnixMilli())
+	}
+	return &Publisher{t: table.New(), first: o.FirstVersion, maxHist: o.MaxHistory, maxKeys: o.MaxDeltaKeys, frames: map[frameKey][]byte{}, wake: make(chan struct{})}
+}
+
+// Version is the current version (0 before the first publish).
+func (p *Publisher) Version() uint64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.t.Version
+}
+
+// Publish makes the next version from the index's updates and returns its number.
+func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, error) {
+	p.mu.Lock()
+	next := p.t.Version + 1
+	if p.t.Version == 0 {
+		next = p.first
+	}
+	f := &table.Frame{Kind: table.Delta, Version: next, Base: p.t.Version, GeneratedMs: now.UnixMilli()}
+	rec := version{v: f.Version, base: f.Base, models: make(map[string]*change, len(ups))}
+	for i := range ups {
+		u := &ups[i]
+		f.Models = append(f.Models, table.ModelChange{
+			Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config,
+			Replicas: u.Replicas, Upserts: u.Upserts, Removes: u.Removes,
+		})
+		keys := make([]uint64, 0, u.Upserts.Len()+len(u.Removes))
+		keys = append(keys, u.Upserts.Keys...)
+		keys = append(keys, u.Removes...)
+		slices.Sort(keys)
+		rec.models[u.Name] = &change{reset: u.Reset, removed: u.Removed, keys: keys}
+	}
+	if err := p.t.ApplyFrame(f); err != nil {
+		p.mu.Unlock()
+		return 0, fmt.Errorf("publish v%d: %w", f.Version, err)
+	}
+	p.hist = append(p.hist, rec)
+	if len(p.hist) > p.maxHist {
+		p.hist = slices.Delete(p.hist, 0, len(p.hist)-p.maxHist)
+	}
+	// The frame just applied is the delta from the previous version for all models,
+	// the one most pollers want.
+	enc := table.Encode(f)
+	p.mu.Unlock()
+
+	p.cacheMu.Lock()
+	p.cacheV = f.Version
+	clear(p.frames)
+	p.frames[frameKey{base: f.Base}] = enc
+	p.cacheMu.Unlock()
+
+	p.waitMu.Lock()
+	close(p.wake)
+	p.wake = make(chan struct{})
+	p.waitMu.Unlock()
+	return f.Version, nil
+}
+
+// Wait blocks until the version moves past v or ctx ends.
+func (p *Publisher) Wait(ctx context.Context, v uint64) {
+	p.waitMu.Lock()
+	ch := p.wake
+	p.waitMu.Unlock()
+	if p.Version() != v {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// Result of Frame.
+type Result struct {
+	Version  uint64
+	NotReady bool // no version published yet
+	Current  bool // the caller's version is current: 304
+	Kind     table.Kind
+	Body     []byte
+}
+
+// Frame answers a filter at version have (hasHave false: none): Current when it is up
+// to date, a delta when have is in the recent history, else a full frame. model ""
+// means every model.
+func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
+	p.mu.RLock()
+	cur := p.t.Version
+	if cur == 0 {
+		p.mu.RUnlock()
+		return Result{NotReady: true}
+	}
+	if hasHave && have == cur {
+		p.mu.RUnlock()
+		return Result{Version: cur, Current: true}
+	}
+	// Only versions this process published and still remembers get a delta.
+	delta := hasHave && have >= p.first && have < cur && len(p.hist) > 0 && have >= p.hist[0].base
+	if delta {
+		if b := p.cached(cur, frameKey{have, model}); b != nil {
+			p.mu.RUnlock()
+			return Result{Version: cur, Kind: table.Delta, Body: b}
+		}
+		if f := p.compose(have, model); f != nil {
+			b := table.Encode(f)
+			p.mu.RUnlock()
+			p.store(cur, frameKey{have, model}, b)
+			return Result{Version: cur, Kind: table.Delta, Body: b}
+		}
+	}
+	p.mu.RUnlock()
+	return p.full(model)
+}
+
+func (p *Publisher) cached(cur uint64, k frameKey) []byte {
+	p.cacheMu.Lock()
+	defer p.cacheMu.Unlock()
+	if p.cacheV != cur {
+		return nil
+	}
+	return p.frames[k]
+}
+
+func (p *Publisher) store(cur uint64, k frameKey, b []byte) {
+	p.cacheMu.Lock()
+	defer p.cacheMu.Unlock()
+	if p.cacheV == cur && len(p.frames) < 1024 {
+		p.frames[k] = b
+	}
+}
+
+// full encodes the current table (or one model of it); exclusive because encoding
+// merges the table's pending overlay.
+func (p *Publisher) full(model string) Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := p.t.Version
+	k := frameKey{0, model}
+	if b := p.cached(cur, k); b != nil {
+		return Result{Version: cur, Kind: table.Full, Body: b}
+	}
+	t := p.t
+	if model != "" {
+		t = &table.Table{Version: p.t.Version, GeneratedMs: p.t.GeneratedMs, Models: map[string]*table.Model{}}
+		if m := p.t.Models[model]; m != nil {
+			t.Models[model] = m
+		}
+	}
+	b := table.EncodeFull(t)
+	p.store(cur, k, b)
+	return Result{Version: cur, Kind: table.Full, Body: b}
+}
+
+// compose builds the delta from version have to the current one from the keys that
+// changed in between, valued as the current table holds them. It returns nil when a
+// full frame would be smaller. Caller holds mu (read).
+func (p *Publisher) compose(have uint64, model string) *table.Frame {
+	type acc struct {
+		reset, removed bool
+		keys           []uint64
+	}
+	accs := map[string]*acc{}
+	var names []string
+	total := 0
+	for _, rec := range p.hist {
+		if rec.v <= have {
+			continue
+		}
+		for name, ch := range rec.models {
+			if model != "" && name != model {
+				continue
+			}
+			a := accs[name]
+			if a == nil {
+				a = &acc{}
+				accs[name] = a
+				names = append(names, name)
+			}
+			switch {
+			case ch.removed:
+				*a = acc{removed: true}
+			case ch.reset:
+				// A Reset section must list every key; every key the model has now
+				// changed at or after its (re)creation, so these versions cover it.
+				*a = acc{reset: true, keys: append([]uint64(nil), ch.keys...)}
+			default:
+				a.keys = append(a.keys, ch.keys...)
+			}
+			total += len(ch.keys)
+			if total > p.maxKeys {
+				return nil
+			}
+		}
+	}
+	slices.Sort(names)
+	f := &table.Frame{Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
+	for _, name := range names {
+		a := accs[name]
+		m := p.t.Models[name]
+		if m == nil {
+			f.Models = append(f.Models, table.ModelChange{Name: name, Removed: true})
+			continue
+		}
+		mc := table.ModelChange{Name: name, Reset: a.reset, Config: m.Config, Replicas: m.Replicas}
+		slices.Sort(a.keys)
+		for _, k := range slices.Compact(a.keys) {
+			if s := m.Lookup(k); len(s) > 0 {
+				mc.Upserts.Add(k, s...)
+			} else if !a.reset {
+				mc.Removes = append(mc.Removes, k)
+			}
+		}
+		f.Models = append(f.Models, mc)
+	}
+	return f
+}
+
+// Table returns the published table for read-only inspection under fn (tests, debug).
+func (p *Publisher) Table(fn func(t *table.Table)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fn(p.t)
+}

@@ -1,0 +1,309 @@
+// Package server is the control plane's HTTP API: the table for filters, their reports,
+// and the operator's endpoints (/debug/state, /metrics, /healthz, /readyz).
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/controlplane/publish"
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Defaults.
+const (
+	DefaultMaxBodyBytes = 8 << 20
+	MaxWait             = 30 * time.Second
+)
+
+// Server holds what the handlers need. Fields are set before Handler is called.
+type Server struct {
+	Index     *index.Index
+	Publisher *publish.Publisher
+	// Token, when set, is required as "Authorization: Bearer <token>" on the table,
+	// reports and debug endpoints.
+	Token string
+	// MaxBodyBytes bounds a report batch (default 8 MiB).
+	MaxBodyBytes int64
+	Gatherer     prometheus.Gatherer
+	Metrics      *Metrics
+	// Ready, when set, is an extra readiness condition (e.g. discovery synced).
+	Ready func() bool
+	Now   func() time.Time
+}
+
+// Metrics are the API's own Prometheus metrics.
+type Metrics struct {
+	Requests      *prometheus.CounterVec // by endpoint, code
+	TableFrames   *prometheus.CounterVec // by kind (full, delta, not_modified)
+	TableBytes    prometheus.Counter
+	ReportBatches *prometheus.CounterVec // by result
+	Report        index.ReportMetrics
+}
+
+// NewMetrics registers the API's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_http_requests_total", Help: "HTTP requests by endpoint and status code."}, []string{"endpoint", "code"}),
+		TableFrames: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_table_responses_total", Help: "Table responses by kind: full, delta, not_modified."}, []string{"kind"}),
+		TableBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_table_bytes_total", Help: "Bytes of table frames served."}),
+		ReportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
+		Report: index.ReportMetrics{
+			Reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "kvroute_controlplane_reports_total", Help: "Reports by kind and result (accepted, unknown_model, unknown_replica, config_mismatch)."}, []string{"kind", "result"}),
+			FalseHits: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kvroute_controlplane_false_hits_total", Help: "Outcomes where the engine had fewer cached tokens than the filter predicted."}),
+		},
+	}
+	hist := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvroute_controlplane_cached_tokens_error",
+		Help:    "Predicted minus actual cached tokens per outcome (positive: over-prediction).",
+		Buckets: []float64{-8192, -2048, -512, -128, -16, 0, 16, 128, 512, 2048, 8192},
+	})
+	m.Report.CachedError = hist
+	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.Report.Reports, m.Report.FalseHits, hist)
+	return m
+}
+
+// Handler returns the API's routes.
+func (s *Server) Handler() http.Handler {
+	if s.MaxBodyBytes <= 0 {
+		s.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(api.TablePath, s.count("table", s.auth(s.table)))
+	mux.HandleFunc(api.ReportsPath, s.count("reports", s.auth(s.reports)))
+	mux.HandleFunc("/debug/state", s.count("debug", s.auth(s.debug)))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/readyz", s.readyz)
+	if s.Gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(s.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: %s", r.URL.Path)
+	})
+	return mux
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
+
+func (s *Server) count(name string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w, code: 200}
+		h(sw, r)
+		if s.Metrics != nil {
+			s.Metrics.Requests.WithLabelValues(name, strconv.Itoa(sw.code)).Inc()
+		}
+	}
+}
+
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	if s.Token == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.Token)
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		h(w, r)
+	}
+}
+
+type errorBody struct {
+	Error  string `json:"error"`
+	Status int    `json:"status"`
+}
+
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(errorBody{Error: fmt.Sprintf(format, args...), Status: code})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// table: GET /v1/table?version=V&model=M&wait_ms=W.
+func (s *Server) table(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		return
+	}
+	q := r.URL.Query()
+	var have uint64
+	hasHave := false
+	if v := q.Get("version"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "version %q: want an unsigned integer", v)
+			return
+		}
+		have, hasHave = n, true
+	}
+	model := q.Get("model")
+	if len(model) > table.MaxStringLen {
+		writeError(w, http.StatusBadRequest, "model name longer than %d bytes", table.MaxStringLen)
+		return
+	}
+	var wait time.Duration
+	if v := q.Get("wait_ms"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "wait_ms %q: want milliseconds", v)
+			return
+		}
+		wait = min(time.Duration(n)*time.Millisecond, MaxWait)
+	}
+	if hasHave && wait > 0 && s.Publisher.Version() == have {
+		// Long poll: answer as soon as a new version exists, or 304 at the deadline.
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		s.Publisher.Wait(ctx, have)
+		cancel()
+	}
+	res := s.Publisher.Frame(have, hasHave, model)
+	switch {
+	case res.NotReady:
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "no table yet: waiting for discovery")
+		return
+	case res.Current:
+		w.Header().Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
+		w.WriteHeader(http.StatusNotModified)
+		if s.Metrics != nil {
+			s.Metrics.TableFrames.WithLabelValues("not_modified").Inc()
+		}
+		return
+	}
+	kind := "full"
+	if res.Kind == table.Delta {
+		kind = "delta"
+	}
+	h := w.Header()
+	h.Set("Content-Type", api.TableContentType)
+	h.Set("Content-Length", strconv.Itoa(len(res.Body)))
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
+	h.Set("X-Kvroute-Frame", kind)
+	h.Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodGet {
+		w.Write(res.Body)
+	}
+	if s.Metrics != nil {
+		s.Metrics.TableFrames.WithLabelValues(kind).Inc()
+		s.Metrics.TableBytes.Add(float64(len(res.Body)))
+	}
+}
+
+// reports: POST /v1/reports with an api.ReportBatch.
+func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
+	result := "accepted"
+	defer func() {
+		if s.Metrics != nil {
+			s.Metrics.ReportBatches.WithLabelValues(result).Inc()
+		}
+	}()
+	if r.Method != http.MethodPost {
+		result = "bad_method"
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		result = "bad_content_type"
+		writeError(w, http.StatusUnsupportedMediaType, "content type %q: want application/json", ct)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			result = "too_large"
+			writeError(w, http.StatusRequestEntityTooLarge, "report batch larger than %d bytes", s.MaxBodyBytes)
+			return
+		}
+		result = "read_error"
+		writeError(w, http.StatusBadRequest, "reading body: %v", err)
+		return
+	}
+	b, err := api.ParseReportBatch(body)
+	if err != nil {
+		result = "invalid"
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	var met *index.ReportMetrics
+	if s.Metrics != nil {
+		met = &s.Metrics.Report
+	}
+	applied := s.Index.ApplyReports(&b, s.Now(), met)
+	writeJSON(w, struct {
+		Received int `json:"received"`
+		Applied  int `json:"applied"`
+	}{len(b.Reports), applied})
+}
+
+// DebugState is GET /debug/state.
+type DebugState struct {
+	Version  uint64               `json:"version"`
+	Replicas []index.ReplicaState `json:"replicas"`
+}
+
+func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		return
+	}
+	writeJSON(w, DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now())})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case !s.Index.Ready() || (s.Ready != nil && !s.Ready()):
+		writeError(w, http.StatusServiceUnavailable, "not ready: discovery has not listed replicas yet")
+	case s.Publisher.Version() == 0:
+		writeError(w, http.StatusServiceUnavailable, "not ready: no table built yet")
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ready\n")
+	}
+}
