@@ -27,8 +27,8 @@ type Options struct {
 	// LegacyReplay answers replay requests in the <= v0.25 shape: [seq, payload] per batch
 	// and [END_SEQ, ""] at the end, instead of [topic, seq, payload] and ["", END_SEQ, ""].
 	LegacyReplay bool
-	// BindHost replaces the "*" host of tcp bind endpoints ("tcp://*:5557"). Empty: bind
-	// as given (all interfaces).
+	// BindHost replaces the "*" host of tcp bind endpoints ("tcp://*:5557"). Default
+	// 127.0.0.1 (loopback only); "0.0.0.0" binds every interface, as vLLM does.
 	BindHost string
 	Logger   *slog.Logger
 }
@@ -72,6 +72,9 @@ func Open(cfg Config, opt Options) (*Publisher, error) {
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
+	}
+	if opt.BindHost == "" {
+		opt.BindHost = "127.0.0.1"
 	}
 	ep, err := OffsetEndpointPort(cfg.Endpoint, opt.DataParallelRank)
 	if err != nil {

@@ -48,8 +48,9 @@ type Config struct {
 	HashSeed string
 
 	// OnEvents receives the KV events of each step that produced some, at the step's
-	// start (one vLLM EventBatch). The slice is the receiver's. When nil, no events are
-	// built at all.
+	// start (one vLLM EventBatch). The slice is the receiver's; BlockStored.TokenIDs may
+	// alias Request.Prompt and must be treated as read-only. When nil, no events are built
+	// at all (the fastest mode).
 	OnEvents func(at time.Duration, events []kvevents.Event)
 	// OnToken is called for every sampled token (r.Output already holds it).
 	OnToken func(r *Request, at time.Duration)
