@@ -227,18 +227,39 @@ func (st *stream) handleLive(ctx context.Context, frames [][]byte, h Handler, o 
 		return // already applied from a replay
 	}
 	if from := st.applied + 1; s > from {
-		first := st.applied < 0
-		recovered := false
+		var got []Replayed
 		if st.src.Replay != "" {
-			recovered = st.replay(ctx, uint64(from), h, o)
+			rctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
+			var err error
+			got, err = Replay(rctx, st.src.Replay, uint64(from))
+			cancel()
+			if err != nil {
+				o.Logger.Warn("kv events: replay failed", "stream", st.src.ID, "from", from, "err", err)
+			}
+		}
+		// Recovered when the replay holds every batch from `from` up to the live one.
+		next := from
+		for _, r := range got {
+			if r.Err == nil && int64(r.Seq) == next {
+				next++
+			} else if r.Err != nil || int64(r.Seq) > next {
+				break
+			}
 		}
 		// Before the first message nothing was known, so nothing became uncertain;
 		// a replay from 0 there is a best-effort rebuild (e.g. after our restart).
-		if !first {
-			h.Gap(st.src.ID, uint64(from), seq, recovered)
+		if st.applied >= 0 {
+			h.Gap(st.src.ID, uint64(from), seq, next >= s)
+		}
+		for _, r := range got {
+			if r.Err != nil {
+				h.DecodeError(st.src.ID, r.Err)
+			} else if int64(r.Seq) > st.applied {
+				st.apply(r.Seq, r.Payload, h)
+			}
 		}
 		if s <= st.applied {
-			return
+			return // the replay already held it
 		}
 	}
 	st.apply(seq, payload, h)
@@ -251,31 +272,6 @@ func (st *stream) apply(seq uint64, payload []byte, h Handler) {
 		return
 	}
 	h.Batch(st.src.ID, seq, &st.batch)
-}
-
-// replay asks the engine's ROUTER for every buffered batch from seq on and applies the
-// contiguous run starting at from. It reports whether [from, live) was fully recovered.
-func (st *stream) replay(ctx context.Context, from uint64, h Handler, o Options) bool {
-	ctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
-	defer cancel()
-	got, err := Replay(ctx, st.src.Replay, from)
-	if err != nil {
-		o.Logger.Warn("kv events: replay failed", "stream", st.src.ID, "from", from, "err", err)
-	}
-	for _, r := range got {
-		if r.Err != nil {
-			h.DecodeError(st.src.ID, r.Err)
-			continue
-		}
-		if int64(r.Seq) <= st.applied {
-			continue
-		}
-		if int64(r.Seq) != st.applied+1 {
-			break // the replay buffer no longer holds what we missed
-		}
-		st.apply(r.Seq, r.Payload, h)
-	}
-	return st.applied >= st.live-1
 }
 
 // Replayed is one batch from a replay reply.
