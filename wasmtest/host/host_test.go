@@ -172,6 +172,30 @@ func TestSharedDataCASFollowsCppHost(t *testing.T) {
 	}
 }
 
+func TestCASUpdatesFromParallelVMsAreNotLost(t *testing.T) {
+	h := newHost(t, host.Config{VMs: 4})
+	const workers, each, per = 4, 5, 1000
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				res, err := h.Do(context.Background(), host.Request{Headers: request("GET", "/", [2]string{"x-count", strconv.Itoa(per)})})
+				if err != nil || res.Forwarded.Headers.Get("x-test-error") != "" {
+					t.Errorf("%v %v", err, res.Forwarded.Headers)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := shared(t, h, "test/counter"); got != strconv.Itoa(workers*each*per) {
+		t.Fatalf("counter = %s after %d CAS increments from 4 VMs in parallel", got, workers*each*per)
+	}
+	t.Logf("CAS retries under contention: %d", metric(t, h, "test.cas_retries"))
+}
+
 func TestOnlyOneVMWinsTheLease(t *testing.T) {
 	clk := clock.NewVirtual(epoch)
 	ctl := &control{}
@@ -319,7 +343,7 @@ func TestHTTPCallFailuresArriveAsEnvoyLocalReplies(t *testing.T) {
 		body    string
 	}{
 		{"connection refused", host.Cluster{URL: deadURL}, 0, "503/3", "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"},
-		{"timeout", host.Cluster{Handler: &control{}, Latency: 5 * time.Second}, time.Second, "504/3", "upstream request timeout"},
+		{"timeout", host.Cluster{Handler: &control{}, Latency: 10 * time.Second}, 5 * time.Second, "504/3", "upstream request timeout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -337,7 +361,15 @@ func TestHTTPCallFailuresArriveAsEnvoyLocalReplies(t *testing.T) {
 			if _, sent, _ := rec.Request(); sent {
 				t.Fatal("request left the filter before the call answered")
 			}
-			clk.Advance(tc.advance)
+			if tc.advance > 0 {
+				clk.Advance(tc.advance - time.Millisecond)
+				if _, sent, _ := rec.Request(); sent {
+					t.Fatal("request released before the call's timeout")
+				}
+				clk.Advance(time.Millisecond)
+			} else {
+				clk.Advance(0)
+			}
 			m, _, complete := rec.Request()
 			if !complete {
 				t.Fatal("request still held after the call's outcome was due")
@@ -350,6 +382,16 @@ func TestHTTPCallFailuresArriveAsEnvoyLocalReplies(t *testing.T) {
 			}
 		})
 	}
+	t.Run("no authority", func(t *testing.T) {
+		h := newHost(t, host.Config{VMs: 1, Clusters: map[string]host.Cluster{"control": {Handler: &control{}}}})
+		res := do(t, h, host.Request{Headers: request("GET", "/", [2]string{"x-bad-call", "1"})})
+		if got := res.Forwarded.Headers.Get("x-test-error"); !strings.Contains(got, "bad argument") {
+			t.Fatalf("x-test-error = %q, want bad argument for a call without :authority", got)
+		}
+		if h.Stats().HTTPCalls != 0 {
+			t.Fatal("a refused call was counted")
+		}
+	})
 	t.Run("unknown cluster", func(t *testing.T) {
 		h := newHost(t, host.Config{VMs: 1, PluginConfig: pluginConfig(0, "no-such-cluster")})
 		res := do(t, h, host.Request{Headers: request("POST", "/", [2]string{"x-async", "1"}), Body: [][]byte{[]byte("{}")}})

@@ -49,8 +49,8 @@ func localCallResponse(status int, body string) *callResponse {
 	}
 }
 
-// virtualGuard bounds a real HTTP call made under a virtual clock, where the plugin's
-// timeout is virtual and cannot stop a stuck upstream.
+// virtualGuard bounds, in wall time, an HTTP call made under a virtual clock: the call takes
+// no virtual time, and the plugin's timeout is virtual, so only this stops a stuck upstream.
 const virtualGuard = 30 * time.Second
 
 // startCall starts an HTTP call and returns its cancel function. The response is delivered
@@ -76,11 +76,7 @@ func (h *Host) startCall(vm *VM, token uint32, c Cluster, req callRequest) func(
 		delay = req.timeout
 	}
 	t := h.clock.AfterFunc(delay, func() {
-		guard := virtualGuard
-		if req.timeout > 0 && req.timeout < guard && c.Handler == nil {
-			guard = req.timeout
-		}
-		ctx, cancel := context.WithTimeout(h.ctx, guard)
+		ctx, cancel := context.WithTimeout(h.ctx, virtualGuard)
 		defer cancel()
 		resp := h.perform(ctx, c, req) // the upstream sees the call even if the caller gave up
 		if timedOut {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -150,4 +151,9 @@ func (w *lineWriter) tail() string {
 		return w.panicked
 	}
 	return w.last
+}
+
+// TextLogger returns a logger that writes plugin log lines at or above min to w, as text.
+func TextLogger(w io.Writer, min LogLevel) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: min.slogLevel()}))
 }

@@ -233,6 +233,12 @@ func (s *Stream) SendResponseTrailers(t Headers) (Action, error) {
 	return s.send(streamEvent{kind: evTrailers, dir: dirResponse, headers: t.lower()})
 }
 
+// Reset resets the stream from outside (the upstream broke mid-response, the client went
+// away): the Reset hook fires and later events return ErrStreamEnded.
+func (s *Stream) Reset(reason string) {
+	_, _ = s.send(streamEvent{kind: evReset, reason: reason})
+}
+
 // Close ends the stream: proxy_on_log (with the final headers readable), proxy_on_done and
 // proxy_on_delete. Later events return ErrStreamEnded.
 func (s *Stream) Close() {

@@ -66,9 +66,9 @@ type root struct {
 	leader   bool
 	queueID  uint32
 
-	requests, ticks, polls, pollFailures, dequeued, posted, dropped, chunks proxywasm.MetricCounter
-	inflight, leaders                                                       proxywasm.MetricGauge
-	bodyBytes                                                               proxywasm.MetricHistogram
+	requests, ticks, polls, pollFailures, dequeued, posted, dropped, chunks, casRetries proxywasm.MetricCounter
+	inflight, leaders                                                                   proxywasm.MetricGauge
+	bodyBytes                                                                           proxywasm.MetricHistogram
 }
 
 func (r *root) OnPluginStart(size int) types.OnPluginStartStatus {
@@ -104,6 +104,7 @@ func (r *root) OnPluginStart(size int) types.OnPluginStartStatus {
 	r.posted = proxywasm.DefineCounterMetric("test.reports_posted")
 	r.dropped = proxywasm.DefineCounterMetric("test.reports_dropped")
 	r.chunks = proxywasm.DefineCounterMetric("test.response_chunks")
+	r.casRetries = proxywasm.DefineCounterMetric("test.cas_retries")
 	r.inflight = proxywasm.DefineGaugeMetric("test.inflight")
 	r.leaders = proxywasm.DefineGaugeMetric("test.leaders")
 	r.bodyBytes = proxywasm.DefineHistogramMetric("test.request_body_bytes")
@@ -296,6 +297,19 @@ func (s *stream) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Ac
 	if has("x-panic") {
 		panic("test plugin: panic requested")
 	}
+	if v, err := proxywasm.GetHttpRequestHeader("x-count"); err == nil {
+		// A shared counter bumped with CAS loops from every VM at once: no update may be lost.
+		n, _ := strconv.Atoi(v)
+		for i := 0; i < n; i++ {
+			casIncrement(r)
+		}
+	}
+	if has("x-bad-call") {
+		// Envoy refuses an HTTP call without :authority.
+		_, err := proxywasm.DispatchHttpCall(r.cfg.Cluster, [][2]string{{":method", "GET"}, {":path", "/"}}, nil, nil, 100,
+			func(int, int, int) {})
+		addHeader("x-test-error", fmt.Sprintf("bad call: %v", err))
+	}
 	if has("x-local-reply") {
 		if err := proxywasm.SendHttpResponse(418, [][2]string{{"x-test-local", "1"}}, []byte("teapot"), -1); err != nil {
 			proxywasm.LogErrorf("local reply: %v", err)
@@ -402,7 +416,7 @@ func (s *stream) finish(body []byte) types.Action {
 		return types.ActionContinue
 	}
 	headers := [][2]string{{":method", "GET"}, {":path", "/async"}, {":authority", "control"}}
-	_, err := proxywasm.DispatchHttpCall(r.cfg.Cluster, headers, nil, nil, 1000, func(numHeaders, bodySize, _ int) {
+	_, err := proxywasm.DispatchHttpCall(r.cfg.Cluster, headers, nil, nil, 5000, func(numHeaders, bodySize, _ int) {
 		status := callStatus()
 		answer, _ := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		// The request is still held: its headers can change until it is resumed.
@@ -477,6 +491,22 @@ func callStatus() string {
 		}
 	}
 	return ""
+}
+
+func casIncrement(r *root) {
+	for {
+		val, cas, _ := proxywasm.GetSharedData("test/counter")
+		n, _ := strconv.Atoi(string(val))
+		err := proxywasm.SetSharedData("test/counter", []byte(strconv.Itoa(n+1)), cas)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, types.ErrorStatusCasMismatch) {
+			addHeader("x-test-error", "counter: "+err.Error())
+			return
+		}
+		r.casRetries.Increment(1)
+	}
 }
 
 func has(name string) bool {

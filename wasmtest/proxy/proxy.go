@@ -1,0 +1,472 @@
+// Package proxy is a small HTTP proxy that runs every request through the proxy-wasm host
+// the way an Envoy listener with the kvroute filter would, then forwards it like Envoy's
+// override_host load-balancing policy: to the first endpoint of the routing header that
+// accepts the connection, then the next, then the least_request fallback over the
+// configured endpoints. Responses stream back through the filter chunk by chunk.
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/host"
+)
+
+// DefaultRoutingHeader is the header the filter writes and override_host reads (the
+// Gateway API inference extension's name).
+const DefaultRoutingHeader = "x-gateway-destination-endpoint"
+
+// DefaultBodyLimit is Envoy's default per_connection_buffer_limit_bytes.
+const DefaultBodyLimit = 1 << 20
+
+// Config configures a Proxy.
+type Config struct {
+	// Host runs the filter; each request goes to its next VM (round robin).
+	Host *host.Host
+	// Endpoints are the cluster members ("ip:port"): only these can be chosen, and the
+	// fallback balances over them.
+	Endpoints []string
+	// RoutingHeader is the header holding "ip:port,ip:port,..."; default DefaultRoutingHeader.
+	RoutingHeader string
+	// BodyLimit caps what the filter may buffer (413 above it); default DefaultBodyLimit.
+	BodyLimit int
+	// DialTimeout bounds a connection attempt to one endpoint; default 1s.
+	DialTimeout time.Duration
+}
+
+// Proxy is an http.Handler. Create it with New.
+type Proxy struct {
+	host      *host.Host
+	header    string
+	limit     int
+	transport *http.Transport
+
+	mu        sync.RWMutex
+	endpoints []*endpoint
+	byAddr    map[string]*endpoint
+	rotate    atomic.Uint64 // tie-break for the fallback
+
+	stats counters
+}
+
+type endpoint struct {
+	addr        string
+	outstanding atomic.Int64
+	forwards    atomic.Int64
+}
+
+// New returns a proxy for cfg.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Host == nil {
+		return nil, errors.New("proxy: no host")
+	}
+	if cfg.RoutingHeader == "" {
+		cfg.RoutingHeader = DefaultRoutingHeader
+	}
+	if cfg.BodyLimit <= 0 {
+		cfg.BodyLimit = DefaultBodyLimit
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = time.Second
+	}
+	p := &Proxy{host: cfg.Host, header: strings.ToLower(cfg.RoutingHeader), limit: cfg.BodyLimit}
+	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
+	p.transport = &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &dialError{addr: addr, err: err}
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost: 256,
+		DisableCompression:  true, // pass bytes through as the upstream sent them
+		IdleConnTimeout:     90 * time.Second,
+	}
+	p.SetEndpoints(cfg.Endpoints)
+	return p, nil
+}
+
+// SetEndpoints replaces the cluster members (an EDS update). Outstanding counts of the
+// endpoints that stay are kept.
+func (p *Proxy) SetEndpoints(addrs []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.byAddr
+	p.byAddr = map[string]*endpoint{}
+	p.endpoints = nil
+	for _, a := range addrs {
+		if _, dup := p.byAddr[a]; dup {
+			continue
+		}
+		ep := old[a]
+		if ep == nil {
+			ep = &endpoint{addr: a}
+		}
+		p.byAddr[a] = ep
+		p.endpoints = append(p.endpoints, ep)
+	}
+}
+
+// Close drops idle upstream connections.
+func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+
+// dialError marks a failure to connect: the request never left, the next endpoint may
+// have it (Envoy's connect-failure retry).
+type dialError struct {
+	addr string
+	err  error
+}
+
+func (e *dialError) Error() string { return "connect " + e.addr + ": " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// ServeHTTP runs one request through a VM and forwards it.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.stats.requests.Add(1)
+	ex := &exchange{p: p, w: w, r: r, rc: http.NewResponseController(w), start: time.Now(),
+		events: newEventQueue(), body: newBodyBuffer()}
+	// Envoy streams both ways at once; net/http's HTTP/1 server needs this to read the
+	// request body after the response started.
+	_ = ex.rc.EnableFullDuplex()
+	ex.run()
+}
+
+// exchange is one request in flight.
+type exchange struct {
+	p      *Proxy
+	w      http.ResponseWriter
+	r      *http.Request
+	rc     *http.ResponseController
+	s      *host.Stream
+	start  time.Time
+	events *eventQueue
+	body   *bodyBuffer
+
+	upstreamCtx    context.Context
+	cancelUpstream context.CancelFunc
+	wroteHeaders   bool
+	finished       bool
+
+	pumpMu      sync.Mutex
+	pumpStop    bool // the handler is returning: read no more
+	pumpReading bool // the pump is inside Body.Read
+	pumpEnded   atomic.Bool
+}
+
+type eventKind int
+
+const (
+	evRequestHeaders eventKind = iota
+	evResponseHeaders
+	evResponseData
+	evResponseTrailers
+	evLocalReply
+	evReset
+)
+
+type event struct {
+	kind    eventKind
+	headers host.Headers
+	data    []byte
+	eos     bool
+	status  int
+	reason  string
+}
+
+func (ex *exchange) hooks() host.StreamHooks {
+	q := ex.events
+	return host.StreamHooks{
+		RequestHeaders: func(h host.Headers, eos bool) {
+			if eos {
+				ex.body.finish(nil)
+			}
+			q.push(event{kind: evRequestHeaders, headers: h, eos: eos})
+		},
+		RequestData: func(b []byte, eos bool) {
+			ex.body.append(b)
+			if eos {
+				ex.body.finish(nil)
+			}
+		},
+		RequestTrailers:  func(t host.Headers) { ex.body.finish(t) },
+		ResponseHeaders:  func(h host.Headers, eos bool) { q.push(event{kind: evResponseHeaders, headers: h, eos: eos}) },
+		ResponseData:     func(b []byte, eos bool) { q.push(event{kind: evResponseData, data: b, eos: eos}) },
+		ResponseTrailers: func(t host.Headers) { q.push(event{kind: evResponseTrailers, headers: t}) },
+		LocalReply: func(status int) {
+			ex.body.fail(errLocalReply)
+			q.push(event{kind: evLocalReply, status: status})
+		},
+		Reset: func(reason string) {
+			ex.body.fail(errReset)
+			q.push(event{kind: evReset, reason: reason})
+		},
+	}
+}
+
+var (
+	errLocalReply = errors.New("request answered locally")
+	errReset      = errors.New("stream reset")
+)
+
+func (ex *exchange) run() {
+	p, r := ex.p, ex.r
+	ex.upstreamCtx, ex.cancelUpstream = context.WithCancel(context.Background())
+	defer ex.cancelUpstream()
+	info := host.StreamInfo{SourceAddress: r.RemoteAddr, Protocol: r.Proto, BufferLimit: p.limit}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		info.DestinationAddress = a.String()
+	}
+	ex.s = p.host.NewStream(info, ex.hooks())
+	defer ex.finish()
+
+	noBody := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && len(r.Trailer) == 0)
+	if _, err := ex.s.SendRequestHeaders(requestHeaders(r), noBody); err != nil && !errors.Is(err, host.ErrStreamEnded) {
+		http.Error(ex.w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if noBody {
+		ex.pumpEnded.Store(true)
+	} else {
+		pumped := make(chan struct{})
+		go func() {
+			defer close(pumped)
+			ex.pumpRequestBody()
+		}()
+		// net/http forbids touching the request body once the handler returns: stop the
+		// reader first, cutting short a read that waits for more from the client.
+		defer func() {
+			ex.pumpMu.Lock()
+			ex.pumpStop = true
+			reading := ex.pumpReading
+			ex.pumpMu.Unlock()
+			if reading {
+				_ = ex.rc.SetReadDeadline(time.Now())
+			}
+			<-pumped
+			if reading {
+				_ = ex.rc.SetReadDeadline(time.Time{})
+			}
+		}()
+	}
+	for {
+		select {
+		case <-ex.events.signal:
+			for _, ev := range ex.events.take() {
+				if ex.handle(ev) {
+					return
+				}
+			}
+		case <-r.Context().Done():
+			ex.s.Reset("downstream went away")
+			return
+		}
+	}
+}
+
+// finish closes the stream (proxy_on_log, proxy_on_done, proxy_on_delete) and records the
+// request's numbers. It runs before the response's last bytes are written, so a client
+// that has the whole response also sees the request in Stats.
+func (ex *exchange) finish() {
+	if ex.finished {
+		return
+	}
+	ex.finished = true
+	p := ex.p
+	ex.s.Close()
+	p.stats.filter.add(ex.s.FilterTime())
+	p.stats.total.add(time.Since(ex.start))
+	if ex.s.FailedOpen() {
+		p.stats.failOpen.Add(1)
+	}
+}
+
+// handle applies one event on the handler goroutine; it reports whether the exchange is over.
+func (ex *exchange) handle(ev event) bool {
+	switch ev.kind {
+	case evRequestHeaders:
+		go ex.forward(ev.headers, ev.eos)
+	case evLocalReply:
+		ex.p.stats.localReplies.Add(1)
+		ex.cancelUpstream()
+	case evResponseHeaders:
+		if ev.eos {
+			ex.finish()
+		}
+		ex.writeHeaders(ev.headers)
+		if ev.eos {
+			return true
+		}
+		_ = ex.rc.Flush()
+	case evResponseData:
+		if ev.eos {
+			ex.finish()
+		}
+		if len(ev.data) > 0 {
+			if _, err := ex.w.Write(ev.data); err != nil {
+				ex.s.Reset("downstream write: " + err.Error())
+				return true
+			}
+			_ = ex.rc.Flush() // SSE: every chunk leaves as it comes
+		}
+		return ev.eos
+	case evResponseTrailers:
+		ex.finish()
+		for _, kv := range ev.headers {
+			ex.w.Header().Add(http.TrailerPrefix+kv[0], kv[1])
+		}
+		return true
+	case evReset:
+		ex.cancelUpstream()
+		// Envoy resets the downstream stream: abort the connection, no clean response.
+		panic(http.ErrAbortHandler)
+	}
+	return false
+}
+
+// hopByHop are connection-level headers a proxy does not pass on (RFC 9110 7.6.1).
+var hopByHop = map[string]bool{"connection": true, "keep-alive": true, "proxy-connection": true,
+	"te": true, "trailer": true, "transfer-encoding": true, "upgrade": true}
+
+func (ex *exchange) writeHeaders(h host.Headers) {
+	status, err := strconv.Atoi(h.Get(":status"))
+	if err != nil || status < 100 {
+		status = http.StatusBadGateway
+	}
+	out := ex.w.Header()
+	for _, kv := range h {
+		if strings.HasPrefix(kv[0], ":") || hopByHop[kv[0]] {
+			continue
+		}
+		out.Add(kv[0], kv[1])
+	}
+	if !ex.pumpEnded.Load() {
+		// Answered before the client finished sending (a 413, a local reply): like Envoy,
+		// do not reuse a connection whose request body was not read to its end.
+		out.Set("Connection", "close")
+	}
+	ex.w.WriteHeader(status)
+	ex.wroteHeaders = true
+}
+
+// requestHeaders is what Envoy's connection manager hands the filter chain: pseudo-headers,
+// lower-case names, no hop-by-hop headers, x-request-id and x-forwarded-proto added.
+func requestHeaders(r *http.Request) host.Headers {
+	h := host.Headers{{":method", r.Method}, {":path", r.RequestURI}, {":authority", r.Host}, {":scheme", "http"}}
+	if r.RequestURI == "" {
+		h[1][1] = r.URL.RequestURI()
+	}
+	hasID := false
+	for _, kv := range host.HeadersFromHTTP(r.Header) {
+		if hopByHop[kv[0]] || kv[0] == "x-forwarded-proto" {
+			continue
+		}
+		hasID = hasID || kv[0] == "x-request-id"
+		h = append(h, kv)
+	}
+	h = append(h, [2]string{"x-forwarded-proto", "http"})
+	if !hasID {
+		h = append(h, [2]string{"x-request-id", requestID()})
+	}
+	return h
+}
+
+func requestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// pumpRequestBody feeds the client's body to the filter as it arrives.
+func (ex *exchange) pumpRequestBody() {
+	r := ex.r
+	buf := make([]byte, 32<<10)
+	var total int64
+	for {
+		ex.pumpMu.Lock()
+		if ex.pumpStop {
+			ex.pumpMu.Unlock()
+			return
+		}
+		ex.pumpReading = true
+		ex.pumpMu.Unlock()
+		n, err := r.Body.Read(buf)
+		ex.pumpMu.Lock()
+		ex.pumpReading = false
+		ex.pumpMu.Unlock()
+		total += int64(n)
+		end := err == io.EOF || (r.ContentLength > 0 && total >= r.ContentLength)
+		if err != nil && err != io.EOF {
+			ex.s.Reset("downstream request body: " + err.Error())
+			return
+		}
+		chunk := append([]byte(nil), buf[:n]...)
+		if end {
+			ex.pumpEnded.Store(true)
+			if t := host.HeadersFromHTTP(r.Trailer); len(t) > 0 && nonEmpty(t) {
+				if n > 0 {
+					if _, err := ex.s.SendRequestBody(chunk, false); err != nil {
+						return
+					}
+				}
+				_, _ = ex.s.SendRequestTrailers(t)
+				return
+			}
+			_, _ = ex.s.SendRequestBody(chunk, true)
+			return
+		}
+		if n > 0 {
+			if _, err := ex.s.SendRequestBody(chunk, false); err != nil {
+				return // answered locally or reset: stop reading
+			}
+		}
+	}
+}
+
+func nonEmpty(t host.Headers) bool {
+	for _, kv := range t {
+		if kv[1] != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// eventQueue carries hook events to the handler goroutine without ever blocking a hook.
+type eventQueue struct {
+	mu     sync.Mutex
+	items  []event
+	signal chan struct{}
+}
+
+func newEventQueue() *eventQueue { return &eventQueue{signal: make(chan struct{}, 1)} }
+
+func (q *eventQueue) push(e event) {
+	q.mu.Lock()
+	q.items = append(q.items, e)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (q *eventQueue) take() []event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := q.items
+	q.items = nil
+	return items
+}
