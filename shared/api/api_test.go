@@ -120,3 +120,31 @@ func TestAppendBatchParsesBack(t *testing.T) {
 	_, err = ParseReportBatch([]byte(`{"proxy":"p","reports":[],"extra":1}`))
 	assert.ErrorContains(t, err, "unknown field")
 }
+
+func TestAppendJSONIsWhatEncodingJSONWrites(t *testing.T) {
+	cases := []Report{
+		goodReport(),
+		{Kind: KindPlacement, Model: "m \"quoted\" \u2028", Replica: "[::1]:80", Domain: prefix.Token, BlockSize: 16, Stride: 1,
+			Blocks: 2, Keys: []uint64{0, ^uint64(0)}, PredictedCachedTokens: 16, AtMs: -5},
+		{Kind: KindOutcome, Model: "m", Replica: "r", Domain: prefix.Text, BlockSize: 64, Stride: 4, CachedTokens: -1, Status: 503},
+	}
+	for _, r := range cases {
+		want, err := json.Marshal(r)
+		require.NoError(t, err)
+		assert.Equal(t, string(want), string(r.AppendJSON(nil)))
+	}
+}
+
+func BenchmarkAppendJSON(b *testing.B) {
+	r := goodReport()
+	r.Keys = make([]uint64, 125)
+	for i := range r.Keys {
+		r.Keys[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	r.Blocks = 500
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = r.AppendJSON(buf[:0])
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/kvroute/kvroute/shared/prefix"
 )
@@ -140,4 +141,53 @@ func AppendBatch(dst []byte, proxy string, encoded [][]byte) []byte {
 		dst = append(dst, e...)
 	}
 	return append(dst, "]}"...)
+}
+
+// AppendJSON appends r as a JSON object, the same document json.Marshal writes, without
+// reflection: the filter encodes two reports per request inside the proxy.
+func (r *Report) AppendJSON(dst []byte) []byte {
+	str := func(dst []byte, name, v string) []byte {
+		dst = append(dst, name...)
+		b, _ := json.Marshal(v) // short strings; exact JSON escaping
+		return append(dst, b...)
+	}
+	num := func(dst []byte, name string, v int64) []byte {
+		dst = append(dst, name...)
+		return strconv.AppendInt(dst, v, 10)
+	}
+	dst = str(dst, `{"kind":`, r.Kind)
+	dst = str(dst, `,"model":`, r.Model)
+	dst = str(dst, `,"replica":`, r.Replica)
+	dst = num(dst, `,"domain":`, int64(r.Domain))
+	dst = num(dst, `,"block_size":`, int64(r.BlockSize))
+	dst = num(dst, `,"stride":`, int64(r.Stride))
+	dst = num(dst, `,"blocks":`, int64(r.Blocks))
+	dst = append(dst, `,"keys":`...)
+	if r.Keys == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '[')
+		for i, k := range r.Keys {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, k, 10)
+		}
+		dst = append(dst, ']')
+	}
+	if r.PromptBytes != 0 {
+		dst = num(dst, `,"prompt_bytes":`, int64(r.PromptBytes))
+	}
+	dst = num(dst, `,"predicted_cached_tokens":`, int64(r.PredictedCachedTokens))
+	if r.PromptTokens != 0 {
+		dst = num(dst, `,"prompt_tokens":`, int64(r.PromptTokens))
+	}
+	if r.CachedTokens != 0 {
+		dst = num(dst, `,"cached_tokens":`, int64(r.CachedTokens))
+	}
+	if r.Status != 0 {
+		dst = num(dst, `,"status":`, int64(r.Status))
+	}
+	dst = num(dst, `,"at_ms":`, r.AtMs)
+	return append(dst, '}')
 }

@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"unicode/utf16"
@@ -66,30 +67,59 @@ func (s *scanner) enter() error {
 
 func (s *scanner) leave() { s.depth-- }
 
-// str reads a string value and appends its decoded bytes to dst, passing each run of
-// bytes through esc (which may rewrite them) when esc is not nil.
-func (s *scanner) str(dst []byte, esc func([]byte, []byte) []byte) ([]byte, error) {
+// String modes: what str does with the decoded bytes.
+const (
+	discard   = iota // validate only
+	plain            // append as decoded
+	canonical        // append, escaping separator bytes (see escape)
+)
+
+// strStop marks the bytes that end a run of plain string bytes: the closing quote, an
+// escape, a control character (invalid raw) and the start of a multi-byte rune.
+var strStop = func() (t [256]bool) {
+	for c := range t {
+		t[c] = c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf
+	}
+	return t
+}()
+
+const (
+	lo = 0x0101010101010101
+	hi = 0x8080808080808080
+)
+
+// zero has the top bit of each byte of v that is zero set (and no false positives in
+// bytes below 0x80, which is all the caller relies on).
+func zero(v uint64) uint64 { return (v - lo) &^ v & hi }
+
+// str reads a string value and appends its decoded bytes to dst according to mode.
+// Raw bytes 0x1B..0x1F cannot occur in a valid JSON string, so in canonical mode only
+// bytes produced by escapes (\u001b...) need escaping; plain runs are copied as they are.
+func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 	if s.peek() != '"' {
 		return dst, s.fail("expected a string")
 	}
 	s.i++
-	put := func(dst, run []byte) []byte {
-		if esc != nil {
-			return esc(dst, run)
-		}
-		return append(dst, run...)
-	}
 	var u8 [utf8.UTFMax]byte
 	for {
 		start := s.i
-		for s.i < len(s.b) {
-			c := s.b[s.i]
-			if c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+		b, i := s.b, s.i // locals: the loop runs per byte of every prompt
+		// Eight bytes at a time while none of them ends the run (the SWAR tests
+		// "has a byte below 0x20, equal to '"' or '\\', or with the top bit set").
+		for i+8 <= len(b) {
+			v := binary.LittleEndian.Uint64(b[i:])
+			if (v-lo*0x20)&^v&hi|zero(v^(lo*'"'))|zero(v^(lo*'\\'))|v&hi != 0 {
 				break
 			}
-			s.i++
+			i += 8
 		}
-		dst = put(dst, s.b[start:s.i])
+		for i < len(b) && !strStop[b[i]] {
+			i++
+		}
+		s.i = i
+		if mode != discard {
+			dst = append(dst, s.b[start:s.i]...)
+		}
 		if s.i >= len(s.b) {
 			return dst, s.fail("unterminated string")
 		}
@@ -101,10 +131,12 @@ func (s *scanner) str(dst []byte, esc func([]byte, []byte) []byte) ([]byte, erro
 			return dst, s.fail("control character in string")
 		case c >= utf8.RuneSelf:
 			r, n := utf8.DecodeRune(s.b[s.i:])
-			if r == utf8.RuneError && n == 1 {
-				dst = put(dst, []byte("\uFFFD"))
-			} else {
-				dst = put(dst, s.b[s.i:s.i+n])
+			if mode != discard {
+				if r == utf8.RuneError && n == 1 {
+					dst = append(dst, "\uFFFD"...)
+				} else {
+					dst = append(dst, s.b[s.i:s.i+n]...)
+				}
 			}
 			s.i += n
 		default: // backslash
@@ -113,23 +145,23 @@ func (s *scanner) str(dst []byte, esc func([]byte, []byte) []byte) ([]byte, erro
 			}
 			e := s.b[s.i+1]
 			s.i += 2
-			var one byte
+			var r rune
 			switch e {
 			case '"', '\\', '/':
-				one = e
+				r = rune(e)
 			case 'b':
-				one = '\b'
+				r = '\b'
 			case 'f':
-				one = '\f'
+				r = '\f'
 			case 'n':
-				one = '\n'
+				r = '\n'
 			case 'r':
-				one = '\r'
+				r = '\r'
 			case 't':
-				one = '\t'
+				r = '\t'
 			case 'u':
-				r, ok := s.hex4()
-				if !ok {
+				var ok bool
+				if r, ok = s.hex4(); !ok {
 					return dst, s.fail("bad \\u escape")
 				}
 				if utf16.IsSurrogate(r) {
@@ -147,13 +179,17 @@ func (s *scanner) str(dst []byte, esc func([]byte, []byte) []byte) ([]byte, erro
 					}
 					r = dec
 				}
-				n := utf8.EncodeRune(u8[:], r)
-				dst = put(dst, u8[:n])
-				continue
 			default:
 				return dst, s.fail("bad escape")
 			}
-			dst = put(dst, []byte{one})
+			switch {
+			case mode == discard:
+			case mode == canonical && r >= esc && r <= us:
+				dst = append(dst, esc, byte('0'+(r-esc)))
+			default:
+				n := utf8.EncodeRune(u8[:], r)
+				dst = append(dst, u8[:n]...)
+			}
 		}
 	}
 }
@@ -267,7 +303,7 @@ func emit(dst *[]byte, c byte) {
 func (s *scanner) rawString(dst *[]byte) error {
 	s.ws()
 	start := s.i
-	if _, err := s.str(nil, func(d, _ []byte) []byte { return d }); err != nil {
+	if _, err := s.str(nil, discard); err != nil {
 		return err
 	}
 	if dst != nil {
@@ -375,7 +411,7 @@ func (s *scanner) object(key []byte, member func(key []byte) error) ([]byte, err
 	}
 	for {
 		var err error
-		key, err = s.str(key[:0], nil)
+		key, err = s.str(key[:0], plain)
 		if err != nil {
 			return key, err
 		}

@@ -136,7 +136,7 @@ func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
 				return s.value(nil)
 			}
 			var m []byte
-			m, err := s.str(p.scratch[:0], nil)
+			m, err := s.str(p.scratch[:0], plain)
 			p.scratch = m
 			req.Model = string(m)
 			return err
@@ -150,7 +150,7 @@ func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
 				return s.value(nil)
 			}
 			req.saltStart = s.i
-			v, err := s.str(p.scratch[:0], nil)
+			v, err := s.str(p.scratch[:0], plain)
 			p.scratch = v
 			req.saltEnd = s.i
 			req.CacheSalt, req.HasCacheSalt = string(v), true
@@ -199,7 +199,7 @@ func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
 			p.scratch = append(p.scratch[:0], gs)
 			p.scratch = append(p.scratch, "tools"...)
 			p.scratch = append(p.scratch, us)
-			p.scratch = escape(p.scratch, tools)
+			p.scratch = append(p.scratch, tools...) // raw JSON holds no separator bytes
 			p.scratch = append(p.scratch, rs)
 			p.scratch = append(p.scratch, p.text...)
 			p.text, p.scratch = p.scratch, p.text
@@ -218,7 +218,7 @@ func (p *Parser) completionPrompt(s *scanner, haveText, haveTokens *bool) error 
 	switch s.peek() {
 	case '"':
 		var err error
-		p.text, err = s.str(p.text[:0], escape)
+		p.text, err = s.str(p.text[:0], canonical)
 		*haveText = true
 		return err
 	case '[':
@@ -260,7 +260,7 @@ func (p *Parser) completionPrompt(s *scanner, haveText, haveTokens *bool) error 
 			return s.value(nil) // later prompts of a batch do not route
 		case k == texts:
 			var err error
-			p.text, err = s.str(p.text[:0], escape)
+			p.text, err = s.str(p.text[:0], canonical)
 			*haveText = true
 			return err
 		default:
@@ -304,12 +304,12 @@ func (p *Parser) messages(s *scanner) error {
 			}
 			switch string(key) {
 			case "role":
-				m.role, err = s.str(m.role[:0], escape)
+				m.role, err = s.str(m.role[:0], canonical)
 			case "content":
 				m.content, m.parts = m.content[:0], 0
 				err = p.content(s)
 			case "name":
-				m.name, err = s.str(m.name[:0], escape)
+				m.name, err = s.str(m.name[:0], canonical)
 				m.hasName = true
 			case "tool_calls":
 				if s.peek() == 'n' {
@@ -320,7 +320,7 @@ func (p *Parser) messages(s *scanner) error {
 				err = s.value(&m.toolCalls)
 				m.hasToolCalls = true
 			case "tool_call_id":
-				m.toolCallID, err = s.str(m.toolCallID[:0], escape)
+				m.toolCallID, err = s.str(m.toolCallID[:0], canonical)
 				m.hasToolCallID = true
 			default:
 				err = s.value(nil)
@@ -340,7 +340,7 @@ func (p *Parser) messages(s *scanner) error {
 		}
 		if m.hasToolCalls {
 			p.text = append(p.text, us, 'c')
-			p.text = escape(p.text, m.toolCalls)
+			p.text = append(p.text, m.toolCalls...) // raw JSON: no separator bytes
 		}
 		if m.hasToolCallID {
 			p.text = append(p.text, us, 'i')
@@ -357,7 +357,7 @@ func (p *Parser) content(s *scanner) error {
 	switch s.peek() {
 	case '"':
 		var err error
-		m.content, err = s.str(m.content, escape)
+		m.content, err = s.str(m.content, canonical)
 		return err
 	case 'n':
 		return s.value(nil) // null: no content (assistant turns with tool calls)
@@ -378,13 +378,13 @@ func (p *Parser) content(s *scanner) error {
 					if s.peek() != '"' {
 						return s.value(nil)
 					}
-					typ, err = s.str(typ, escape)
+					typ, err = s.str(typ, canonical)
 				case "text":
 					text, hasText = text[:0], false
 					if s.peek() != '"' {
 						return s.value(nil)
 					}
-					text, err = s.str(text, escape)
+					text, err = s.str(text, canonical)
 					hasText = true
 				default:
 					err = s.value(nil)
@@ -412,29 +412,12 @@ func (p *Parser) content(s *scanner) error {
 			if err := sub.value(&raw); err != nil {
 				return err
 			}
-			m.content = escape(m.content, raw)
+			m.content = append(m.content, raw...) // raw JSON: no separator bytes
 			return nil
 		})
 	default:
 		return s.fail("content must be a string, null or a list of parts")
 	}
-}
-
-// escape appends run to dst with every byte 0x1B..0x1F written as 0x1B, '0'+(b-0x1B).
-func escape(dst, run []byte) []byte {
-	for len(run) > 0 {
-		i := 0
-		for i < len(run) && (run[i] < esc || run[i] > us) {
-			i++
-		}
-		dst = append(dst, run[:i]...)
-		if i == len(run) {
-			break
-		}
-		dst = append(dst, esc, '0'+(run[i]-esc))
-		run = run[i+1:]
-	}
-	return dst
 }
 
 // WithCacheSalt returns a copy of body in which the top-level cache_salt is salt:

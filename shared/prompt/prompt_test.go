@@ -196,6 +196,23 @@ func TestAPIForPath(t *testing.T) {
 	}
 }
 
+// escape (for the reference implementation) appends run to dst with every byte 0x1B..0x1F written as 0x1B, '0'+(b-0x1B).
+func escape(dst, run []byte) []byte {
+	for len(run) > 0 {
+		i := 0
+		for i < len(run) && (run[i] < esc || run[i] > us) {
+			i++
+		}
+		dst = append(dst, run[:i]...)
+		if i == len(run) {
+			break
+		}
+		dst = append(dst, esc, '0'+(run[i]-esc))
+		run = run[i+1:]
+	}
+	return dst
+}
+
 // reference is a second, independent implementation of the canonical serialization on
 // top of encoding/json, for differential fuzzing.
 func reference(api API, body []byte) (Request, error) {

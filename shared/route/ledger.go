@@ -45,6 +45,9 @@ func (l *Ledger) Expire(cutoff time.Time) int {
 
 // PendingSince sums the tokens sent to addr after since.
 func (l *Ledger) PendingSince(addr string, since time.Time) float64 {
+	if len(l.entries) == 0 {
+		return 0 // the common case between bursts; skips a map iteration per replica
+	}
 	var sum float64
 	for _, s := range l.entries {
 		if s.addr == addr && s.at.After(since) {
