@@ -1,0 +1,97 @@
+//go:build !wasm
+
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// The fleet of seed 000 at its affinity size: 22 replicas, 200 customer prefixes of
+// 6,000 tokens (about 24 KB each), every prefix held by one or two replicas. The request
+// is an 8,000-token chat body (about 32 KB) that shares one of the prefixes.
+func benchFleet(b *testing.B) (*table.Table, string) {
+	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	rs := make([]table.Replica, 22)
+	for i := range rs {
+		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.1.0.%d:8000", i+1),
+			Speed: 14025, Queued: uint64(i * 700 % 9000), KVUsage: 0.5, StateAgeMs: 40, Healthy: true}
+	}
+	m, err := table.NewModel("llama", cfg, rs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prefixOf := func(c int) string {
+		return fmt.Sprintf("Customer %03d system prompt and tool schemas. ", c) + strings.Repeat(fmt.Sprintf("Policy clause for customer %03d. ", c), 750)
+	}
+	for c := 0; c < 200; c++ {
+		for _, k := range checkpointsOf(&testing.T{}, cfg, chat(prefixOf(c), ""), "") {
+			slots := []uint32{uint32(c % 22)}
+			if c%5 == 0 {
+				slots = append(slots, uint32((c+7)%22))
+			}
+			_ = m.Set(k, slots...)
+		}
+	}
+	tb := table.New()
+	tb.Version = 1
+	tb.Models["llama"] = m
+	question := strings.Repeat("Here is the customer's long ticket history and question. ", 140)
+	return tb, chat(prefixOf(42), question)
+}
+
+func BenchmarkRequestPath(b *testing.B) {
+	tb, body := benchFleet(b)
+	frame := table.EncodeFull(tb)
+	for _, rt := range []string{"native", "wasm"} {
+		b.Run(rt, func(b *testing.B) {
+			var vm types.VMContext = &vmContext{}
+			if rt == "wasm" {
+				vm = compiledVM(&testing.T{})
+				if wasmErr != nil {
+					b.Fatal(wasmErr)
+				}
+			}
+			opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(testConfig))
+			h, reset := proxytest.NewHostEmulator(opt)
+			defer reset()
+			if h.StartPlugin() != types.OnPluginStartStatusOK {
+				b.Fatal("plugin did not start")
+			}
+			hh := host{h, &testing.T{}}
+			hh.serveTable(frame)
+			reqHeaders := [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}, {"content-type", "application/json"}}
+			respHeaders := [][2]string{{":status", "200"}, {"content-type", "application/json"}}
+			resp := []byte(`{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":8000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":5984}}}`)
+			bodyBytes := []byte(body)
+			b.SetBytes(int64(len(bodyBytes)))
+			b.ReportAllocs()
+			var id uint32
+			for i := 0; b.Loop(); i++ {
+				id = h.InitializeHttpContext()
+				h.CallOnRequestHeaders(id, reqHeaders, false)
+				h.CallOnRequestBody(id, bodyBytes, true)
+				h.CallOnResponseHeaders(id, respHeaders, false)
+				h.CallOnResponseBody(id, resp, true)
+				h.CompleteHttpContext(id)
+				if i%32 == 31 {
+					// Envoy ticks every 100 ms: the leader drains the reports and the
+					// control plane confirms the table (under the compiled module the
+					// emulator's clock advances 1 ms per read, so this matters).
+					b.StopTimer()
+					hh.keepFresh()
+					b.StartTimer()
+				}
+			}
+			if got := endpoint(h.GetCurrentRequestHeaders(id)); !strings.HasPrefix(got, "10.1.0.21:8000") {
+				b.Fatalf("routed to %q, want the owner of prefix 42 (slot 20) first", got)
+			}
+		})
+	}
+}

@@ -1,0 +1,258 @@
+//go:build !wasm
+
+// The tests run on the build machine; the compiled module runs under wazero there.
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
+)
+
+// Every filter test runs twice: natively (the plugin's Go code calling the SDK's host
+// emulator) and on the compiled kvroute.wasm under wazero behind the same emulator. The
+// emulator's host state is in this process either way, so tests read and write shared
+// data through the SDK's own functions.
+
+var (
+	wasmOnce sync.Once
+	wasmVM   proxytest.WasmVMContext
+	wasmErr  error
+)
+
+// compiledVM compiles the module once per test binary (about a second); each test gets
+// a fresh emulator, and with it a fresh root context, on top of it.
+func compiledVM(t *testing.T) types.VMContext {
+	wasmOnce.Do(func() {
+		var path string
+		if path, wasmErr = wasmbuild.Filter(); wasmErr != nil {
+			return
+		}
+		var b []byte
+		if b, wasmErr = os.ReadFile(path); wasmErr != nil {
+			return
+		}
+		wasmVM, wasmErr = proxytest.NewWasmVMContext(b)
+	})
+	require.NoError(t, wasmErr)
+	return wasmVM
+}
+
+func eachRuntime(t *testing.T, f func(t *testing.T, vm types.VMContext)) {
+	t.Run("native", func(t *testing.T) { f(t, &vmContext{}) })
+	t.Run("wasm", func(t *testing.T) { f(t, compiledVM(t)) })
+}
+
+const testConfig = `{
+	"control_plane": {"cluster": "outbound|8080||cp.kvroute.svc.cluster.local", "authority": "cp.kvroute.svc.cluster.local", "poll_ms": 100, "report_ms": 100},
+	"tenants": {"header": "x-tenant", "secret": "s3cret", "policies": {"acme": "isolated"}, "inject_cache_salt": true},
+	"adapters": {"llama-sql-lora": "llama"},
+	"max_body_bytes": 65536
+}`
+
+type host struct {
+	proxytest.HostEmulator
+	t *testing.T
+}
+
+func start(t *testing.T, vm types.VMContext, cfg string) host {
+	opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg))
+	h, reset := proxytest.NewHostEmulator(opt)
+	t.Cleanup(reset)
+	require.Equal(t, types.OnPluginStartStatusOK, h.StartPlugin(), "errors: %v", h.GetCriticalLogs())
+	return host{h, t}
+}
+
+// callouts returns the http calls the root context made so far.
+func (h host) callouts() []proxytest.HttpCalloutAttribute {
+	return h.GetCalloutAttributesFromContext(proxytest.PluginContextID)
+}
+
+func header(hs [][2]string, name string) (string, bool) {
+	for _, kv := range hs {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
+
+// lastCallout returns the newest call to path (query ignored).
+func (h host) lastCallout(path string) (proxytest.HttpCalloutAttribute, bool) {
+	cs := h.callouts()
+	for i := len(cs) - 1; i >= 0; i-- {
+		p, _ := header(cs[i].Headers, ":path")
+		if strings.SplitN(p, "?", 2)[0] == path {
+			return cs[i], true
+		}
+	}
+	return proxytest.HttpCalloutAttribute{}, false
+}
+
+// serveTable makes the filter's leader poll and answers with frame.
+func (h host) serveTable(frame []byte) {
+	h.t.Helper()
+	n := len(h.callouts())
+	h.Tick()
+	cs := h.callouts()
+	require.Greater(h.t, len(cs), n, "the leader polls on its tick")
+	var poll *proxytest.HttpCalloutAttribute
+	for i := n; i < len(cs); i++ {
+		if p, _ := header(cs[i].Headers, ":path"); strings.HasPrefix(p, api.TablePath) {
+			poll = &cs[i]
+		}
+	}
+	require.NotNil(h.t, poll, "a table poll among the calls")
+	if frame == nil {
+		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "304"}}, nil, nil)
+		return
+	}
+	h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}, {"content-type", api.TableContentType}}, nil, frame)
+}
+
+// keepFresh is one tick of a control plane that has nothing new: table polls get 304,
+// report posts get 204.
+func (h host) keepFresh() {
+	n := len(h.callouts())
+	h.Tick()
+	for _, c := range h.callouts()[n:] {
+		status := "204"
+		if p, _ := header(c.Headers, ":path"); strings.HasPrefix(p, api.TablePath) {
+			status = "304"
+		}
+		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", status}}, nil, nil)
+	}
+}
+
+// reports makes the leader post queued reports and returns them.
+func (h host) reports() []api.Report {
+	h.t.Helper()
+	n := len(h.callouts())
+	h.Tick()
+	var out []api.Report
+	for _, c := range h.callouts()[n:] {
+		if p, _ := header(c.Headers, ":path"); p != api.ReportsPath {
+			continue
+		}
+		rb, err := api.ParseReportBatch(c.Body)
+		require.NoError(h.t, err, "the filter posts valid report batches")
+		out = append(out, rb.Reports...)
+		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "204"}}, nil, nil)
+	}
+	return out
+}
+
+type request struct {
+	path, method string
+	headers      [][2]string
+	body         string
+}
+
+func chat(system, question string) string {
+	return fmt.Sprintf(`{"model":"llama","stream":false,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, question)
+}
+
+// send runs a request through the request callbacks, the body in chunks as Envoy
+// would deliver it, and returns the context id and the final request headers.
+func (h host) send(r request) (uint32, [][2]string) {
+	h.t.Helper()
+	if r.method == "" {
+		r.method = "POST"
+	}
+	if r.path == "" {
+		r.path = "/v1/chat/completions"
+	}
+	id := h.InitializeHttpContext()
+	hs := append([][2]string{{":method", r.method}, {":path", r.path}, {":authority", "llm"}, {"content-type", "application/json"}}, r.headers...)
+	action := h.CallOnRequestHeaders(id, hs, r.body == "")
+	if r.body == "" {
+		require.Equal(h.t, types.ActionContinue, action)
+		return id, h.GetCurrentRequestHeaders(id)
+	}
+	if strings.Contains(r.path, "/v1/") && r.method == "POST" {
+		require.Equal(h.t, types.ActionPause, action, "headers are held until the body is in")
+	}
+	b := []byte(r.body)
+	const chunk = 16 << 10
+	for off := 0; off < len(b); off += chunk {
+		end := min(off+chunk, len(b))
+		action = h.CallOnRequestBody(id, b[off:end], end == len(b))
+		if end < len(b) && action == types.ActionContinue {
+			break // the filter stopped buffering (oversized body)
+		}
+	}
+	require.Equal(h.t, types.ActionContinue, action, "the request always continues")
+	return id, h.GetCurrentRequestHeaders(id)
+}
+
+func endpoint(hs [][2]string) string {
+	v, _ := header(hs, api.DefaultEndpointHeader)
+	return v
+}
+
+// fleet builds a table of n replicas of model "llama"; hold lists, per slot, the chat
+// bodies whose prefixes that replica holds (as placement reports would record them).
+func fleet(t *testing.T, version uint64, n int, queued []uint64, hold map[uint32][]string) *table.Table {
+	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	rs := make([]table.Replica, n)
+	for i := range rs {
+		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.1.0.%d:8000", i+1),
+			Speed: 14025, StateAgeMs: 30, KVUsage: 0.4, Healthy: true}
+		if queued != nil {
+			rs[i].Queued = queued[i]
+		}
+	}
+	m, err := table.NewModel("llama", cfg, rs)
+	require.NoError(t, err)
+	for slot, bodies := range hold {
+		for _, body := range bodies {
+			for _, k := range checkpointsOf(t, cfg, body, "") {
+				require.NoError(t, m.Set(k, append(m.Lookup(k), slot)...))
+			}
+		}
+	}
+	tb := table.New()
+	tb.Version, tb.GeneratedMs = version, time.Now().UnixMilli()
+	tb.Models["llama"] = m
+	return tb
+}
+
+func checkpointsOf(t *testing.T, cfg table.Config, body, tenantCacheSalt string) []uint64 {
+	var p prompt.Parser
+	a := prompt.Chat
+	if strings.Contains(body, `"prompt"`) {
+		a = prompt.Completions
+	}
+	req, err := p.Parse(a, []byte(body), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 64})
+	require.NoError(t, err)
+	c := route.NewChain(cfg, route.Identity{Model: "llama", Salt: prefix.SaltFromCacheSalt(tenantCacheSalt)}, &req, nil)
+	return prefix.Checkpoints(nil, c.Keys, int(cfg.Stride))
+}
+
+func readShared(t *testing.T, key string) []byte {
+	b, _, err := proxywasm.GetSharedData(key)
+	require.NoError(t, err, key)
+	return b
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

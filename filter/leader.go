@@ -1,0 +1,239 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// leader is the part of a VM that may talk to the control plane. Envoy ticks every
+// worker VM; without a lease N workers would poll N times. The lease is a CAS-written
+// (owner, expiry) pair in shared data: whoever holds it renews it on every tick, and
+// when its VM stops ticking the lease expires and another VM takes over.
+type leader struct {
+	is bool
+	// The leader's work is scheduled in ticks, the host's own clock: Envoy ticks every
+	// tickMs, so pollEvery ticks is the poll interval.
+	pollEvery, reportEvery int
+	pollWait, reportWait   int // ticks left before the next poll / post
+	pollBusy, reportBusy   int // ticks a call has been outstanding; 0 when none
+	stuckAfter             int // a call outstanding this long is given up
+	failedPolls            int
+}
+
+func newLeader(cfg *api.ControlPlane, tickMs int) leader {
+	return leader{
+		pollEvery:   max(1, cfg.PollMs/tickMs),
+		reportEvery: max(1, cfg.ReportMs/tickMs),
+		// Envoy always answers (the timeout ends the call); this only guards a host
+		// that loses a callback, so the leader is never wedged.
+		stuckAfter: cfg.TimeoutMs/tickMs + 10,
+	}
+}
+
+// leaseTTL: three missed renewals, and at least a second, before another VM takes over.
+func (p *plugin) leaseTTL() time.Duration {
+	return max(time.Second, 3*time.Duration(p.tickMs)*time.Millisecond)
+}
+
+func (l *leader) tick(p *plugin, now time.Time) {
+	l.is = tryLease(p.vmID, now, p.leaseTTL())
+	if !l.is {
+		return
+	}
+	switch {
+	case l.pollBusy > 0:
+		if l.pollBusy++; l.pollBusy > l.stuckAfter {
+			l.pollBusy = 0
+		}
+	case l.pollWait > 0:
+		l.pollWait--
+	default:
+		l.poll(p)
+	}
+	switch {
+	case l.reportBusy > 0:
+		if l.reportBusy++; l.reportBusy > l.stuckAfter {
+			l.reportBusy = 0
+		}
+	case l.reportWait > 0:
+		l.reportWait--
+	default:
+		l.postReports(p)
+	}
+}
+
+func tryLease(me uint64, now time.Time, ttl time.Duration) bool {
+	b, cas, err := proxywasm.GetSharedData(leaseKey)
+	if err != nil && err != types.ErrorStatusNotFound {
+		return false
+	}
+	if err == nil && len(b) == 16 {
+		owner := binary.LittleEndian.Uint64(b)
+		expires := int64(binary.LittleEndian.Uint64(b[8:]))
+		if owner != me && now.UnixMilli() < expires {
+			return false
+		}
+	}
+	v := binary.LittleEndian.AppendUint64(nil, me)
+	v = binary.LittleEndian.AppendUint64(v, uint64(now.Add(ttl).UnixMilli()))
+	return proxywasm.SetSharedData(leaseKey, v, cas) == nil
+}
+
+func (p *plugin) callHeaders(method, path string) [][2]string {
+	h := [][2]string{{":method", method}, {":path", path}, {":authority", p.cfg.ControlPlane.Authority}}
+	if p.cfg.ControlPlane.Token != "" {
+		h = append(h, [2]string{"authorization", "Bearer " + p.cfg.ControlPlane.Token})
+	}
+	return h
+}
+
+// poll asks the control plane for what changed since the leader's version.
+func (l *leader) poll(p *plugin) {
+	have := uint64(0)
+	if p.view.loaded {
+		have = p.view.t.Version
+	}
+	hdrs := append(p.callHeaders("GET", api.TablePath+"?version="+strconv.FormatUint(have, 10)),
+		[2]string{"accept", api.TableContentType})
+	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, nil, nil,
+		uint32(p.cfg.ControlPlane.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, have, bodySize) })
+	p.metrics.polls.Increment(1)
+	if err != nil {
+		l.pollFailed(p, fmt.Errorf("dispatch to cluster %q: %w", p.cfg.ControlPlane.Cluster, err))
+		return
+	}
+	l.pollBusy = 1
+}
+
+func (l *leader) pollFailed(p *plugin, err error) {
+	p.metrics.pollErrors.Increment(1)
+	l.failedPolls++
+	// Back off (doubling, up to about 2 s) so a dead control plane is not hammered;
+	// log the first failure and then every 50th, not every tick.
+	l.pollWait = min(l.pollEvery<<min(l.failedPolls, 5), max(1, 2000/p.tickMs)) - 1
+	if l.failedPolls == 1 || l.failedPolls%50 == 0 {
+		proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", l.failedPolls, err)
+	}
+}
+
+func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
+	l.pollBusy = 0
+	now := p.now()
+	status := callStatus()
+	switch {
+	case status == 304:
+		confirm(now)
+	case status == 200:
+		body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
+		if err == nil {
+			err = l.publish(p, body, asked, now)
+		}
+		if err != nil {
+			l.pollFailed(p, err)
+			return
+		}
+	default:
+		l.pollFailed(p, fmt.Errorf("control plane answered status %d", status))
+		return
+	}
+	l.failedPolls = 0
+	l.pollWait = l.pollEvery - 1
+}
+
+// publish verifies a frame by applying it to the leader's own copy, then writes it to
+// shared data for the other VMs.
+func (l *leader) publish(p *plugin, body []byte, asked uint64, now time.Time) error {
+	f, err := table.Decode(body)
+	if err != nil {
+		return err
+	}
+	if f.Kind == table.Delta && (!p.view.loaded || f.Base != asked || p.view.t.Version != asked) {
+		return fmt.Errorf("delta %d->%d does not apply to v%d", f.Base, f.Version, p.view.t.Version)
+	}
+	t := p.view.t
+	if f.Kind == table.Full {
+		t = table.New()
+	}
+	if err := t.ApplyFrame(f); err != nil {
+		if errors.Is(err, table.ErrBaseMismatch) {
+			p.view.loaded = false // ask for a full table next time
+		}
+		return err
+	}
+	p.view.t, p.view.loaded, p.view.confirmed = t, true, now
+	set(p.metrics.tableVersion, int64(t.Version))
+	if f.Kind == table.Delta {
+		err = publishDelta(body, f, now)
+		if err == nil {
+			return nil
+		}
+		// Ring full, or the head moved under us: start a new base from our copy.
+	}
+	frame := body
+	if f.Kind == table.Delta {
+		frame = table.EncodeFull(t)
+	}
+	return publishFull(frame, t.Version, now)
+}
+
+// postReports sends what the VMs queued since the last post, in one batch.
+func (l *leader) postReports(p *plugin) {
+	l.reportWait = l.reportEvery - 1
+	if !p.queueOK {
+		return
+	}
+	var items [][]byte
+	for len(items) < p.cfg.ControlPlane.MaxReportBatch {
+		b, err := proxywasm.DequeueSharedQueue(p.queueID)
+		if err != nil {
+			break
+		}
+		items = append(items, b)
+	}
+	if len(items) == 0 {
+		return
+	}
+	body := api.AppendBatch(nil, p.proxyName(), items)
+	hdrs := append(p.callHeaders("POST", api.ReportsPath), [2]string{"content-type", "application/json"})
+	n := uint64(len(items))
+	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, body, nil,
+		uint32(p.cfg.ControlPlane.TimeoutMs), func(int, int, int) {
+			l.reportBusy = 0
+			if s := callStatus(); s >= 200 && s < 300 {
+				p.metrics.reportsSent.Increment(n)
+			} else {
+				// Reports are hints; a lost batch costs prediction quality, not requests.
+				p.metrics.reportsDropped.Increment(n)
+			}
+		})
+	if err != nil {
+		p.metrics.reportsDropped.Increment(n)
+		return
+	}
+	l.reportBusy = 1
+}
+
+// callStatus is the :status of the current http-call response; 0 when the call failed
+// (Envoy delivers no headers then).
+func callStatus() int {
+	hs, err := proxywasm.GetHttpCallResponseHeaders()
+	if err != nil {
+		return 0
+	}
+	for _, h := range hs {
+		if h[0] == ":status" {
+			n, _ := strconv.Atoi(h[1])
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,119 @@
+// Command kvroute is the proxy-wasm filter: built with GOOS=wasip1 GOARCH=wasm
+// -buildmode=c-shared, loaded by Envoy (>= 1.35, allow_on_headers_stop_iteration) once
+// per worker thread. Each request's body is parsed, hashed into block keys and routed by
+// package route; the chosen "ip:port" list goes into the endpoint header that Envoy's
+// override_host load balancer reads.
+//
+// Files: main.go (contexts, tick), request.go (request path), response.go (usage and
+// outcome reports), store.go (the table in shared data), leader.go (lease, polling the
+// control plane, posting reports), metrics.go.
+package main
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
+)
+
+func main() {} // unused in a WASI reactor; the host calls the exported callbacks
+
+func init() { proxywasm.SetVMContext(&vmContext{}) }
+
+type vmContext struct{ types.DefaultVMContext }
+
+func (*vmContext) NewPluginContext(uint32) types.PluginContext { return &plugin{} }
+
+// plugin is the root context of one VM (one Envoy worker thread). It owns everything
+// the request path needs, so requests make no large shared-data reads.
+type plugin struct {
+	types.DefaultPluginContext
+	cfg     api.Config
+	vmID    uint64
+	now     func() time.Time
+	parser  prompt.Parser
+	router  *route.Router
+	view    view
+	leader  leader
+	tickMs  int
+	queueID uint32
+	queueOK bool // the report queue is registered (ids start at 0 on some hosts)
+	metrics metrics
+	nextReq uint64
+	keys    []uint64
+}
+
+func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
+	raw, err := proxywasm.GetPluginConfiguration()
+	if err != nil && err != types.ErrorStatusNotFound {
+		proxywasm.LogCriticalf("kvroute: cannot read plugin configuration: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := api.ParseConfig(raw)
+	if err != nil {
+		proxywasm.LogCriticalf("kvroute: invalid plugin configuration, filter not started: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	p.cfg = cfg
+	p.now = time.Now
+	p.vmID = randomID()
+	p.router = route.NewRouter(cfg.RuleParams(), randomID())
+	p.view = newView()
+	p.metrics = defineMetrics()
+	// Every VM registers the same queue name and gets the same id; only the leader
+	// drains it, on its tick.
+	if p.queueID, err = proxywasm.RegisterSharedQueue(reportQueue); err != nil {
+		proxywasm.LogErrorf("kvroute: cannot register the report queue, reports are off: %v", err)
+	}
+	p.queueOK = err == nil
+	tick := max(10, min(cfg.ControlPlane.PollMs, cfg.ControlPlane.ReportMs, 100))
+	p.tickMs = tick
+	p.leader = newLeader(&cfg.ControlPlane, tick)
+	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
+		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	proxywasm.LogInfof("kvroute: started (vm %016x, control plane %s, tick %d ms)", p.vmID, cfg.ControlPlane.Cluster, tick)
+	return types.OnPluginStartStatusOK
+}
+
+// OnTick runs on every VM: the lease, the leader's work, then catching up with the
+// table in shared data, and dropping ledger entries of streams that never answered.
+func (p *plugin) OnTick() {
+	now := p.now()
+	p.leader.tick(p, now)
+	p.view.sync(&p.metrics, now)
+	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
+		p.metrics.ledgerExpired.Increment(uint64(n))
+	}
+}
+
+func (p *plugin) NewHttpContext(contextID uint32) types.HttpContext {
+	p.nextReq++
+	return &httpContext{p: p, reqID: p.nextReq}
+}
+
+func randomID() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// WASI random_get failing is a broken host; a time-based id still keeps
+		// leases apart in practice.
+		return uint64(time.Now().UnixNano())
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+// proxyName identifies this proxy in reports (Envoy's node id when the host has one).
+func (p *plugin) proxyName() string {
+	if id, err := proxywasm.GetProperty([]string{"node", "id"}); err == nil && len(id) > 0 {
+		return string(id)
+	}
+	return fmt.Sprintf("vm-%016x", p.vmID)
+}

@@ -1,0 +1,60 @@
+package main
+
+import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+
+// metrics are proxy-wasm stats: Envoy shares one stat per name across the worker VMs and
+// exports them with its own (e.g. Prometheus) stats.
+type metrics struct {
+	decisions     proxywasm.MetricCounter // requests routed by the rule
+	predictedHits proxywasm.MetricCounter // ... whose pick was predicted to hold part of the prefix
+	spills        proxywasm.MetricCounter // ... sent away from the replica with the longest prefix
+	fallbacks     proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
+	unrouted      proxywasm.MetricCounter // header left unset: no table or unknown model
+	parseErrors   proxywasm.MetricCounter // bodies that could not be parsed
+	oversized     proxywasm.MetricCounter // bodies above max_body_bytes
+	saltInjected  proxywasm.MetricCounter // cache_salt set for isolated tenants
+	outcomes      proxywasm.MetricCounter // responses whose usage was read
+	ledgerExpired proxywasm.MetricCounter // local queue entries dropped by timeout
+
+	polls          proxywasm.MetricCounter // table polls sent (leader)
+	pollErrors     proxywasm.MetricCounter // ... that failed
+	tableLoads     proxywasm.MetricCounter // table versions loaded from shared data
+	tableErrors    proxywasm.MetricCounter // shared-data reads that failed verification
+	reportsSent    proxywasm.MetricCounter
+	reportsDropped proxywasm.MetricCounter
+
+	tableVersion proxywasm.MetricGauge
+	tableAgeMs   proxywasm.MetricGauge
+}
+
+func defineMetrics() metrics {
+	c := proxywasm.DefineCounterMetric
+	g := proxywasm.DefineGaugeMetric
+	return metrics{
+		decisions:      c("kvroute_decisions_total"),
+		predictedHits:  c("kvroute_predicted_hits_total"),
+		spills:         c("kvroute_spills_total"),
+		fallbacks:      c("kvroute_fallbacks_total"),
+		unrouted:       c("kvroute_unrouted_total"),
+		parseErrors:    c("kvroute_parse_errors_total"),
+		oversized:      c("kvroute_oversized_bodies_total"),
+		saltInjected:   c("kvroute_cache_salt_injected_total"),
+		outcomes:       c("kvroute_outcomes_total"),
+		ledgerExpired:  c("kvroute_ledger_expired_total"),
+		polls:          c("kvroute_table_polls_total"),
+		pollErrors:     c("kvroute_table_poll_errors_total"),
+		tableLoads:     c("kvroute_table_loads_total"),
+		tableErrors:    c("kvroute_table_load_errors_total"),
+		reportsSent:    c("kvroute_reports_sent_total"),
+		reportsDropped: c("kvroute_reports_dropped_total"),
+		tableVersion:   g("kvroute_table_version"),
+		tableAgeMs:     g("kvroute_table_age_ms"),
+	}
+}
+
+// set gives a gauge an absolute value (the ABI only adds).
+func set(g proxywasm.MetricGauge, v int64) {
+	if d := v - g.Value(); d != 0 {
+		g.Add(d)
+	}
+}

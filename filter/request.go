@@ -1,0 +1,238 @@
+package main
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// httpContext follows one request. The request path: strip any client-sent endpoint
+// header, hold the headers (ActionPause) until the body has arrived, parse it, route it,
+// set the endpoint header and let Envoy continue. Nothing here rejects a request: when
+// routing is impossible the header is set by least-queued order or left unset, and
+// Envoy's fallback load balancer decides.
+type httpContext struct {
+	types.DefaultHttpContext
+	p     *plugin
+	reqID uint64
+
+	api         prompt.API
+	routable    bool // a POST to an OpenAI path: held for its body
+	decided     bool
+	tenant      string
+	modelHeader string
+
+	// Set when the request was placed by the rule; the response completes the report.
+	placed   bool
+	report   api.Report
+	first    string
+	status   int
+	tail     []byte
+	finished bool
+}
+
+func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
+	cfg := &h.p.cfg
+	// Only kvroute chooses endpoints: a client-sent header would let any client aim its
+	// requests at any replica (and at other tenants' caches).
+	_ = proxywasm.RemoveHttpRequestHeader(cfg.EndpointHeader)
+	method, _ := proxywasm.GetHttpRequestHeader(":method")
+	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	a, ok := prompt.APIForPath(path)
+	if !ok || method != "POST" {
+		return types.ActionContinue
+	}
+	h.api, h.routable = a, true
+	if cfg.Tenants.Header != "" {
+		h.tenant, _ = proxywasm.GetHttpRequestHeader(cfg.Tenants.Header)
+	}
+	if cfg.ModelHeader != "" {
+		h.modelHeader, _ = proxywasm.GetHttpRequestHeader(cfg.ModelHeader)
+	}
+	if endOfStream {
+		h.decide(nil)
+		return types.ActionContinue
+	}
+	// Hold the headers until the body is in (Envoy >= 1.35 with
+	// allow_on_headers_stop_iteration; see manifests/).
+	return types.ActionPause
+}
+
+func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
+	if !h.routable || h.decided {
+		return types.ActionContinue
+	}
+	if bodySize > h.p.cfg.MaxBodyBytes {
+		// Stop buffering: route on what is known without the prompt.
+		h.p.metrics.oversized.Increment(1)
+		h.decided = true
+		h.routeWithoutPrompt(h.modelHeader, float64(bodySize))
+		return types.ActionContinue
+	}
+	if !endOfStream {
+		return types.ActionPause
+	}
+	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	if err != nil {
+		body = nil
+	}
+	h.decide(body)
+	return types.ActionContinue
+}
+
+// OnHttpRequestTrailers: with HTTP/2 trailers the body callback never sees end of
+// stream, so the decision happens here.
+func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
+	if h.routable && !h.decided {
+		body, err := proxywasm.GetHttpRequestBody(0, h.p.cfg.MaxBodyBytes+1)
+		if err != nil {
+			body = nil
+		}
+		h.decide(body)
+	}
+	return types.ActionContinue
+}
+
+func (h *httpContext) decide(body []byte) {
+	h.decided = true
+	p := h.p
+	req, err := p.parser.Parse(h.api, body, prompt.Limits{MaxBytes: p.cfg.MaxBodyBytes, MaxDepth: p.cfg.MaxJSONDepth})
+	model := req.Model
+	if h.modelHeader != "" {
+		model = h.modelHeader
+	}
+	if err != nil {
+		if errors.Is(err, prompt.ErrTooLarge) {
+			p.metrics.oversized.Increment(1)
+		} else if !errors.Is(err, prompt.ErrNoPrompt) {
+			p.metrics.parseErrors.Increment(1)
+			proxywasm.LogDebugf("kvroute: request body not parsed (%d bytes): %v", len(body), err)
+		}
+		h.routeWithoutPrompt(model, float64(len(body))/4)
+		return
+	}
+	base, lora := p.resolveModel(model)
+	m := p.view.t.Models[base]
+	if m == nil || len(m.Replicas) == 0 {
+		// No table yet, or a model the control plane does not know: Envoy decides.
+		p.metrics.unrouted.Increment(1)
+		return
+	}
+
+	salt := h.salt(body, &req)
+	now := p.now()
+	chain := route.NewChain(m.Config, route.Identity{Model: base, LoRA: lora, Salt: salt}, &req, p.keys)
+	p.keys = chain.Keys
+	d := p.router.Decide(m, &chain, p.view.age(now), now)
+	if len(d.Addrs) == 0 {
+		p.metrics.unrouted.Increment(1)
+		return
+	}
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, d.Header()); err != nil {
+		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
+		return
+	}
+	p.router.Ledger.Add(h.reqID, d.Addrs[0], d.Uncached, now)
+	p.metrics.decisions.Increment(1)
+	if d.PredictedCached > 0 {
+		p.metrics.predictedHits.Increment(1)
+	}
+	if d.Spill {
+		p.metrics.spills.Increment(1)
+	}
+	if d.Fallback {
+		p.metrics.fallbacks.Increment(1)
+	}
+
+	stride := max(int(m.Config.Stride), 1)
+	h.placed, h.first = true, d.Addrs[0]
+	h.report = api.Report{
+		Kind: api.KindPlacement, Model: base, Replica: d.Addrs[0], Domain: chain.Domain,
+		BlockSize: chain.BlockSize, Stride: stride, Blocks: len(chain.Keys),
+		Keys:        prefix.Checkpoints(nil, chain.Keys, stride),
+		PromptBytes: chain.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
+		AtMs: now.UnixMilli(),
+	}
+	p.enqueue(&h.report)
+}
+
+// salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
+// cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
+// cache_salt the client sent separates the engine's cache, so it separates ours.
+func (h *httpContext) salt(body []byte, req *prompt.Request) prefix.Salt {
+	p := h.p
+	salt, isolated := p.cfg.TenantSalt(h.tenant)
+	if !isolated {
+		if req.HasCacheSalt {
+			return prefix.SaltFromCacheSalt(req.CacheSalt)
+		}
+		return prefix.Salt{}
+	}
+	if p.cfg.Tenants.InjectCacheSalt {
+		if cs := salt.CacheSalt(); !req.HasCacheSalt || req.CacheSalt != cs {
+			nb := prompt.WithCacheSalt(body, req, cs)
+			if err := proxywasm.ReplaceHttpRequestBody(nb); err != nil {
+				proxywasm.LogWarnf("kvroute: cannot set cache_salt: %v", err)
+			} else {
+				_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(nb)))
+				p.metrics.saltInjected.Increment(1)
+			}
+		}
+	}
+	return salt
+}
+
+// routeWithoutPrompt orders the model's replicas by queued tokens: a request with no
+// prompt to match (unparsable, oversized) still goes where the least work waits.
+func (h *httpContext) routeWithoutPrompt(model string, estTokens float64) {
+	p := h.p
+	var m *table.Model
+	if model != "" {
+		base, _ := p.resolveModel(model)
+		m = p.view.t.Models[base]
+	} else if len(p.view.t.Models) == 1 {
+		for _, only := range p.view.t.Models {
+			m = only
+		}
+	}
+	if m == nil || len(m.Replicas) == 0 {
+		p.metrics.unrouted.Increment(1)
+		return
+	}
+	now := p.now()
+	d := p.router.LeastQueued(m, now, p.view.age(now))
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, d.Header()); err != nil {
+		p.metrics.unrouted.Increment(1)
+		return
+	}
+	p.router.Ledger.Add(h.reqID, d.Addrs[0], estTokens, now)
+	p.metrics.fallbacks.Increment(1)
+}
+
+// resolveModel maps a LoRA adapter's name to its base model, whose replicas serve it.
+func (p *plugin) resolveModel(model string) (base, lora string) {
+	if b, ok := p.cfg.Adapters[model]; ok {
+		return b, model
+	}
+	return model, ""
+}
+
+// enqueue hands a report to the leader through the shared queue.
+func (p *plugin) enqueue(r *api.Report) {
+	if !p.queueOK {
+		return
+	}
+	// A fresh buffer each time: a host may keep the bytes it is given.
+	b := r.AppendJSON(make([]byte, 0, 256+21*len(r.Keys)))
+	if err := proxywasm.EnqueueSharedQueue(p.queueID, b); err != nil {
+		p.metrics.reportsDropped.Increment(1)
+	}
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"strconv"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prompt"
+)
+
+// tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
+// body and in the last chunk of a stream. Responses are never held back.
+const tailBytes = 16 << 10
+
+func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
+	if !h.placed {
+		return types.ActionContinue
+	}
+	// The engine has started answering: its own queue numbers cover this request now.
+	h.p.router.Ledger.Done(h.reqID)
+	if s, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+		h.status, _ = strconv.Atoi(s)
+	}
+	if endOfStream {
+		h.finish()
+	}
+	return types.ActionContinue
+}
+
+func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.Action {
+	if !h.placed || h.finished {
+		return types.ActionContinue
+	}
+	if bodySize > 0 {
+		if chunk, err := proxywasm.GetHttpResponseBody(0, bodySize); err == nil {
+			h.tail = keepTail(h.tail, chunk)
+		}
+	}
+	if endOfStream {
+		h.finish()
+	}
+	return types.ActionContinue
+}
+
+func (h *httpContext) OnHttpStreamDone() {
+	h.p.router.Ledger.Done(h.reqID)
+	if h.placed && !h.finished {
+		h.finish() // reset or aborted stream: report what is known
+	}
+}
+
+// keepTail appends chunk and keeps at most the last tailBytes, trimming only when twice
+// that has accumulated so streaming costs O(chunk) per chunk.
+func keepTail(tail, chunk []byte) []byte {
+	tail = append(tail, chunk...)
+	if len(tail) > 2*tailBytes {
+		n := copy(tail, tail[len(tail)-tailBytes:])
+		tail = tail[:n]
+	}
+	return tail
+}
+
+// finish sends the outcome: which replica answered, with what status, and how much of
+// the prompt it really had cached.
+func (h *httpContext) finish() {
+	h.finished = true
+	p := h.p
+	r := h.report
+	r.Kind = api.KindOutcome
+	r.Status = h.status
+	r.AtMs = p.now().UnixMilli()
+	r.Replica = h.first
+	// The replica that served may be a retry target or the fallback's choice.
+	if up, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(up) > 0 {
+		r.Replica = string(up)
+	}
+	r.CachedTokens = -1
+	if u, ok := prompt.FindUsage(h.tail); ok {
+		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
+		p.metrics.outcomes.Increment(1)
+	}
+	h.tail = nil
+	p.enqueue(&r)
+}
