@@ -134,7 +134,7 @@ func Parse(body []byte, kind string) (Sample, error) {
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
-		if name := familyOf(line); name != "" && n.wanted[name] {
+		if name := familyOf(line); len(name) > 0 && n.wanted[string(name)] {
 			kept.Write(line)
 			kept.WriteByte('\n')
 		}
@@ -187,8 +187,8 @@ func Parse(body []byte, kind string) (Sample, error) {
 			s.PromptTokensMean = sumv / count
 		}
 	}
-	if h, ok := sum(fams[n.hits]); ok {
-		if q, ok := sum(fams[n.queries]); ok && q > 0 {
+	if h, ok := sum(counter(fams, n.hits)); ok {
+		if q, ok := sum(counter(fams, n.queries)); ok && q > 0 {
 			s.HitRate = math.Min(1, h/q)
 		}
 	}
@@ -198,28 +198,46 @@ func Parse(body []byte, kind string) (Sample, error) {
 // familyOf returns the metric family a line belongs to: the name of a sample line, or the
 // name in "# HELP name" / "# TYPE name". Counters' samples end in _total (and _created),
 // histograms' in _bucket/_sum/_count; those are mapped to their family.
-func familyOf(line []byte) string {
+var suffixes = [][]byte{[]byte("_total"), []byte("_created"), []byte("_bucket"), []byte("_sum"), []byte("_count")}
+
+func familyOf(line []byte) []byte {
 	if len(line) == 0 {
-		return ""
+		return nil
 	}
+	var name []byte
 	if line[0] == '#' {
-		f := bytes.Fields(line)
-		if len(f) >= 3 && (string(f[1]) == "HELP" || string(f[1]) == "TYPE") {
-			return string(f[2])
+		rest, ok := bytes.CutPrefix(line, []byte("# HELP "))
+		if !ok {
+			if rest, ok = bytes.CutPrefix(line, []byte("# TYPE ")); !ok {
+				return nil
+			}
 		}
-		return ""
+		if end := bytes.IndexAny(rest, " \t"); end >= 0 {
+			rest = rest[:end]
+		}
+		name = rest
+	} else {
+		end := bytes.IndexAny(line, "{ \t")
+		if end < 0 {
+			end = len(line)
+		}
+		name = line[:end]
 	}
-	end := bytes.IndexAny(line, "{ \t")
-	if end < 0 {
-		end = len(line)
-	}
-	name := line[:end]
-	for _, suf := range []string{"_total", "_created", "_bucket", "_sum", "_count"} {
-		if bytes.HasSuffix(name, []byte(suf)) {
-			return string(name[:len(name)-len(suf)])
+	for _, suf := range suffixes {
+		if bytes.HasSuffix(name, suf) {
+			return name[:len(name)-len(suf)]
 		}
 	}
-	return string(name)
+	return name
+}
+
+// counter finds a counter family by its name with or without "_total" (the TYPE line
+// names it either way depending on the client library).
+func counter(fams map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
+	if f := fams[name+"_total"]; f != nil {
+		return f
+	}
+	return fams[name]
 }
 
 func value(m *dto.Metric) (float64, bool) {

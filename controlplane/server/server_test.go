@@ -1,0 +1,463 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/controlplane/publish"
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type env struct {
+	ix  *index.Index
+	pub *publish.Publisher
+	srv *httptest.Server
+	now time.Time
+}
+
+func newEnv(t testing.TB, token string, history int) *env {
+	t.Helper()
+	e := &env{ix: index.New(index.Config{}), pub: publish.New(publish.Options{MaxHistory: history, FirstVersion: 100}), now: time.Unix(1_800_000_000, 0)}
+	reg := prometheus.NewRegistry()
+	s := &Server{Index: e.ix, Publisher: e.pub, Token: token, MaxBodyBytes: 4096, Gatherer: reg, Metrics: NewMetrics(reg), Now: func() time.Time { return e.now }}
+	e.srv = httptest.NewServer(s.Handler())
+	t.Cleanup(e.srv.Close)
+	e.ix.SetReplicas([]index.Spec{
+		{ID: "a", Model: "m", Addr: "10.0.0.1:8000"},
+		{ID: "b", Model: "m", Addr: "10.0.0.2:8000"},
+		{ID: "c", Model: "n", Addr: "10.0.0.3:8000"},
+	}, e.now)
+	return e
+}
+
+func (e *env) publish(t testing.TB) uint64 {
+	t.Helper()
+	e.now = e.now.Add(50 * time.Millisecond)
+	ups := e.ix.Flush(e.now, e.pub.Version() == 0)
+	if ups == nil {
+		ups = e.ix.Flush(e.now, true)
+	}
+	v, err := e.pub.Publish(ups, e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// place confirms a chain of n random text keys on the replica at addr of model.
+func (e *env) place(t testing.TB, rng *rand.Rand, model, addr string, n int) []uint64 {
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = rng.Uint64()
+	}
+	r := api.Report{Kind: api.KindOutcome, Model: model, Replica: addr, Domain: prefix.Text, BlockSize: 64, Stride: 4, Blocks: 4 * n, Keys: keys, Status: 200, PromptTokens: 100, PromptBytes: 400}
+	e.ix.ApplyReports(&api.ReportBatch{Reports: []api.Report{r}}, e.now, nil)
+	return keys
+}
+
+type resp struct {
+	code  int
+	kind  string
+	ver   uint64
+	body  []byte
+	ctype string
+}
+
+func (e *env) get(t testing.TB, query, token string) resp {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+api.TablePath+query, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	v, _ := strconv.ParseUint(r.Header.Get("X-Kvroute-Version"), 10, 64)
+	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type")}
+}
+
+// serverTable is the publisher's table, encoded, for comparisons.
+func (e *env) serverTable(model string) []byte {
+	var b []byte
+	e.pub.Table(func(t *table.Table) {
+		if model != "" {
+			t = &table.Table{Version: t.Version, GeneratedMs: t.GeneratedMs, Models: map[string]*table.Model{model: t.Models[model]}}
+		}
+		b = table.EncodeFull(t)
+	})
+	return b
+}
+
+func TestTableFullDeltaNotModified(t *testing.T) {
+	e := newEnv(t, "", 3)
+	rng := rand.New(rand.NewPCG(1, 2))
+	if r := e.get(t, "", ""); r.code != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "no table yet") {
+		t.Fatalf("before the first version: %d %s", r.code, r.body)
+	}
+	e.place(t, rng, "m", "10.0.0.1:8000", 5)
+	v1 := e.publish(t)
+	client := table.New()
+	r := e.get(t, "", "")
+	if r.code != 200 || r.kind != "full" || r.ver != v1 || r.ctype != api.TableContentType {
+		t.Fatalf("first fetch: %+v", r)
+	}
+	if _, err := client.Apply(r.body); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d", v1), ""); r.code != http.StatusNotModified || len(r.body) != 0 {
+		t.Fatalf("current version: %d", r.code)
+	}
+	// Two versions later, a filter at v1 gets one delta composed of both.
+	keysB := e.place(t, rng, "m", "10.0.0.2:8000", 3)
+	e.publish(t)
+	e.place(t, rng, "n", "10.0.0.3:8000", 2)
+	e.ix.ApplyReports(&api.ReportBatch{Reports: []api.Report{{Kind: api.KindOutcome, Model: "m", Replica: "10.0.0.2:8000", Domain: prefix.Text, BlockSize: 64, Stride: 4, Blocks: 12, Keys: keysB, Status: 200}}}, e.now, nil)
+	v3 := e.publish(t)
+	r = e.get(t, fmt.Sprintf("?version=%d", v1), "")
+	if r.code != 200 || r.kind != "delta" || r.ver != v3 {
+		t.Fatalf("delta: %+v", r)
+	}
+	f, err := client.Apply(r.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Kind != table.Delta || f.Base != v1 || client.Models["m"].Len() != 8 || client.Models["n"].Len() != 2 {
+		t.Fatalf("after delta: kind %d base %d, m %d keys, n %d keys", f.Kind, f.Base, client.Models["m"].Len(), client.Models["n"].Len())
+	}
+	if !bytes.Equal(table.EncodeFull(client), e.serverTable("")) {
+		t.Fatal("client table differs from the server's after the delta")
+	}
+	for _, k := range keysB {
+		if s := client.Models["m"].Lookup(k); !slices.Equal(s, []uint32{1}) {
+			t.Fatalf("key %x slots %v", k, s)
+		}
+	}
+	// Beyond the history (3 versions): a full frame.
+	for i := 0; i < 3; i++ {
+		e.place(t, rng, "m", "10.0.0.1:8000", 1)
+		e.publish(t)
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d", v1), ""); r.code != 200 || r.kind != "full" {
+		t.Fatalf("old version: %+v", r)
+	}
+	// A version this process never published (a previous control plane's): full.
+	if r := e.get(t, "?version=7", ""); r.code != 200 || r.kind != "full" {
+		t.Fatalf("foreign version: %+v", r)
+	}
+	if r := e.get(t, "?version=99999999999", ""); r.code != 200 || r.kind != "full" {
+		t.Fatalf("future version: %+v", r)
+	}
+}
+
+func TestTableOneModel(t *testing.T) {
+	e := newEnv(t, "", 10)
+	rng := rand.New(rand.NewPCG(3, 4))
+	e.place(t, rng, "m", "10.0.0.1:8000", 5)
+	e.place(t, rng, "n", "10.0.0.3:8000", 2)
+	v1 := e.publish(t)
+	r := e.get(t, "?model=n", "")
+	client := table.New()
+	if _, err := client.Apply(r.body); err != nil || r.kind != "full" {
+		t.Fatal(err, r.kind)
+	}
+	if names := client.ModelNames(); !slices.Equal(names, []string{"n"}) || client.Models["n"].Len() != 2 {
+		t.Fatalf("models %v", names)
+	}
+	e.place(t, rng, "m", "10.0.0.1:8000", 5)
+	e.place(t, rng, "n", "10.0.0.3:8000", 1)
+	e.publish(t)
+	r = e.get(t, fmt.Sprintf("?model=n&version=%d", v1), "")
+	f, err := client.Apply(r.body)
+	if err != nil || r.kind != "delta" || len(f.Models) != 1 || f.Models[0].Name != "n" {
+		t.Fatalf("delta for n: %v %s %+v", err, r.kind, f)
+	}
+	if !bytes.Equal(table.EncodeFull(client), e.serverTable("n")) {
+		t.Fatal("client differs")
+	}
+	if r := e.get(t, "?model=nosuch", ""); r.code != 200 {
+		t.Fatalf("unknown model: %d", r.code)
+	} else if f, err := table.Decode(r.body); err != nil || len(f.Models) != 0 {
+		t.Fatalf("unknown model frame: %v %+v", err, f)
+	}
+}
+
+// Random changes over many versions: from every recent version, the composed delta
+// takes a filter's table to exactly the current one.
+func TestComposedDeltasMatchFull(t *testing.T) {
+	e := newEnv(t, "", 50)
+	rng := rand.New(rand.NewPCG(5, 6))
+	addrs := map[string][]string{"m": {"10.0.0.1:8000", "10.0.0.2:8000"}, "n": {"10.0.0.3:8000"}}
+	var chains [][]uint64
+	var clients []*table.Table
+	for v := 0; v < 40; v++ {
+		for j := 0; j < 1+rng.IntN(4); j++ {
+			model := []string{"m", "n"}[rng.IntN(2)]
+			addr := addrs[model][rng.IntN(len(addrs[model]))]
+			switch rng.IntN(4) {
+			case 0, 1:
+				chains = append(chains, e.place(t, rng, model, addr, 1+rng.IntN(6)))
+			case 2:
+				if len(chains) > 0 {
+					// A refuted placement and an expiring one.
+					c := chains[rng.IntN(len(chains))]
+					rep := api.Report{Kind: api.KindPlacement, Model: model, Replica: addr, Domain: prefix.Text, BlockSize: 64, Stride: 4, Blocks: 4 * len(c), Keys: c}
+					e.ix.ApplyReports(&api.ReportBatch{Reports: []api.Report{rep}}, e.now.Add(-9950*time.Millisecond), nil)
+				}
+			case 3:
+				e.ix.Events().Batch(kvevents.StreamID{Replica: []string{"a", "b", "c"}[rng.IntN(3)]}, uint64(v), &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}})
+			}
+		}
+		if v == 20 { // a replica leaves, another joins (slot reuse)
+			e.ix.SetReplicas([]index.Spec{{ID: "a", Model: "m", Addr: "10.0.0.1:8000"}, {ID: "c", Model: "n", Addr: "10.0.0.3:8000"}, {ID: "d", Model: "o", Addr: "10.0.0.4:8000"}}, e.now)
+			addrs["m"] = addrs["m"][:1]
+		}
+		e.publish(t)
+		r := e.get(t, "", "")
+		c := table.New()
+		if _, err := c.Apply(r.body); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+		full := e.serverTable("")
+		for i, old := range clients[:len(clients)-1] {
+			if i < len(clients)-50 {
+				continue
+			}
+			cp := table.New()
+			if _, err := cp.Apply(table.EncodeFull(old)); err != nil {
+				t.Fatal(err)
+			}
+			r := e.get(t, fmt.Sprintf("?version=%d", cp.Version), "")
+			if r.kind != "delta" {
+				t.Fatalf("v%d from %d: %s", e.pub.Version(), cp.Version, r.kind)
+			}
+			if _, err := cp.Apply(r.body); err != nil {
+				t.Fatalf("v%d from %d: %v", e.pub.Version(), cp.Version, err)
+			}
+			if !bytes.Equal(table.EncodeFull(cp), full) {
+				t.Fatalf("v%d from %d: composed delta does not reproduce the table", e.pub.Version(), cp.Version)
+			}
+		}
+	}
+}
+
+func TestLongPoll(t *testing.T) {
+	e := newEnv(t, "", 10)
+	v1 := e.publish(t)
+	got := make(chan resp, 1)
+	go func() { got <- e.get(t, fmt.Sprintf("?version=%d&wait_ms=20000", v1), "") }()
+	// Publish once the poller is (very probably) waiting; either way it gets v2.
+	time.Sleep(20 * time.Millisecond)
+	e.place(t, rand.New(rand.NewPCG(1, 1)), "m", "10.0.0.1:8000", 1)
+	v2 := e.publish(t)
+	select {
+	case r := <-got:
+		if r.code != 200 || r.kind != "delta" || r.ver != v2 {
+			t.Fatalf("long poll: %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("long poll never answered")
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d&wait_ms=1", v2), ""); r.code != http.StatusNotModified {
+		t.Fatalf("long poll without a new version: %d", r.code)
+	}
+}
+
+func post(t testing.TB, url, ctype, token string, body []byte) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var m map[string]any
+	b, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%d: body %q is not JSON", r.StatusCode, b)
+	}
+	return r.StatusCode, m
+}
+
+func TestReportsAPI(t *testing.T) {
+	e := newEnv(t, "", 10)
+	url := e.srv.URL + api.ReportsPath
+	good := `{"proxy":"p1","reports":[` +
+		`{"kind":"placement","model":"m","replica":"10.0.0.1:8000","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1,2],"predicted_cached_tokens":0,"at_ms":1},` +
+		`{"kind":"placement","model":"m","replica":"10.9.9.9:8000","domain":1,"block_size":64,"stride":4,"blocks":4,"keys":[3],"predicted_cached_tokens":0,"at_ms":1}]}`
+	cases := []struct {
+		name, ctype, body string
+		code              int
+		errHas            string
+	}{
+		{"valid batch", "application/json", good, 200, ""},
+		{"no content type", "", good, 200, ""},
+		{"corrupt JSON", "application/json", `{"reports":[`, 400, "report batch"},
+		{"unknown field", "application/json", `{"reports":[],"x":1}`, 400, "unknown field"},
+		{"invalid report", "application/json", `{"reports":[{"kind":"guess","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":0,"keys":[],"predicted_cached_tokens":0,"at_ms":0}]}`, 400, "report 0: kind"},
+		{"keys do not match blocks", "application/json", `{"reports":[{"kind":"placement","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1],"predicted_cached_tokens":0,"at_ms":0}]}`, 400, "keys for 8 blocks"},
+		{"too large", "application/json", `{"reports":[],"proxy":"` + strings.Repeat("x", 5000) + `"}`, 413, "larger than 4096"},
+		{"wrong content type", "text/plain", good, 415, "want application/json"},
+	}
+	for _, c := range cases {
+		code, m := post(t, url, c.ctype, "", []byte(c.body))
+		if code != c.code {
+			t.Errorf("%s: %d %v, want %d", c.name, code, m, c.code)
+			continue
+		}
+		if c.errHas != "" && !strings.Contains(fmt.Sprint(m["error"]), c.errHas) {
+			t.Errorf("%s: error %q lacks %q", c.name, m["error"], c.errHas)
+		}
+		if c.code == 200 && (m["received"] != 2.0 || m["applied"] != 1.0) {
+			t.Errorf("%s: %v", c.name, m)
+		}
+	}
+	r, _ := http.Get(url)
+	r.Body.Close()
+	if r.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("GET reports: %d", r.StatusCode)
+	}
+	if r := e.get(t, "?version=abc", ""); r.code != 400 || !strings.Contains(string(r.body), "unsigned integer") {
+		t.Fatalf("bad version: %d %s", r.code, r.body)
+	}
+	if r := e.get(t, "?version=1&wait_ms=-5", ""); r.code != 400 {
+		t.Fatalf("bad wait_ms: %d", r.code)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	e := newEnv(t, "s3cret", 10)
+	e.publish(t)
+	for _, tok := range []string{"", "wrong"} {
+		if r := e.get(t, "", tok); r.code != http.StatusUnauthorized || !strings.Contains(string(r.body), "bearer token") {
+			t.Fatalf("table with token %q: %d", tok, r.code)
+		}
+		if code, _ := post(t, e.srv.URL+api.ReportsPath, "application/json", tok, []byte(`{"reports":[]}`)); code != http.StatusUnauthorized {
+			t.Fatalf("reports with token %q: %d", tok, code)
+		}
+	}
+	if r := e.get(t, "", "s3cret"); r.code != 200 {
+		t.Fatalf("table with the token: %d", r.code)
+	}
+	if code, _ := post(t, e.srv.URL+api.ReportsPath, "application/json", "s3cret", []byte(`{"reports":[]}`)); code != 200 {
+		t.Fatalf("reports with the token: %d", code)
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		r, err := http.Get(e.srv.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != 200 {
+			t.Fatalf("%s: %d", p, r.StatusCode)
+		}
+	}
+	r, _ := http.Get(e.srv.URL + "/debug/state")
+	r.Body.Close()
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("debug without token: %d", r.StatusCode)
+	}
+}
+
+func TestDebugStateFieldsAndReadiness(t *testing.T) {
+	e := newEnv(t, "", 10)
+	r, _ := http.Get(e.srv.URL + "/readyz")
+	r.Body.Close()
+	if r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz before the first table: %d", r.StatusCode)
+	}
+	e.publish(t)
+	r, _ = http.Get(e.srv.URL + "/readyz")
+	r.Body.Close()
+	if r.StatusCode != 200 {
+		t.Fatalf("readyz: %d", r.StatusCode)
+	}
+	r, err := http.Get(e.srv.URL + "/debug/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var st map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	keys := func(m map[string]any) []string {
+		var k []string
+		for n := range m {
+			k = append(k, n)
+		}
+		slices.Sort(k)
+		return k
+	}
+	if got := keys(st); !slices.Equal(got, []string{"replicas", "version"}) {
+		t.Fatalf("top level %v", got)
+	}
+	reps := st["replicas"].([]any)
+	rep := reps[0].(map[string]any)
+	want := []string{"address", "capacity_tokens", "healthy", "id", "kv_events", "kv_usage", "model", "queue_tokens", "running", "state_age_ms", "text_keys", "token_keys", "waiting"}
+	if got := keys(rep); !slices.Equal(got, want) {
+		t.Fatalf("replica fields %v, want %v", got, want)
+	}
+	wantKV := []string{"batches", "clears", "connected", "decode_errors", "gaps", "last_seq", "removed_blocks", "stored_blocks"}
+	if got := keys(rep["kv_events"].(map[string]any)); !slices.Equal(got, wantKV) {
+		t.Fatalf("kv_events fields %v", got)
+	}
+	if len(reps) != 3 || rep["id"] != "a" || rep["model"] != "m" || rep["address"] != "10.0.0.1:8000" {
+		t.Fatalf("replicas %v", reps)
+	}
+}
+
+func FuzzReports(f *testing.F) {
+	f.Add([]byte(`{"proxy":"p","reports":[{"kind":"placement","model":"m","replica":"10.0.0.1:8000","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1,2],"predicted_cached_tokens":0,"at_ms":1}]}`))
+	f.Add([]byte(`{"proxy":"p","reports":[{"kind":"outcome","model":"m","replica":"10.0.0.1:8000","domain":2,"block_size":16,"stride":4,"blocks":4,"keys":[9],"predicted_cached_tokens":64,"prompt_tokens":80,"cached_tokens":-1,"status":200,"at_ms":1}]}`))
+	f.Add([]byte(`{"reports":[{"kind":"outcome","model":"m","replica":"10.0.0.2:8000","domain":1,"block_size":64,"stride":4,"blocks":4,"keys":[9],"predicted_cached_tokens":64,"prompt_tokens":80,"prompt_bytes":1,"cached_tokens":3,"status":503,"at_ms":1}]}`))
+	f.Add([]byte(`{"reports":[`))
+	ix := index.New(index.Config{})
+	ix.SetReplicas([]index.Spec{{ID: "a", Model: "m", Addr: "10.0.0.1:8000"}, {ID: "b", Model: "m", Addr: "10.0.0.2:8000", Events: true}}, time.Now())
+	pub := publish.New(publish.Options{})
+	reg := prometheus.NewRegistry()
+	h := (&Server{Index: ix, Publisher: pub, Metrics: NewMetrics(reg), MaxBodyBytes: 1 << 16}).Handler()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, api.ReportsPath, bytes.NewReader(body))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		switch w.Code {
+		case 200, 400, 413:
+		default:
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+		if w.Code != 200 && !json.Valid(w.Body.Bytes()) {
+			t.Fatalf("error body is not JSON: %s", w.Body)
+		}
+		if ups := ix.Flush(time.Now(), false); ups != nil {
+			if _, err := pub.Publish(ups, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
