@@ -593,7 +593,7 @@ func (s *Stream) sendLocalReply(r *localReply, out *emissions) {
 	h = append(h, r.headers.lower()...)
 	s.resp = half{dir: dirResponse}
 	s.onHeaders(&s.resp, h, len(r.body) == 0, out)
-	if len(r.body) > 0 && !s.ended && s.localCount == 1 && !s.localRequested {
+	if len(r.body) > 0 && !s.ended && !s.localRequested {
 		s.onData(&s.resp, r.body, true, out)
 	}
 }
