@@ -119,7 +119,8 @@ func (u *updates) waitIDs(t *testing.T, ids ...string) []Engine {
 	for {
 		u.mu.Lock()
 		var last []Engine
-		if len(u.l) > 0 {
+		any := len(u.l) > 0
+		if any {
 			last = u.l[len(u.l)-1]
 		}
 		u.mu.Unlock()
@@ -127,7 +128,7 @@ func (u *updates) waitIDs(t *testing.T, ids ...string) []Engine {
 		for _, e := range last {
 			got = append(got, e.ID)
 		}
-		if len(u.l) > 0 && slices.Equal(got, ids) {
+		if any && slices.Equal(got, ids) {
 			return last
 		}
 		if time.Now().After(deadline) {
