@@ -43,9 +43,10 @@ type upstream struct {
 }
 
 type seenRequest struct {
-	header http.Header
-	body   string
-	length int64
+	header  http.Header
+	trailer http.Header
+	body    string
+	length  int64
 }
 
 func newUpstream(t testing.TB, name string, handler http.HandlerFunc) *upstream {
@@ -54,7 +55,7 @@ func newUpstream(t testing.TB, name string, handler http.HandlerFunc) *upstream 
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
-		u.seen = append(u.seen, seenRequest{header: r.Header.Clone(), body: string(b), length: r.ContentLength})
+		u.seen = append(u.seen, seenRequest{header: r.Header.Clone(), trailer: r.Trailer.Clone(), body: string(b), length: r.ContentLength})
 		u.mu.Unlock()
 		w.Header().Set("x-served-by", name)
 		if handler != nil {
@@ -355,4 +356,44 @@ func TestFilterRewritesTheBody(t *testing.T) {
 	if len(seen) != 1 || seen[0].body != "rewritten:"+body || seen[0].length != int64(len("rewritten:"+body)) {
 		t.Fatalf("upstream saw %+v, want the replaced body with its own length", seen)
 	}
+}
+
+func TestRequestTrailersReachTheFilterAndTheUpstream(t *testing.T) {
+	a := newUpstream(t, "a", nil)
+	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}}, host.Config{})
+	body := fmt.Sprintf(`{"route":%q}`, a.addr)
+	req, _ := http.NewRequest("POST", s.URL+"/", nil)
+	req.Trailer = http.Header{"X-Client-Trailer": nil}
+	req.ContentLength = -1 // chunked, the only way HTTP/1.1 carries trailers
+	req.Body = io.NopCloser(&trailerSetter{r: strings.NewReader(body), trailer: req.Trailer})
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	seen := a.requests()
+	if len(seen) != 1 || seen[0].body != body {
+		t.Fatalf("upstream saw %+v", seen)
+	}
+	if got := seen[0].trailer; got.Get("X-Client-Trailer") != "v" || got.Get("X-Trailer-Seen") != "1" {
+		t.Fatalf("upstream trailers %v, want the client's and the one the filter added", got)
+	}
+	if got := seen[0].header.Get("x-test-trailers"); got != "1" {
+		t.Fatalf("filter saw %q trailers, want 1", got)
+	}
+}
+
+// trailerSetter fills in the request trailer once the body is read, as a streaming client does.
+type trailerSetter struct {
+	r       io.Reader
+	trailer http.Header
+}
+
+func (ts *trailerSetter) Read(p []byte) (int, error) {
+	n, err := ts.r.Read(p)
+	if err == io.EOF {
+		ts.trailer.Set("X-Client-Trailer", "v")
+	}
+	return n, err
 }

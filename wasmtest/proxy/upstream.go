@@ -129,7 +129,7 @@ func (ex *exchange) attempt(ep *endpoint, h host.Headers, noBody bool, start tim
 	if !noBody {
 		req.Body = body
 		req.ContentLength = -1
-		if n, complete := ex.body.complete(); complete {
+		if n, complete := ex.body.complete(); complete && len(ex.r.Trailer) == 0 {
 			req.ContentLength = int64(n) // the filter released everything: send a length
 			if n == 0 {
 				req.Body = http.NoBody
