@@ -155,7 +155,6 @@ type exchange struct {
 
 	upstreamCtx    context.Context
 	cancelUpstream context.CancelFunc
-	wroteHeaders   bool
 	finished       bool
 
 	pumpMu      sync.Mutex
@@ -356,7 +355,6 @@ func (ex *exchange) writeHeaders(h host.Headers) {
 		out.Set("Connection", "close")
 	}
 	ex.w.WriteHeader(status)
-	ex.wroteHeaders = true
 }
 
 // requestHeaders is what Envoy's connection manager hands the filter chain: pseudo-headers,
@@ -392,7 +390,8 @@ func requestID() string {
 // pumpRequestBody feeds the client's body to the filter as it arrives.
 func (ex *exchange) pumpRequestBody() {
 	r := ex.r
-	buf := make([]byte, 32<<10)
+	buf := getBuffer()
+	defer putBuffer(buf)
 	var total int64
 	for {
 		ex.pumpMu.Lock()
@@ -443,6 +442,12 @@ func nonEmpty(t host.Headers) bool {
 	}
 	return false
 }
+
+// buffers are the read buffers of request and response bodies (chunks are copied out).
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func getBuffer() []byte  { return *buffers.Get().(*[]byte) }
+func putBuffer(b []byte) { buffers.Put(&b) }
 
 // eventQueue carries hook events to the handler goroutine without ever blocking a hook.
 type eventQueue struct {

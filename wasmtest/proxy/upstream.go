@@ -190,7 +190,8 @@ func (ex *exchange) relayResponse(resp *http.Response, done func()) {
 	if _, err := s.SendResponseHeaders(hdrs, noBody); err != nil || noBody {
 		return
 	}
-	buf := make([]byte, 32<<10)
+	buf := getBuffer()
+	defer putBuffer(buf)
 	var total int64
 	for {
 		n, err := resp.Body.Read(buf)
