@@ -157,6 +157,9 @@ type Request struct {
 	Info     StreamInfo
 	// VM runs the request; nil picks round robin.
 	VM *VM
+	// UpstreamAddress is what upstream.address reads in the response callbacks
+	// (default "127.0.0.1:0").
+	UpstreamAddress string
 	// Upstream answers the request as it left the filter; nil answers 200 with no body.
 	Upstream func(forwarded Message) Response
 }
@@ -229,7 +232,11 @@ func (h *Host) Do(ctx context.Context, req Request) (*Result, error) {
 			if req.Upstream != nil {
 				answer = req.Upstream(res.Forwarded)
 			}
-			s.SetUpstreamAddress("127.0.0.1:0")
+			addr := req.UpstreamAddress
+			if addr == "" {
+				addr = "127.0.0.1:0"
+			}
+			s.SetUpstreamAddress(addr)
 			err := step(s.SendResponseHeaders(answer.Headers, len(answer.Body) == 0 && answer.Trailers == nil))
 			for i := 0; err == nil && i < len(answer.Body); i++ {
 				err = step(s.SendResponseBody(answer.Body[i], i == len(answer.Body)-1 && answer.Trailers == nil))
