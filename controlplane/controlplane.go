@@ -186,7 +186,10 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
 		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry),
 	}
-	c.srv = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
+	// instead of holding it up for their wait_ms.
+	c.srv = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- c.srv.Serve(ln) }()
 

@@ -225,9 +225,26 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
+	// Shutdown with a long poll in flight: it answers at once and Wait returns cleanly.
+	polled := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s%s?version=%d&wait_ms=30000", base, api.TablePath, cp.Publisher.Version()), nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			polled <- 0
+			return
+		}
+		resp.Body.Close()
+		polled <- resp.StatusCode
+	}()
+	time.Sleep(20 * time.Millisecond)
 	cancel()
 	if err := cp.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	if code := <-polled; code != http.StatusNotModified && code != http.StatusOK {
+		t.Fatalf("long poll during shutdown: %d", code)
 	}
 }
 
