@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kvroute/kvroute/wasmtest/host/wasmbuild"
+	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
 )
 
 // pluginPath is the conformance plugin (testdata/plugin) built once for the package.

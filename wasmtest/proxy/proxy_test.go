@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/wasmtest/host"
-	"github.com/kvroute/kvroute/wasmtest/host/wasmbuild"
 	"github.com/kvroute/kvroute/wasmtest/proxy"
+	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
 )
 
 var pluginPath string
