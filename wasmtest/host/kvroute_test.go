@@ -1,0 +1,298 @@
+package host_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/kvroute/kvroute/wasmtest/host"
+	"github.com/kvroute/kvroute/wasmtest/host/clock"
+	"github.com/kvroute/kvroute/wasmtest/proxy"
+	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
+)
+
+// These tests run the real kvroute.wasm in the host, as Envoy would with several worker
+// threads; the conformance plugin in testdata covers the ABI in general.
+
+const kvCluster = "outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.local"
+
+var kvConfig = []byte(`{"control_plane":{"cluster":"` + kvCluster + `","authority":"kvroute-controlplane","poll_ms":100,"report_ms":100}}`)
+
+var kvSystem = strings.Repeat("You are the assistant of a parcel company; follow the policy. ", 300)
+
+func kvChat(system, q string) []byte {
+	return []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, q))
+}
+
+// kvTable: three replicas with clearly different costs (no near ties), replica 1 holding
+// kvSystem's prefix.
+func kvTable(t testing.TB) *table.Table {
+	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	rs := []table.Replica{
+		{Slot: 0, ID: "a", Addr: "127.0.0.1:9001", Queued: 1000, Healthy: true, StateAgeMs: 20},
+		{Slot: 1, ID: "b", Addr: "127.0.0.1:9002", Queued: 3000, Healthy: true, StateAgeMs: 20},
+		{Slot: 2, ID: "c", Addr: "127.0.0.1:9003", Queued: 9000, Healthy: true, StateAgeMs: 20},
+	}
+	m, err := table.NewModel("llama", cfg, rs)
+	require.NoError(t, err)
+	var p prompt.Parser
+	req, err := p.Parse(prompt.Chat, kvChat(kvSystem, "earlier question"), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 64})
+	require.NoError(t, err)
+	c := route.NewChain(cfg, route.Identity{Model: "llama"}, &req, nil)
+	for _, k := range prefix.Checkpoints(nil, c.Keys, 4) {
+		require.NoError(t, m.Set(k, 1))
+	}
+	tb := table.New()
+	tb.Version = 1
+	tb.Models["llama"] = m
+	return tb
+}
+
+// fakeControlPlane serves one table version and records what the filters send.
+type fakeControlPlane struct {
+	frame []byte
+	mu    sync.Mutex
+	polls int
+	batch []api.ReportBatch
+}
+
+func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch r.URL.Path {
+	case api.TablePath:
+		f.polls++
+		if r.URL.Query().Get("version") == "1" {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		w.Header().Set("content-type", api.TableContentType)
+		w.Write(f.frame)
+	case api.ReportsPath:
+		b, _ := io.ReadAll(r.Body)
+		rb, err := api.ParseReportBatch(b)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		f.batch = append(f.batch, rb)
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (f *fakeControlPlane) reports() []api.Report {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Report
+	for _, b := range f.batch {
+		out = append(out, b.Reports...)
+	}
+	return out
+}
+
+func loadKvroute(t testing.TB, cfg host.Config) *host.Host {
+	path, err := wasmbuild.Filter()
+	require.NoError(t, err)
+	cfg.PluginConfig = kvConfig
+	h, err := host.Load(context.Background(), path, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close(context.Background()) })
+	return h
+}
+
+func endpointOf(m host.Message) string { return m.Headers.Get(api.DefaultEndpointHeader) }
+
+// Four worker VMs: one leader polls, the table it publishes in shared data reaches every
+// VM, and the reports from every VM reach a real HTTP server.
+func TestKvrouteLeaderTableAndReportsAcrossVMs(t *testing.T) {
+	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(t))}
+	srv := httptest.NewServer(cp)
+	defer srv.Close()
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 4, Clock: clk, Rand: host.SeededRand(7),
+		Clusters: map[string]host.Cluster{kvCluster: {URL: srv.URL}}})
+
+	clk.Advance(2 * time.Second) // 20 ticks of every VM
+	cp.mu.Lock()
+	polls := cp.polls
+	cp.mu.Unlock()
+	assert.InDelta(t, 20, polls, 2, "one VM polls on each of its ticks, not four")
+	lease, _, ok := h.SharedData("kvroute/lease")
+	require.True(t, ok)
+	owner := binary.LittleEndian.Uint64(lease)
+	clk.Advance(time.Second)
+	lease, _, _ = h.SharedData("kvroute/lease")
+	assert.Equal(t, owner, binary.LittleEndian.Uint64(lease), "the leader keeps its lease")
+
+	for i := 0; i < 4; i++ {
+		res, err := h.Do(context.Background(), host.Request{
+			VM:              h.VM(i),
+			Headers:         host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}},
+			Body:            [][]byte{kvChat(kvSystem, fmt.Sprint("question ", i))},
+			UpstreamAddress: "127.0.0.1:9002",
+			Upstream: func(host.Message) host.Response {
+				return host.Response{Headers: host.Headers{{":status", "200"}},
+					Body: [][]byte{[]byte(`{"usage":{"prompt_tokens":4800,"prompt_tokens_details":{"cached_tokens":4704}}}`)}}
+			},
+		})
+		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(res.Forwarded), "VM %d routes on the leader's table", i)
+	}
+	clk.Advance(500 * time.Millisecond)
+	rs := cp.reports()
+	require.Len(t, rs, 8, "a placement and an outcome from each VM")
+	outcomes := 0
+	for _, r := range rs {
+		assert.Equal(t, "127.0.0.1:9002", r.Replica)
+		if r.Kind == api.KindOutcome {
+			outcomes++
+			assert.Equal(t, 4704, r.CachedTokens)
+		}
+	}
+	assert.Equal(t, 4, outcomes)
+	v, ok := h.Metric("kvroute_decisions_total")
+	require.True(t, ok)
+	assert.Equal(t, int64(4), v.Value)
+}
+
+// The filter holds the headers until the whole body is in, then lets the request go
+// with the endpoint header set; a client-sent endpoint header never survives.
+func TestKvroutePausedRequestResumesAfterTheBody(t *testing.T) {
+	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(t))}
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 1, Clock: clk, Rand: host.SeededRand(1),
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+	clk.Advance(300 * time.Millisecond)
+
+	rec := host.NewRecorder()
+	s := h.VM(0).NewStream(host.StreamInfo{}, rec.Hooks())
+	defer s.Close()
+	body := kvChat(kvSystem, "where is my parcel")
+	a, err := s.SendRequestHeaders(host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"},
+		{":authority", "llm"}, {api.DefaultEndpointHeader, "10.6.6.6:1"}}, false)
+	require.NoError(t, err)
+	assert.Equal(t, host.ActionPause, a)
+	half := len(body) / 2
+	a, err = s.SendRequestBody(body[:half], false)
+	require.NoError(t, err)
+	assert.Equal(t, host.ActionPause, a, "still buffering")
+	_, sent, _ := rec.Request()
+	assert.False(t, sent, "nothing leaves before the body is complete")
+	a, err = s.SendRequestBody(body[half:], true)
+	require.NoError(t, err)
+	assert.Equal(t, host.ActionContinue, a)
+	m, sent, complete := rec.Request()
+	require.True(t, sent)
+	assert.True(t, complete)
+	assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(m))
+	assert.Equal(t, body, m.Body)
+}
+
+// The same request, the same table: the SDK's proxytest emulator and this host give the
+// same routing decision.
+func TestKvrouteSameDecisionAsProxytest(t *testing.T) {
+	frame := table.EncodeFull(kvTable(t))
+	body := kvChat(kvSystem, "cross-check")
+
+	path, err := wasmbuild.Filter()
+	require.NoError(t, err)
+	wasm, err := os.ReadFile(path)
+	require.NoError(t, err)
+	vm, err := proxytest.NewWasmVMContext(wasm)
+	require.NoError(t, err)
+	defer vm.Close()
+	emu, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration(kvConfig))
+	defer reset()
+	require.Equal(t, types.OnPluginStartStatusOK, emu.StartPlugin())
+	emu.Tick()
+	calls := emu.GetCalloutAttributesFromContext(proxytest.PluginContextID)
+	require.NotEmpty(t, calls)
+	emu.CallOnHttpCallResponse(calls[len(calls)-1].CalloutID, [][2]string{{":status", "200"}}, nil, frame)
+	id := emu.InitializeHttpContext()
+	emu.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}}, false)
+	emu.CallOnRequestBody(id, body, true)
+	var fromProxytest string
+	for _, kv := range emu.GetCurrentRequestHeaders(id) {
+		if kv[0] == api.DefaultEndpointHeader {
+			fromProxytest = kv[1]
+		}
+	}
+
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(3),
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: &fakeControlPlane{frame: frame}}}})
+	clk.Advance(300 * time.Millisecond)
+	res, err := h.Do(context.Background(), host.Request{
+		Headers: host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}},
+		Body:    [][]byte{body},
+	})
+	require.NoError(t, err)
+	assert.NotEmpty(t, fromProxytest)
+	assert.Equal(t, fromProxytest, endpointOf(res.Forwarded))
+}
+
+// BenchmarkKvrouteThroughProxy: a 32 KB chat request through proxy -> kvroute.wasm ->
+// upstream and back, with the filter's share reported apart from the proxy's and the
+// upstream's.
+func BenchmarkKvrouteThroughProxy(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":8000,"prompt_tokens_details":{"cached_tokens":5984}}}`)
+	}))
+	defer up.Close()
+	upAddr := strings.TrimPrefix(up.URL, "http://")
+	tb := kvTable(b)
+	tb.Models["llama"].Replicas[1].Addr = upAddr
+	cp := &fakeControlPlane{frame: table.EncodeFull(tb)}
+	h := loadKvroute(b, host.Config{VMs: 2, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+	time.Sleep(300 * time.Millisecond) // the leader's first poll (wall clock)
+	s, err := proxy.Listen("", proxy.Config{Host: h, Endpoints: []string{"127.0.0.1:9001", upAddr, "127.0.0.1:9003"}})
+	require.NoError(b, err)
+	defer s.Close()
+	body := string(kvChat(kvSystem+strings.Repeat("More context. ", 600), "where is my parcel"))
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	start := time.Now()
+	for b.Loop() {
+		resp, err := client.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	elapsed := time.Since(start)
+	st := s.Stats()
+	if st.Forwards[upAddr] != st.Requests {
+		b.Fatalf("forwards %v of %d requests: want all on the prefix owner %s", st.Forwards, st.Requests, upAddr)
+	}
+	filter, upstream := st.Filter.Mean(), st.Upstream.Mean()
+	b.ReportMetric(float64(filter.Microseconds()), "filter-µs/op")
+	b.ReportMetric(float64(st.Filter.P50.Microseconds()), "filter-p50-µs")
+	b.ReportMetric(float64(st.Filter.P99.Microseconds()), "filter-p99-µs")
+	b.ReportMetric(float64(upstream.Microseconds()), "upstream-µs/op")
+	b.ReportMetric(float64((st.Total.Mean()-filter-upstream).Microseconds()), "proxy-µs/op")
+	b.ReportMetric(float64(elapsed.Microseconds())/float64(st.Requests), "client-µs/op")
+}
