@@ -1,0 +1,47 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestFlagErrors(t *testing.T) {
+	cases := map[string][]string{
+		"no engines":        {},
+		"engine needs addr": {"--engine", "model=m"},
+		"bad engines file":  {"--engines-file", "/nonexistent/engines.yaml"},
+		"stray argument":    {"--engine", "model=m,addr=127.0.0.1:1", "extra"},
+		"bad log level":     {"--log-level", "loud", "--engine", "model=m,addr=127.0.0.1:1"},
+	}
+	for name, args := range cases {
+		if err := run(args); err == nil || errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "engines.yaml")
+	os.WriteFile(bad, []byte("engines: [{model: m, addr: 1.2.3.4:5, typo: 1}]\n"), 0o600)
+	if err := run([]string{"--engines-file", bad}); err == nil || !strings.Contains(err.Error(), "typo") {
+		t.Errorf("unknown field: %v", err)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	stderr := os.Stderr
+	f, _ := os.CreateTemp(t.TempDir(), "help")
+	os.Stderr = f
+	err := run([]string{"--help"})
+	os.Stderr = stderr
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v", err)
+	}
+	b, _ := os.ReadFile(f.Name())
+	for _, want := range []string{"-listen", "127.0.0.1:8080", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
