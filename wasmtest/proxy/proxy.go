@@ -56,6 +56,9 @@ type Proxy struct {
 	byAddr    map[string]*endpoint
 	rotate    atomic.Uint64 // tie-break for the fallback
 
+	roundRobin atomic.Bool // ignore the routing header (SetRoundRobin)
+	turn       atomic.Uint64
+
 	stats counters
 }
 
@@ -117,6 +120,12 @@ func (p *Proxy) SetEndpoints(addrs []string) {
 		p.endpoints = append(p.endpoints, ep)
 	}
 }
+
+// SetRoundRobin switches the balancer between Envoy's override_host policy (the default:
+// the routing header's endpoints, then least_request) and plain round robin over the
+// members, which ignores the filter's choice: the baseline kvroute is measured against,
+// through the same proxy and filter.
+func (p *Proxy) SetRoundRobin(on bool) { p.roundRobin.Store(on) }
 
 // Close drops idle upstream connections.
 func (p *Proxy) Close() { p.transport.CloseIdleConnections() }

@@ -397,3 +397,24 @@ func (ts *trailerSetter) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+func TestRoundRobinIgnoresTheFilterChoice(t *testing.T) {
+	a, b, c := newUpstream(t, "a", nil), newUpstream(t, "b", nil), newUpstream(t, "c", nil)
+	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr, b.addr, c.addr}}, host.Config{})
+	s.SetRoundRobin(true)
+	body := fmt.Sprintf(`{"prompt":"hi","route":"%s"}`, a.addr)
+	for i := 0; i < 6; i++ {
+		if resp, _ := send(t, "POST", s.URL+"/v1/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	st := s.Stats()
+	if st.Forwards[a.addr] != 2 || st.Forwards[b.addr] != 2 || st.Forwards[c.addr] != 2 {
+		t.Fatalf("forwards %v: want 2 each, whatever the filter chose", st.Forwards)
+	}
+	s.SetRoundRobin(false)
+	send(t, "POST", s.URL+"/v1/completions", body)
+	if got := s.Stats().Forwards[a.addr]; got != 3 {
+		t.Fatalf("back to override_host: a has %d forwards, want 3", got)
+	}
+}

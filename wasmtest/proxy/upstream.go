@@ -36,6 +36,18 @@ func (ex *exchange) forward(h host.Headers, noBody bool) {
 		attempts++
 		return ex.attempt(ep, h, noBody, start)
 	}
+	if p.roundRobin.Load() {
+		// The baseline kvroute is compared with: the filter's choice is ignored and
+		// members take turns.
+		for _, ep := range p.inTurn() {
+			if try(ep) {
+				return
+			}
+		}
+		p.stats.upstreamFailures.Add(1)
+		ex.localUpstreamReply(connectFailure)
+		return
+	}
 	for _, ep := range p.fromHeader(h.Get(p.header)) {
 		if !tried[ep] && try(ep) {
 			return
@@ -82,6 +94,22 @@ func (p *Proxy) fromHeader(v string) []*endpoint {
 			continue
 		}
 		out = append(out, ep)
+	}
+	return out
+}
+
+// inTurn lists the members starting with the next one in round-robin order.
+func (p *Proxy) inTurn() []*endpoint {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := len(p.endpoints)
+	if n == 0 {
+		return nil
+	}
+	first := int(p.turn.Add(1) % uint64(n))
+	out := make([]*endpoint, 0, n)
+	for i := 0; i < n; i++ {
+		out = append(out, p.endpoints[(first+i)%n])
 	}
 	return out
 }
