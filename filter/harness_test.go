@@ -151,8 +151,9 @@ func (h host) reports() []api.Report {
 		if p, _ := header(c.Headers, ":path"); p != api.ReportsPath {
 			continue
 		}
-		rb, err := api.ParseReportBatch(c.Body)
-		require.NoError(h.t, err, "the filter posts valid report batches")
+		rb, rejected, err := api.ParseReportBatch(c.Body)
+		require.NoError(h.t, err, "the filter posts report batches")
+		require.Empty(h.t, rejected, "the filter posts only valid reports")
 		out = append(out, rb.Reports...)
 		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "204"}}, nil, nil)
 	}

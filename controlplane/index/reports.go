@@ -11,7 +11,8 @@ import (
 // ReportMetrics are observed per outcome report; nil fields are skipped.
 type ReportMetrics struct {
 	// Reports counts reports by kind and result (accepted, unknown_model,
-	// unknown_replica, config_mismatch).
+	// unknown_replica, config_mismatch; kind "any", result "invalid" for reports that
+	// failed validation).
 	Reports *prometheus.CounterVec
 	// FalseHits counts outcomes where the engine had less cached than predicted.
 	FalseHits prometheus.Counter

@@ -265,11 +265,26 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading body: %v", err)
 		return
 	}
-	b, err := api.ParseReportBatch(body)
+	b, rejected, err := api.ParseReportBatch(body)
 	if err != nil {
 		result = "invalid"
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return
+	}
+	// Bad reports are dropped one by one (and said so), so one filter's bug or a version
+	// skew during a rollout does not cost the whole batch.
+	var reasons []string
+	for i, e := range rejected {
+		if i == 3 {
+			break
+		}
+		reasons = append(reasons, e.Error())
+	}
+	if len(rejected) > 0 {
+		result = "partly_invalid"
+		if s.Metrics != nil {
+			s.Metrics.Report.Reports.WithLabelValues("any", "invalid").Add(float64(len(rejected)))
+		}
 	}
 	var met *index.ReportMetrics
 	if s.Metrics != nil {
@@ -277,9 +292,11 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 	}
 	applied := s.Index.ApplyReports(&b, s.Now(), met)
 	writeJSON(w, struct {
-		Received int `json:"received"`
-		Applied  int `json:"applied"`
-	}{len(b.Reports), applied})
+		Received int      `json:"received"`
+		Applied  int      `json:"applied"`
+		Rejected int      `json:"rejected"`
+		Errors   []string `json:"errors,omitempty"`
+	}{len(b.Reports) + len(rejected), applied, len(rejected), reasons})
 }
 
 // DebugState is GET /debug/state.

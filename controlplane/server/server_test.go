@@ -318,9 +318,7 @@ func TestReportsAPI(t *testing.T) {
 		{"valid batch", "application/json", good, 200, ""},
 		{"no content type", "", good, 200, ""},
 		{"corrupt JSON", "application/json", `{"reports":[`, 400, "report batch"},
-		{"unknown field", "application/json", `{"reports":[],"x":1}`, 400, "unknown field"},
-		{"invalid report", "application/json", `{"reports":[{"kind":"guess","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":0,"keys":[],"predicted_cached_tokens":0,"at_ms":0}]}`, 400, "report 0: kind"},
-		{"keys do not match blocks", "application/json", `{"reports":[{"kind":"placement","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1],"predicted_cached_tokens":0,"at_ms":0}]}`, 400, "keys for 8 blocks"},
+		{"not a batch", "application/json", `{"reports":{}}`, 400, "report batch"},
 		{"too large", "application/json", `{"reports":[],"proxy":"` + strings.Repeat("x", 5000) + `"}`, 413, "larger than 4096"},
 		{"wrong content type", "text/plain", good, 415, "want application/json"},
 	}
@@ -336,6 +334,19 @@ func TestReportsAPI(t *testing.T) {
 		if c.code == 200 && (m["received"] != 2.0 || m["applied"] != 1.0) {
 			t.Errorf("%s: %v", c.name, m)
 		}
+	}
+	// Bad reports are dropped one by one with the reason; unknown fields (a newer
+	// filter) are ignored; the rest of the batch is applied.
+	mixed := `{"proxy":"p1","x":1,"reports":[` +
+		`{"kind":"guess","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":0,"keys":[],"predicted_cached_tokens":0,"at_ms":0},` +
+		`{"kind":"placement","model":"m","replica":"r","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1],"predicted_cached_tokens":0,"at_ms":0},` +
+		`{"kind":"placement","model":"m","replica":"10.0.0.1:8000","domain":1,"block_size":64,"stride":4,"blocks":4,"keys":[5],"predicted_cached_tokens":0,"at_ms":1,"newer":true}]}`
+	code, m := post(t, url, "application/json", "", []byte(mixed))
+	if code != 200 || m["received"] != 3.0 || m["rejected"] != 2.0 || m["applied"] != 1.0 {
+		t.Errorf("mixed batch: %d %v", code, m)
+	}
+	if errs := fmt.Sprint(m["errors"]); !strings.Contains(errs, "report 0: kind") || !strings.Contains(errs, "report 1: 1 keys for 8 blocks") {
+		t.Errorf("mixed batch errors %q", errs)
 	}
 	r, _ := http.Get(url)
 	r.Body.Close()

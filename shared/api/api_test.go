@@ -110,15 +110,28 @@ func TestAppendBatchParsesBack(t *testing.T) {
 		enc = append(enc, b)
 	}
 	b := AppendBatch(nil, `proxy "7"`, enc)
-	rb, err := ParseReportBatch(b)
+	rb, rejected, err := ParseReportBatch(b)
 	require.NoError(t, err)
+	assert.Empty(t, rejected)
 	assert.Equal(t, `proxy "7"`, rb.Proxy)
 	assert.Equal(t, []Report{r1, r2}, rb.Reports)
+}
 
-	_, err = ParseReportBatch(AppendBatch(nil, "p", [][]byte{[]byte(`{"kind":"outcome"}`)}))
-	assert.ErrorContains(t, err, "report 0")
-	_, err = ParseReportBatch([]byte(`{"proxy":"p","reports":[],"extra":1}`))
-	assert.ErrorContains(t, err, "unknown field")
+func TestParseReportBatchDropsBadReportsAloneAndIgnoresUnknownFields(t *testing.T) {
+	good, err := json.Marshal(goodReport())
+	require.NoError(t, err)
+	newer := []byte(`{"kind":"outcome","model":"llama","replica":"10.0.0.1:8000","domain":1,"block_size":64,"stride":4,` +
+		`"blocks":9,"keys":[1,2],"prompt_tokens":150,"cached_tokens":128,"at_ms":1,"field_from_a_newer_filter":true}`)
+	rb, rejected, err := ParseReportBatch(AppendBatch(nil, "p", [][]byte{good, []byte(`{"kind":"outcome"}`), newer}))
+	require.NoError(t, err)
+	assert.Len(t, rb.Reports, 2, "the good report and the newer filter's report are kept")
+	require.Len(t, rejected, 1)
+	assert.ErrorContains(t, rejected[0], "report 1")
+
+	_, _, err = ParseReportBatch([]byte(`{"proxy":"p","reports":{}}`))
+	assert.Error(t, err, "not a batch")
+	_, _, err = ParseReportBatch([]byte(`not json`))
+	assert.Error(t, err)
 }
 
 func TestAppendJSONIsWhatEncodingJSONWrites(t *testing.T) {

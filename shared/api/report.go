@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,8 +51,9 @@ type Report struct {
 	PromptBytes int `json:"prompt_bytes,omitempty"`
 	// PredictedCachedTokens is what the filter expected the replica to have cached.
 	PredictedCachedTokens int `json:"predicted_cached_tokens"`
-	// Outcome fields: the engine's usage numbers (-1 when the response had none) and
-	// the HTTP status.
+	// Outcome fields: the engine's usage numbers and the HTTP status. PromptTokens is 0
+	// and CachedTokens -1 when the response carried no usage (CachedTokens is also -1
+	// when the engine does not report prompt_tokens_details).
 	PromptTokens int   `json:"prompt_tokens,omitempty"`
 	CachedTokens int   `json:"cached_tokens,omitempty"`
 	Status       int   `json:"status,omitempty"`
@@ -104,27 +104,27 @@ func (r *Report) Validate() error {
 	return nil
 }
 
-// ParseReportBatch decodes and validates a batch; the first bad report rejects the
-// batch, with its index in the error.
-func ParseReportBatch(b []byte) (ReportBatch, error) {
-	var rb ReportBatch
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&rb); err != nil {
-		return rb, fmt.Errorf("report batch: %w", err)
-	}
-	if dec.More() {
-		return rb, errors.New("report batch: trailing data after the JSON object")
+// ParseReportBatch decodes a batch. Unknown fields are ignored, so filters and control
+// planes of different versions work together during a rollout. A report that fails
+// validation is dropped on its own and described in rejected (with its index); err is
+// only for a body that is not a report batch at all.
+func ParseReportBatch(b []byte) (rb ReportBatch, rejected []error, err error) {
+	if err := json.Unmarshal(b, &rb); err != nil {
+		return rb, nil, fmt.Errorf("report batch: %w", err)
 	}
 	if len(rb.Reports) > MaxReportsPerBatch {
-		return rb, fmt.Errorf("report batch: %d reports, at most %d", len(rb.Reports), MaxReportsPerBatch)
+		return rb, nil, fmt.Errorf("report batch: %d reports, at most %d", len(rb.Reports), MaxReportsPerBatch)
 	}
+	valid := rb.Reports[:0]
 	for i := range rb.Reports {
 		if err := rb.Reports[i].Validate(); err != nil {
-			return rb, fmt.Errorf("report %d: %w", i, err)
+			rejected = append(rejected, fmt.Errorf("report %d: %w", i, err))
+			continue
 		}
+		valid = append(valid, rb.Reports[i])
 	}
-	return rb, nil
+	rb.Reports = valid
+	return rb, rejected, nil
 }
 
 // AppendBatch writes a ReportBatch from reports already encoded as JSON objects, so the

@@ -149,14 +149,15 @@ func Encode(f *Frame) []byte {
 }
 
 // Diff returns the delta that takes old to next: changed models with their full replica
-// lists, key upserts and removals; models whose config changed are reset.
+// lists and config, key upserts and removals; models whose block geometry changed are
+// reset (their keys mean something else now).
 func Diff(old, next *Table) *Frame {
 	f := &Frame{Kind: Delta, Version: next.Version, Base: old.Version, GeneratedMs: next.GeneratedMs}
 	for _, name := range next.ModelNames() {
 		nm := next.Models[name]
 		om, ok := old.Models[name]
 		mc := ModelChange{Name: name, Config: nm.Config, Replicas: nm.Replicas}
-		if !ok || om.Config != nm.Config {
+		if !ok || !om.Config.SameGeometry(nm.Config) {
 			mc.Reset = true
 			nm.Each(func(k uint64, s []uint32) bool { mc.Upserts.Add(k, s...); return true })
 		} else {
@@ -173,22 +174,28 @@ func Diff(old, next *Table) *Frame {
 }
 
 func diffEntries(om, nm *Model, mc *ModelChange) {
-	om.entries.compact()
-	nm.entries.compact()
-	ok, nk := om.entries.keys, nm.entries.keys
+	type entry struct {
+		k uint64
+		s []uint32
+	}
+	flat := func(m *Model) []entry {
+		out := make([]entry, 0, m.Len())
+		m.Each(func(k uint64, s []uint32) bool { out = append(out, entry{k, s}); return true })
+		return out
+	}
+	o, n := flat(om), flat(nm)
 	i, j := 0, 0
-	for i < len(ok) || j < len(nk) {
+	for i < len(o) || j < len(n) {
 		switch {
-		case j == len(nk) || (i < len(ok) && ok[i] < nk[j]):
-			mc.Removes = append(mc.Removes, ok[i])
+		case j == len(n) || (i < len(o) && o[i].k < n[j].k):
+			mc.Removes = append(mc.Removes, o[i].k)
 			i++
-		case i == len(ok) || nk[j] < ok[i]:
-			mc.Upserts.Add(nk[j], nm.entries.pool.get(nm.entries.sets[j])...)
+		case i == len(o) || n[j].k < o[i].k:
+			mc.Upserts.Add(n[j].k, n[j].s...)
 			j++
 		default:
-			os, ns := om.entries.pool.get(om.entries.sets[i]), nm.entries.pool.get(nm.entries.sets[j])
-			if !slices.Equal(os, ns) {
-				mc.Upserts.Add(nk[j], ns...)
+			if !slices.Equal(o[i].s, n[j].s) {
+				mc.Upserts.Add(n[j].k, n[j].s...)
 			}
 			i++
 			j++

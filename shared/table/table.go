@@ -147,16 +147,49 @@ func (m *Model) Lookup(key uint64) []uint32 {
 	return m.entries.pool.get(id)
 }
 
-// Each calls fn for every key in increasing key order with the slots holding it. It may
-// first merge pending changes into the sorted arrays, so it must not run concurrently
-// with anything else on m.
+// Each calls fn for every key in increasing key order with the slots holding it, until
+// fn returns false. It only reads m, so several may run at once (nothing may change m
+// meanwhile).
 func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
-	m.entries.compact()
-	for i, k := range m.entries.keys {
-		if !fn(k, m.entries.pool.get(m.entries.sets[i])) {
+	e := &m.entries
+	if len(e.over) == 0 {
+		for i, k := range e.keys {
+			if !fn(k, e.pool.get(e.sets[i])) {
+				return
+			}
+		}
+		return
+	}
+	ov := make([]uint64, 0, len(e.over))
+	for k := range e.over {
+		ov = append(ov, k)
+	}
+	slices.Sort(ov)
+	i, j := 0, 0
+	for i < len(e.keys) || j < len(ov) {
+		var k uint64
+		var id uint32
+		switch {
+		case j == len(ov) || (i < len(e.keys) && e.keys[i] < ov[j]):
+			k, id = e.keys[i], e.sets[i]
+			i++
+		default:
+			k, id = ov[j], e.over[ov[j]]
+			if i < len(e.keys) && e.keys[i] == k {
+				i++
+			}
+			j++
+		}
+		if id != tombstone && !fn(k, e.pool.get(id)) {
 			return
 		}
 	}
+}
+
+// SameGeometry reports whether keys computed under c and d are the same keys: block
+// sizes and stride agree (the bytes-per-token estimate may differ).
+func (c Config) SameGeometry(d Config) bool {
+	return c.BlockBytes == d.BlockBytes && c.BlockTokens == d.BlockTokens && c.Stride == d.Stride
 }
 
 // Match finds, for each replica, how many blocks of the chain keys (every key of the

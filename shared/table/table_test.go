@@ -405,3 +405,46 @@ func BenchmarkMatch500Blocks(b *testing.B) {
 		matched, _ = m.Match(chain, matched)
 	}
 }
+
+func TestDiffKeepsKeysWhenOnlyBytesPerTokenMoves(t *testing.T) {
+	old := sampleTable(t)
+	next := sampleTable(t)
+	next.Version = 8
+	next.Models["llama"].Config.BytesPerToken = 3.75
+	d := Diff(old, next)
+	for _, mc := range d.Models {
+		assert.False(t, mc.Reset, "model %s", mc.Name)
+		assert.Zero(t, mc.Upserts.Len(), "model %s", mc.Name)
+	}
+	holder := New()
+	_, err := holder.Apply(EncodeFull(old))
+	require.NoError(t, err)
+	_, err = holder.Apply(Encode(d))
+	require.NoError(t, err)
+	assert.Equal(t, 3.75, holder.Models["llama"].Config.BytesPerToken)
+	assert.Equal(t, contents(next), contents(holder))
+
+	next.Models["llama"].Config.Stride = 8 // keys mean something else now
+	for _, mc := range Diff(old, next).Models {
+		if mc.Name == "llama" {
+			assert.True(t, mc.Reset)
+		}
+	}
+}
+
+// Each reads without changing the model, so encodes can share a read lock.
+func TestEachDoesNotMutate(t *testing.T) {
+	m, err := NewModel("m", cfg, replicas(2))
+	require.NoError(t, err)
+	for k := uint64(1); k <= 50; k++ {
+		require.NoError(t, m.Set(k*7, uint32(k%2)))
+	}
+	require.NoError(t, m.Set(14))
+	before := len(m.entries.over)
+	require.NotZero(t, before, "changes are pending in the overlay")
+	var keys []uint64
+	m.Each(func(k uint64, _ []uint32) bool { keys = append(keys, k); return true })
+	assert.Len(t, keys, 49)
+	assert.True(t, slices.IsSorted(keys))
+	assert.Equal(t, before, len(m.entries.over), "the overlay is untouched")
+}

@@ -88,7 +88,10 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Write(f.frame)
 	case api.ReportsPath:
 		b, _ := io.ReadAll(r.Body)
-		rb, err := api.ParseReportBatch(b)
+		rb, rejected, err := api.ParseReportBatch(b)
+		if err == nil && len(rejected) > 0 {
+			err = rejected[0]
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
