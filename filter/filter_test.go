@@ -283,21 +283,47 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		assert.Equal(t, "cp.kvroute.svc.cluster.local", auth)
 		assert.Equal(t, "outbound|8080||cp.kvroute.svc.cluster.local", poll.Upstream)
 
-		// A delta from the control plane lands in the ring and advances the head.
+		// A delta from the control plane becomes the first link of the chain.
 		next := fleet(t, 8, 3, nil, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
 		delta := table.Encode(table.Diff(tb, next))
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, delta)
 		hd, err := decodeHead(readShared(t, headKey))
 		require.NoError(t, err)
-		assert.Equal(t, uint64(8), hd.version)
+		assert.Equal(t, uint64(8), hd.version())
 		assert.Equal(t, uint64(7), hd.base)
-		assert.Equal(t, delta, readShared(t, deltaKey(8)))
+		assert.Equal(t, delta, readShared(t, deltaKey(1)))
 
-		// A reader that loads base + deltas from shared data gets the same table.
+		// Another VM that is at v7 catches up through the chain.
+		behind := newView()
+		m := defineMetrics()
+		behind.sync(&m, time.Now())
+		require.True(t, behind.loaded)
+		assert.Equal(t, table.EncodeFull(next), table.EncodeFull(behind.t))
+
+		// The control plane composes deltas across versions (8 -> 10): versions skip,
+		// and VMs at 8 and at 7 still catch up.
+		at8 := newView()
+		at8.sync(&m, time.Now())
+		h.Tick()
+		poll, polled = h.lastCallout(api.TablePath)
+		require.True(t, polled)
+		path, _ = header(poll.Headers, ":path")
+		require.Equal(t, api.TablePath+"?version=8", path)
+		v10 := fleet(t, 10, 3, []uint64{0, 777, 0}, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
+		composed := table.Encode(table.Diff(next, v10))
+		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, composed)
+		hd, err = decodeHead(readShared(t, headKey))
+		require.NoError(t, err)
+		assert.Equal(t, []uint64{8, 10}, hd.chain)
+		for name, v := range map[string]*view{"from v8": &at8, "from v7": func() *view { v := newView(); return &v }()} {
+			v.sync(&m, time.Now())
+			assert.Equal(t, uint64(10), v.t.Version, name)
+			assert.Equal(t, uint64(777), v.t.Models["llama"].Replicas[1].Queued, name)
+		}
 		got, err := loadBase(hd)
 		require.NoError(t, err)
-		require.NoError(t, applyDeltas(got, hd.version))
-		assert.Equal(t, table.EncodeFull(next), table.EncodeFull(got))
+		require.NoError(t, applyDeltas(got, hd, 1))
+		assert.Equal(t, table.EncodeFull(v10), table.EncodeFull(got))
 
 		// 304: the table is confirmed current.
 		before := hd.confirmedMs
@@ -305,7 +331,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		hd, err = decodeHead(readShared(t, headKey))
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, hd.confirmedMs, before)
-		assert.Equal(t, uint64(8), hd.version)
+		assert.Equal(t, uint64(10), hd.version())
 	})
 }
 
@@ -322,7 +348,7 @@ func TestCorruptTableIsRejectedAndTheOldOneKept(t *testing.T) {
 		assert.Equal(t, uint64(1), errs)
 		hd, err := decodeHead(readShared(t, headKey))
 		require.NoError(t, err)
-		assert.Equal(t, uint64(3), hd.version, "the corrupt version is not published")
+		assert.Equal(t, uint64(3), hd.version(), "the corrupt version is not published")
 		_, hs := h.send(request{body: `not json`})
 		assert.Equal(t, "10.1.0.2:8000,10.1.0.1:8000", endpoint(hs), "routing continues on v3")
 	})

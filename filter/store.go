@@ -15,60 +15,95 @@ import (
 // The table lives in proxy-wasm shared data, written by the leader VM and read by all.
 // Istio gives every WasmPlugin on a proxy the same vm_id, so keys carry a prefix.
 //
-//	kvroute/head               version, base version, base slot and chunk count,
-//	                           and when the leader last confirmed the table current
+//	kvroute/head               the base version, its slot and chunk count, the chain of
+//	                           versions the deltas since then lead to, and when the leader
+//	                           last confirmed the table current
 //	kvroute/base/<slot>/<i>    a full frame in chunks, in one of two slots so a new
 //	                           base never overwrites the one readers may be loading
-//	kvroute/delta/<v % ring>   the delta frame that brings v-1 to v
+//	kvroute/delta/<n>          the n-th delta after the base (n = 1..deltaRing-1)
 //
-// Shared data has no delete, so the key set is fixed: 2 slots of chunks and a ring.
-// A VM reads only the head on each tick (a few dozen bytes) and the frames it is
-// missing; every frame is checksummed, so a read torn by a concurrent write is
-// detected and retried on the next tick.
+// Deltas are numbered by their place in the chain, not by version: the control plane
+// composes deltas across versions (base 947 -> 949), so versions skip. Shared data has
+// no delete, so the key set is fixed. A VM reads only the head on each tick (a few dozen
+// bytes) and the frames it is missing; every frame is checksummed and names its base, so
+// a read torn by a concurrent write is detected and retried on the next tick.
 const (
 	headKey     = "kvroute/head"
 	leaseKey    = "kvroute/lease"
 	reportQueue = "kvroute/reports"
 	chunkSize   = 256 << 10
 	deltaRing   = 64
-	headSize    = 4 + 8 + 8 + 1 + 4 + 8
-	headMagic   = "KVH1"
+	headMagic   = "KVH2"
+	headFixed   = 4 + 8 + 1 + 4 + 8 + 1
 )
 
 func baseKey(slot byte, i int) string { return fmt.Sprintf("kvroute/base/%d/%d", slot, i) }
-func deltaKey(v uint64) string        { return fmt.Sprintf("kvroute/delta/%d", v%deltaRing) }
+func deltaKey(n int) string           { return fmt.Sprintf("kvroute/delta/%d", n) }
 
 type head struct {
-	version     uint64 // newest version published
 	base        uint64 // version of the full frame in baseSlot
 	baseSlot    byte
 	baseChunks  uint32
-	confirmedMs int64 // when the leader last heard the table is current (this host's clock)
+	confirmedMs int64    // when the leader last heard the table is current (this host's clock)
+	chain       []uint64 // versions after each delta: delta n brings chain[n-2] (or base) to chain[n-1]
+}
+
+// version is the newest version published.
+func (h head) version() uint64 {
+	if len(h.chain) == 0 {
+		return h.base
+	}
+	return h.chain[len(h.chain)-1]
+}
+
+// after returns the chain position (0 = the base) of version v, or -1.
+func (h head) after(v uint64) int {
+	if v == h.base {
+		return 0
+	}
+	for i, c := range h.chain {
+		if c == v {
+			return i + 1
+		}
+	}
+	return -1
 }
 
 func (h head) encode() []byte {
-	b := make([]byte, 0, headSize)
+	b := make([]byte, 0, headFixed+8*len(h.chain))
 	b = append(b, headMagic...)
-	b = binary.LittleEndian.AppendUint64(b, h.version)
 	b = binary.LittleEndian.AppendUint64(b, h.base)
 	b = append(b, h.baseSlot)
 	b = binary.LittleEndian.AppendUint32(b, h.baseChunks)
-	return binary.LittleEndian.AppendUint64(b, uint64(h.confirmedMs))
+	b = binary.LittleEndian.AppendUint64(b, uint64(h.confirmedMs))
+	b = append(b, byte(len(h.chain)))
+	for _, v := range h.chain {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	return b
 }
 
 func decodeHead(b []byte) (head, error) {
-	if len(b) != headSize || string(b[:4]) != headMagic {
+	if len(b) < headFixed || string(b[:4]) != headMagic {
 		return head{}, errors.New("kvroute/head: unknown format")
 	}
 	h := head{
-		version:     binary.LittleEndian.Uint64(b[4:]),
-		base:        binary.LittleEndian.Uint64(b[12:]),
-		baseSlot:    b[20],
-		baseChunks:  binary.LittleEndian.Uint32(b[21:]),
-		confirmedMs: int64(binary.LittleEndian.Uint64(b[25:])),
+		base:        binary.LittleEndian.Uint64(b[4:]),
+		baseSlot:    b[12],
+		baseChunks:  binary.LittleEndian.Uint32(b[13:]),
+		confirmedMs: int64(binary.LittleEndian.Uint64(b[17:])),
 	}
-	if h.baseSlot > 1 || h.version < h.base || h.version-h.base >= deltaRing {
+	n := int(b[25])
+	if h.baseSlot > 1 || n >= deltaRing || len(b) != headFixed+8*n {
 		return head{}, errors.New("kvroute/head: inconsistent")
+	}
+	prev := h.base
+	for i := 0; i < n; i++ {
+		v := binary.LittleEndian.Uint64(b[headFixed+8*i:])
+		if v <= prev {
+			return head{}, errors.New("kvroute/head: versions not increasing")
+		}
+		h.chain, prev = append(h.chain, v), v
 	}
 	return h, nil
 }
@@ -87,6 +122,8 @@ type view struct {
 	t         *table.Table
 	loaded    bool      // t holds a version read from shared data (or applied by the leader)
 	confirmed time.Time // from the head: when the table was last known current
+	lastErr   string    // the last load failure, logged once per change and then every 100th
+	errCount  int
 }
 
 func newView() view { return view{t: table.New()} }
@@ -104,47 +141,58 @@ func (v *view) sync(m *metrics, now time.Time) {
 	h, _, err := readHead()
 	if err != nil {
 		if err != types.ErrorStatusNotFound {
-			m.tableErrors.Increment(1)
+			v.failed(m, 0, err)
 		}
 		return
 	}
 	v.confirmed = time.UnixMilli(h.confirmedMs)
 	set(m.tableAgeMs, int64(v.age(now)/time.Millisecond))
-	if v.loaded && v.t.Version == h.version {
+	if v.loaded && v.t.Version == h.version() {
 		return
 	}
-	if v.loaded && v.t.Version >= h.base && v.t.Version < h.version {
-		if err := applyDeltas(v.t, h.version); err == nil {
-			m.tableLoads.Increment(1)
-			return
+	if v.loaded {
+		if at := h.after(v.t.Version); at >= 0 {
+			if err := applyDeltas(v.t, h, at+1); err == nil {
+				m.tableLoads.Increment(1)
+				return
+			}
+			// A delta was overwritten or torn: load the base instead.
 		}
-		// A delta was overwritten or torn: load the base instead.
 	}
 	t, err := loadBase(h)
 	if err == nil {
-		err = applyDeltas(t, h.version)
+		err = applyDeltas(t, h, 1)
 	}
 	if err != nil {
-		m.tableErrors.Increment(1)
-		proxywasm.LogWarnf("kvroute: table v%d not loaded from shared data, keeping v%d: %v", h.version, v.t.Version, err)
+		v.failed(m, h.version(), err)
 		return
 	}
-	v.t, v.loaded = t, true
+	v.t, v.loaded, v.lastErr, v.errCount = t, true, "", 0
 	m.tableLoads.Increment(1)
 }
 
-func applyDeltas(t *table.Table, to uint64) error {
-	for ver := t.Version + 1; ver <= to; ver++ {
-		b, _, err := proxywasm.GetSharedData(deltaKey(ver))
+func (v *view) failed(m *metrics, version uint64, err error) {
+	m.tableErrors.Increment(1)
+	if msg := err.Error(); msg != v.lastErr || v.errCount%100 == 0 {
+		proxywasm.LogWarnf("kvroute: table v%d not loaded from shared data, keeping v%d: %v", version, v.t.Version, err)
+		v.lastErr = msg
+	}
+	v.errCount++
+}
+
+// applyDeltas applies the chain's deltas from position from (1-based) to its end.
+func applyDeltas(t *table.Table, h head, from int) error {
+	for n := from; n <= len(h.chain); n++ {
+		b, _, err := proxywasm.GetSharedData(deltaKey(n))
 		if err != nil {
-			return fmt.Errorf("delta v%d: %w", ver, err)
+			return fmt.Errorf("delta %d: %w", n, err)
 		}
 		f, err := table.Decode(b)
 		if err != nil {
 			return err
 		}
-		if f.Kind != table.Delta || f.Version != ver {
-			return fmt.Errorf("delta slot of v%d holds v%d", ver, f.Version)
+		if f.Kind != table.Delta || f.Version != h.chain[n-1] {
+			return fmt.Errorf("delta slot %d holds v%d, head says v%d", n, f.Version, h.chain[n-1])
 		}
 		if err := t.ApplyFrame(f); err != nil {
 			return err
@@ -190,26 +238,28 @@ func publishFull(frame []byte, version uint64, confirmed time.Time) error {
 		}
 		n++
 	}
-	h := head{version: version, base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli()}
+	h := head{base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli()}
 	return proxywasm.SetSharedData(headKey, h.encode(), cas)
 }
 
-// publishDelta writes a delta into the ring and advances the head.
+// publishDelta writes a delta as the next link of the chain and advances the head.
 func publishDelta(frame []byte, f *table.Frame, confirmed time.Time) error {
 	h, cas, err := readHead()
 	if err != nil {
 		return fmt.Errorf("no head to extend: %w", err)
 	}
-	if h.version != f.Base {
-		return fmt.Errorf("head at v%d, delta is %d->%d", h.version, f.Base, f.Version)
+	if h.version() != f.Base {
+		return fmt.Errorf("head at v%d, delta is %d->%d", h.version(), f.Base, f.Version)
 	}
-	if f.Version-h.base >= deltaRing {
+	n := len(h.chain) + 1
+	if n >= deltaRing {
 		return errRingFull
 	}
-	if err := put(deltaKey(f.Version), frame); err != nil {
+	if err := put(deltaKey(n), frame); err != nil {
 		return err
 	}
-	h.version, h.confirmedMs = f.Version, confirmed.UnixMilli()
+	h.chain = append(h.chain, f.Version)
+	h.confirmedMs = confirmed.UnixMilli()
 	return proxywasm.SetSharedData(headKey, h.encode(), cas)
 }
 
