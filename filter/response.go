@@ -18,12 +18,11 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	if !h.placed {
 		return types.ActionContinue
 	}
-	// The engine has started answering: its own queue numbers cover this request now.
-	h.p.router.Ledger.Done(h.reqID)
 	if s, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
 		h.status, _ = strconv.Atoi(s)
 	}
 	if endOfStream {
+		h.p.router.Ledger.Done(h.reqID)
 		h.finish()
 	}
 	return types.ActionContinue
@@ -33,6 +32,9 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	if !h.placed || h.finished {
 		return types.ActionContinue
 	}
+	// The first byte of the body means prefill is done: for a stream it is the first
+	// token (vLLM, like most servers, sends the headers before prefill even starts).
+	h.p.router.Ledger.Done(h.reqID)
 	if bodySize > 0 {
 		if chunk, err := proxywasm.GetHttpResponseBody(0, bodySize); err == nil {
 			h.tail = keepTail(h.tail, chunk)

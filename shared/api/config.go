@@ -47,6 +47,8 @@ type Config struct {
 	BlockBytes  int `json:"block_bytes,omitempty"`
 	BlockTokens int `json:"block_tokens,omitempty"`
 	// MaxBodyBytes: larger request bodies are not parsed; they route by least queued.
+	// Keep it at or below Envoy's buffer limit (per_connection_buffer_limit_bytes, 1 MiB
+	// by default): the filter then stops buffering before Envoy would answer 413.
 	MaxBodyBytes int `json:"max_body_bytes,omitempty"`
 	// MaxJSONDepth bounds nesting in request bodies.
 	MaxJSONDepth int    `json:"max_json_depth,omitempty"`
@@ -135,11 +137,11 @@ func (c *Config) fillDefaults() {
 	}
 	def(&c.ControlPlane.PollMs, 100)
 	def(&c.ControlPlane.TimeoutMs, 1000)
-	def(&c.ControlPlane.ReportMs, 500)
+	def(&c.ControlPlane.ReportMs, 100)
 	def(&c.ControlPlane.MaxReportBatch, 512)
 	def(&c.BlockBytes, prefix.DefaultBlockBytes)
 	def(&c.BlockTokens, prefix.DefaultBlockTokens)
-	def(&c.MaxBodyBytes, 4<<20)
+	def(&c.MaxBodyBytes, 1<<20)
 	def(&c.MaxJSONDepth, 64)
 	def(&c.LedgerTimeoutMs, 30000)
 	p := rule.DefaultParams()

@@ -88,8 +88,11 @@ func Open(cfg Config, opt Options) (*Publisher, error) {
 	p := &Publisher{cfg: cfg, opt: opt, topic: []byte(cfg.Topic), log: opt.Logger, ctx: ctx, cancel: cancel,
 		enc: kvevents.NewEncoder(opt.Encoding)}
 
+	// go-zeromq logs connection trouble (a probing control plane, a subscriber that
+	// went away) to stderr by default; keep it in the engine's log at debug level.
+	zlog := zmq4.WithLogger(slog.NewLogLogger(opt.Logger.Handler(), slog.LevelDebug))
 	if ShouldBind(ep) {
-		p.pub = zmq4.NewPub(ctx)
+		p.pub = zmq4.NewPub(ctx, zlog)
 		addr := localize(ep, opt.BindHost)
 		if err := p.pub.Listen(addr); err != nil {
 			cancel()
@@ -99,7 +102,7 @@ func Open(cfg Config, opt Options) (*Publisher, error) {
 	} else {
 		// vLLM connects for endpoints without a wildcard (llm-d's central-SUB topology).
 		// libzmq connects lazily; go-zeromq's Dial blocks, so keep dialling in the background.
-		p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond), zmq4.WithAutomaticReconnect(true))
+		p.pub = zmq4.NewPub(ctx, zlog, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond), zmq4.WithAutomaticReconnect(true))
 		p.endpoint = ep
 		p.wg.Go(func() {
 			if err := p.pub.Dial(ep); err != nil && ctx.Err() == nil {
@@ -114,7 +117,7 @@ func Open(cfg Config, opt Options) (*Publisher, error) {
 		}
 	}
 	if replayEP != "" {
-		p.router = zmq4.NewRouter(ctx)
+		p.router = zmq4.NewRouter(ctx, zlog)
 		addr := localize(replayEP, opt.BindHost)
 		if err := p.router.Listen(addr); err != nil {
 			p.Close()
