@@ -51,3 +51,17 @@ bench: build
 
 clean:
 	rm -rf $(BIN)
+
+# The filter as an OCI image in the format istio-agent pulls (Istio's "compat" Wasm image:
+# one tar+gzip layer holding plugin.wasm), under out/: an OCI layout directory and an
+# oci-archive tarball. Prints the manifest digest, the `sha256` WasmPlugins and
+# EnvoyFilters need. OCI_REF is the reference it will be pushed as; OCI_PIN=<release.yaml>
+# writes OCI_REF and the digest into that file (manifests/README.md, "Images").
+OCI_REF ?= ghcr.io/kvroute/kvroute-wasm:dev
+.PHONY: oci manifests-test
+oci: wasm
+	$(GO) run ./manifests/cmd/kvroute-oci -wasm $(WASM) -out out/kvroute-wasm -archive out/kvroute-wasm.oci.tar -ref $(OCI_REF) $(if $(OCI_PIN),-pin $(OCI_PIN))
+
+# The manifests' tests alone (strict decoding, kustomize renders, the OCI image).
+manifests-test:
+	$(GO) test ./manifests/...
