@@ -5,7 +5,7 @@ WASM     := $(BIN)/kvroute.wasm
 # Each fuzz target runs this long inside `make test` (a smoke run, not a campaign).
 FUZZTIME ?= 3s
 
-.PHONY: all build wasm native test vet fmt-check unit fuzz run demo bench clean
+.PHONY: all build wasm native test testdeps vet fmt-check unit fuzz run demo bench clean
 
 all: build
 
@@ -30,8 +30,13 @@ fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-unit:
-	$(GO) test ./...
+# npm packages the end-to-end tests use (the official openai client), pinned by the lockfile.
+testdeps:
+	npm ci --prefix wasmtest/mesh/testdata/openai --no-audit --no-fund --loglevel=error
+
+# KVROUTE_REQUIRE_NODE: the openai client test fails, rather than skips, without Node.
+unit: testdeps
+	KVROUTE_REQUIRE_NODE=1 $(GO) test ./...
 
 # Short fuzz runs of every decoder that sees untrusted bytes.
 fuzz:

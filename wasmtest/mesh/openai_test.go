@@ -1,0 +1,69 @@
+package mesh_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/mesh"
+)
+
+// The official openai npm client (testdata/openai, installed by `make testdeps`, which
+// `make test` runs) sends a non-streaming and a streaming chat request through the proxy.
+// Under `make test` (KVROUTE_REQUIRE_NODE=1) a missing Node or package fails the test;
+// a plain `go test` skips it.
+func TestOpenAINodeClient(t *testing.T) {
+	dir := filepath.Join("testdata", "openai")
+	node, err := exec.LookPath("node")
+	_, modErr := os.Stat(filepath.Join(dir, "node_modules", "openai"))
+	if err != nil || modErr != nil {
+		if os.Getenv("KVROUTE_REQUIRE_NODE") == "1" {
+			t.Fatalf("node (%v) or the openai package (%v) missing: run `make testdeps`", err, modErr)
+		}
+		t.Skip("node or testdata/openai/node_modules missing: run `make testdeps`")
+	}
+	m := start(t, mesh.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), m.URL()).Output()
+	if ee, ok := err.(*exec.ExitError); ok {
+		t.Fatalf("client failed: %v\n%s", err, ee.Stderr)
+	}
+	require.NoError(t, err)
+	type usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	var got struct {
+		Plain struct {
+			Content, Finish string
+			Usage           usage
+		}
+		Stream struct {
+			Content string
+			Chunks  int
+			Usage   *usage
+		}
+	}
+	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	assert.NotEmpty(t, got.Plain.Content)
+	assert.Equal(t, "length", got.Plain.Finish)
+	assert.Equal(t, 8, got.Plain.Usage.CompletionTokens)
+	assert.Positive(t, got.Plain.Usage.PromptTokens)
+	assert.NotEmpty(t, got.Stream.Content)
+	assert.Greater(t, got.Stream.Chunks, 2, "the stream arrived in chunks")
+	require.NotNil(t, got.Stream.Usage, "usage in the last chunk")
+	assert.Equal(t, got.Plain.Usage.PromptTokens, got.Stream.Usage.PromptTokens)
+	assert.Positive(t, metric(m, "kvroute_decisions_total"))
+	assert.Equal(t, int64(2), m.Proxy.Stats().Requests)
+}
