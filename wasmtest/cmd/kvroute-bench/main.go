@@ -1,0 +1,306 @@
+// Command kvroute-bench simulates a fleet of LLM replicas (the engine simulator's
+// scheduler, prefix cache and timing model, in virtual time) under a workload, routes it
+// with every policy on the same arrivals, and prints the comparison: requests,
+// cached-token rate, TTFT p50/p95/p99, end-to-end p50, max/mean queued tokens, spill
+// rate and preemptions. kvroute's policy is the real routing code (shared/route) with
+// the control plane's index in-process.
+//
+//	kvroute-bench                                   # seed 000: 40 req/s, 200 customers, 22 replicas
+//	kvroute-bench --hot                             # one customer sends 10% of the traffic
+//	kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
+//	kvroute-bench --shared-fraction 0.1             # the reversal condition
+//	kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
+//	kvroute-bench --workload gsp --rate 8 --replicas 4
+//	kvroute-bench --trace ../shared/traces/mooncake_synthetic_trace.jsonl --trace-format mooncake --speedup 2
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/fleet"
+	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "kvroute-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// faultFlag collects AT[:REPLICA] values.
+type faultFlag struct {
+	kind   sim.FaultKind
+	faults *[]sim.Fault
+}
+
+func (f faultFlag) String() string { return "" }
+
+func (f faultFlag) Set(v string) error {
+	at, rep, hasRep := strings.Cut(v, ":")
+	d, err := parseDuration(at, time.Second)
+	if err != nil {
+		return err
+	}
+	r := 0
+	if hasRep {
+		if r, err = strconv.Atoi(rep); err != nil || r < 0 {
+			return fmt.Errorf("replica %q: want a replica index", rep)
+		}
+	}
+	*f.faults = append(*f.faults, sim.Fault{At: d, Kind: f.kind, Replica: r})
+	return nil
+}
+
+// parseDuration accepts Go durations ("500ms", "2m") or bare numbers in unit.
+func parseDuration(s string, unit time.Duration) (time.Duration, error) {
+	if v, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(v * float64(unit)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a duration (e.g. 500ms, 2m) or a number", s)
+	}
+	return d, nil
+}
+
+type durFlag struct {
+	d    *time.Duration
+	unit time.Duration
+}
+
+func (f durFlag) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f durFlag) Set(s string) error {
+	d, err := parseDuration(s, f.unit)
+	if err != nil {
+		return err
+	}
+	*f.d = d
+	return nil
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvroute-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := fleet.DefaultOptions()
+	seed := workload.DefaultSeed()
+	gsp := workload.DefaultGSP()
+	mt := workload.DefaultMultiturn()
+
+	var (
+		wl          = fs.String("workload", "seed", "workload: seed, gsp or multiturn (see --trace for Mooncake)")
+		trace       = fs.String("trace", "", "replay a trace file instead of a generated workload")
+		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
+		speedup     = fs.Float64("speedup", 1, "divide trace timestamps by this")
+		profile     = fs.String("profile", "seed000", "replica timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200) or fast")
+		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ","))
+		rate        = fs.Float64("rate", 0, "requests per second (default: the workload's: seed 40, gsp 8, multiturn 10)")
+		duration    = seed.Duration
+		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
+		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
+		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (seed 000: 6,000 of 8,000 tokens)")
+		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
+		find        = fs.Bool("find-replicas", false, "search, per policy, the fewest replicas that hold --slo-ttft-p95")
+		slo         = 1 * time.Second
+		stale       time.Duration
+		stride      = fs.Int("stride", 4, "kvroute: table checkpoint stride (blocks per key)")
+		tieEps      = fs.Float64("tie-epsilon", o.KVRoute.Rule.TieEpsilon, "kvroute and oracle: near-tie fraction broken at random")
+		wasm        = fs.Bool("wasm", false, "run kvroute through the compiled filter on the wasm host (not available yet)")
+		cpuprofile  = fs.String("cpuprofile", "", "write a CPU profile here")
+	)
+	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
+	fs.Var(durFlag{&duration, time.Second}, "duration", "seed and multiturn: arrivals span (default 10m)")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "random seed: arrivals, texts, tie breaks")
+	fs.IntVar(&seed.Customers, "customers", seed.Customers, "seed: distinct customer prefixes")
+	fs.IntVar(&seed.PromptTokens, "prompt-tokens", seed.PromptTokens, "seed: prompt length in tokens")
+	fs.IntVar(&seed.OutputTokens, "output-tokens", seed.OutputTokens, "seed: output tokens")
+	fs.IntVar(&gsp.Groups, "gsp-groups", gsp.Groups, "gsp: groups")
+	fs.IntVar(&gsp.PromptsPerGroup, "gsp-prompts-per-group", gsp.PromptsPerGroup, "gsp: prompts per group")
+	fs.IntVar(&gsp.SystemTokens, "gsp-system-prompt-len", gsp.SystemTokens, "gsp: system prompt tokens")
+	fs.IntVar(&gsp.QuestionTokens, "gsp-question-len", gsp.QuestionTokens, "gsp: question tokens")
+	fs.IntVar(&gsp.OutputTokens, "gsp-output-len", gsp.OutputTokens, "gsp: output tokens")
+	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn: turns per session")
+	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn: time between a session's turns")
+	fs.IntVar(&mt.Apps, "apps", mt.Apps, "multiturn: distinct system prompts")
+	fs.IntVar(&o.Routers, "routers", o.Routers, "independent proxies, each with its own ledger and table (requests spread uniformly)")
+	fs.Var(durFlag{&stale, time.Millisecond}, "stale", "kvroute: the table each proxy receives is this old (ms or a duration)")
+	fs.Var(faultFlag{sim.Kill, &o.Faults}, "kill-replica", "AT[:REPLICA]: the replica (default 0) dies at AT (seconds or a duration); repeatable")
+	fs.Var(faultFlag{sim.Restart, &o.Faults}, "restart-replica", "AT[:REPLICA]: the replica restarts with an empty cache at AT; repeatable")
+	fs.Var(durFlag{&slo, time.Second}, "slo-ttft-p95", "with --find-replicas: the TTFT p95 bound (seconds or a duration)")
+	fs.Var(durFlag{&o.Warmup, time.Second}, "warmup", "requests arriving before this are not measured")
+	fs.BoolVar(&o.Stream, "stream", o.Stream, "clients stream (response headers reach the proxy when the engine accepts the request)")
+	fs.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "simulations run at once")
+	fs.BoolVar(&o.KVRoute.LedgerDoneAtFirstByte, "ledger-first-byte", false, "kvroute: end ledger entries at the first response body bytes, not the headers (a proposed filter change)")
+	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
+	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
+	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
+	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
+	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (default 10s)")
+	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
+	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *wasm {
+		return errors.New("--wasm: running kvroute through the compiled filter on the wasm host is not implemented yet (see the fleet package documentation)")
+	}
+	names, err := fleet.ParsePolicies(*policies)
+	if err != nil {
+		return err
+	}
+	if o.Profile, err = timing.ByName(*profile); err != nil {
+		return err
+	}
+	o.KVRoute.Stale = stale
+	o.KVRoute.Index.Stride = *stride
+	o.KVRoute.Rule.TieEpsilon = *tieEps
+
+	w, label, err := buildWorkload(*wl, *trace, *traceFormat, *speedup, *rate, duration, *hot, *hotShare, *shared, o, seed, gsp, mt)
+	if err != nil {
+		return err
+	}
+	if *hot && w.Name() == "seed" {
+		o.HotGroup = 0
+	}
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	fmt.Fprintf(stdout, "workload  %s\n", w.Describe())
+	fmt.Fprintf(stdout, "fleet     %s profile (TP=%d), %d routers, stream %v", o.Profile.Name, o.Profile.GPUs, o.Routers, o.Stream)
+	if stale > 0 {
+		fmt.Fprintf(stdout, ", tables %v stale", stale)
+	}
+	for _, f := range o.Faults {
+		fmt.Fprintf(stdout, ", %s replica %d at %v", f.Kind, f.Replica, f.At)
+	}
+	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
+	start := time.Now()
+
+	if *find {
+		fmt.Fprintf(stdout, "search    fewest replicas with TTFT p95 <= %.3g s (GPUs = replicas x %d)\n\n", slo.Seconds(), o.Profile.GPUs)
+		searches, err := fleet.FindReplicas(w, names, o, slo, 0.95)
+		if err != nil {
+			return err
+		}
+		if err := fleet.WriteSearch(stdout, searches, slo); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nwall %.1f s\n", time.Since(start).Seconds())
+		if *jsonPath != "" {
+			return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteSearchJSON(f, label, slo, searches) })
+		}
+		return nil
+	}
+
+	fmt.Fprintf(stdout, "replicas  %d (%d GPUs)\n\n", o.Replicas, o.Replicas*o.Profile.GPUs)
+	results, err := fleet.Compare(w, names, o)
+	if err != nil {
+		return err
+	}
+	if err := fleet.WriteTable(stdout, results); err != nil {
+		return err
+	}
+	if o.HotGroup >= 0 {
+		fmt.Fprintf(stdout, "\nhot customer (group %d) vs the others\n", o.HotGroup)
+		if err := fleet.WriteHot(stdout, results); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens; max/mean Q: time-averaged max over mean queued prefill tokens;\n")
+	fmt.Fprintf(stdout, "spill: requests not sent to a replica holding the longest cached prefix (engines' real caches).\n")
+	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(start).Seconds(), len(results), o.Parallel)
+	if *jsonPath != "" {
+		return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteJSON(f, label, o.Replicas, results) })
+	}
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func buildWorkload(name, trace, format string, speedup, rate float64, duration time.Duration, hot bool, hotShare, shared float64,
+	o fleet.Options, seed workload.SeedConfig, gsp workload.GSPConfig, mt workload.MultiturnConfig) (workload.Workload, string, error) {
+	bs := o.Profile.BlockSize
+	if trace != "" {
+		if format != "mooncake" {
+			return nil, "", fmt.Errorf("--trace-format %q: only mooncake is supported", format)
+		}
+		w, err := workload.LoadMooncake(workload.MooncakeConfig{Path: trace, Speedup: speedup, Seed: o.Seed, BlockSize: bs})
+		return w, "mooncake", err
+	}
+	switch name {
+	case "seed":
+		seed.Seed, seed.BlockSize, seed.Duration = o.Seed, bs, duration
+		if rate > 0 {
+			seed.Rate = rate
+		}
+		if shared < 0 || shared > 1 {
+			return nil, "", fmt.Errorf("--shared-fraction %g outside [0, 1]", shared)
+		}
+		seed.PrefixTokens = int(shared*float64(seed.PromptTokens) + 0.5)
+		label := "seed"
+		if hot {
+			seed.Hot = hotShare
+			label = "seed --hot"
+		}
+		w, err := workload.NewSeed(seed)
+		return w, label, err
+	case "gsp":
+		gsp.Seed, gsp.BlockSize = o.Seed, bs
+		if rate > 0 {
+			gsp.Rate = rate
+		}
+		w, err := workload.NewGSP(gsp)
+		return w, "gsp", err
+	case "multiturn":
+		mt.Seed, mt.BlockSize, mt.Duration = o.Seed, bs, duration
+		if rate > 0 {
+			mt.Rate = rate
+		}
+		w, err := workload.NewMultiturn(mt)
+		return w, "multiturn", err
+	}
+	return nil, "", fmt.Errorf("--workload %q: want seed, gsp or multiturn", name)
+}

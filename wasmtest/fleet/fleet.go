@@ -1,0 +1,183 @@
+// Package fleet compares routing policies on a simulated fleet: it builds each policy
+// (package policy for the peers, package kvroute for kvroute's own code), runs them on
+// the same arrivals (package sim) in parallel, searches the fewest replicas that meet a
+// TTFT SLO, and writes the comparison table (text or JSON). bin/kvroute-bench is its
+// command line.
+package fleet
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
+	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
+	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// Policies are every policy's name, in table order.
+var Policies = []string{
+	"round-robin", "random", "least-queued", "chwbl", "sglang-cache-aware", "weighted-scorers", "kvroute", "oracle",
+}
+
+// Options configure runs.
+type Options struct {
+	Replicas int
+	Profile  timing.Profile
+	Seed     uint64
+	Routers  int
+	Stream   bool
+	Faults   []sim.Fault
+	Warmup   time.Duration
+	HotGroup int // -1: none
+	// KVRoute configures kvroute (its Routers, Stale and Seed are set from the above);
+	// Rule also drives the oracle.
+	KVRoute kvroute.Config
+	SGLang  policy.SGLangConfig
+	Scorers policy.ScorersConfig
+	// CHWBLFactor is c; LeastQueuedScrape the least-queued router's scrape interval.
+	CHWBLFactor       float64
+	LeastQueuedScrape time.Duration
+	// Parallel bounds concurrent runs (default GOMAXPROCS).
+	Parallel int
+}
+
+// DefaultOptions are seed 000's fleet as the issue states it.
+func DefaultOptions() Options {
+	return Options{
+		Replicas: 22, Profile: timing.Seed000(), Seed: 1, Routers: 1, Stream: true, HotGroup: -1,
+		KVRoute: kvroute.DefaultConfig(), SGLang: policy.DefaultSGLang(), Scorers: policy.DefaultScorers(),
+		CHWBLFactor: policy.DefaultCHWBLFactor, LeastQueuedScrape: 100 * time.Millisecond,
+	}
+}
+
+// ParsePolicies checks a comma-separated list ("" or "all": every policy).
+func ParsePolicies(s string) ([]string, error) {
+	if s == "" || s == "all" {
+		return Policies, nil
+	}
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(Policies, n) {
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(Policies, ", "))
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// NewPolicy returns the constructor of the named policy.
+func NewPolicy(name string, o Options) sim.NewPolicy {
+	seed := o.Seed
+	return func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+		perRouter := func(mk func(k int) policy.Policy) policy.Policy {
+			return policy.Split(o.Routers, routerOf, mk)
+		}
+		switch name {
+		case "round-robin":
+			return perRouter(func(int) policy.Policy { return policy.NewRoundRobin(f) }), nil
+		case "random":
+			return perRouter(func(k int) policy.Policy { return policy.NewRandom(f, seed+uint64(k)) }), nil
+		case "least-queued":
+			return perRouter(func(k int) policy.Policy {
+				return policy.NewLeastQueued(f, o.LeastQueuedScrape, seed+uint64(k))
+			}), nil
+		case "chwbl":
+			return perRouter(func(int) policy.Policy { return policy.NewCHWBL(f, o.CHWBLFactor) }), nil
+		case "sglang-cache-aware":
+			return perRouter(func(int) policy.Policy { return policy.NewSGLang(f, o.SGLang) }), nil
+		case "weighted-scorers":
+			return perRouter(func(k int) policy.Policy { return policy.NewScorers(f, o.Scorers, seed+uint64(k)) }), nil
+		case "oracle":
+			return policy.NewOracle(f, o.KVRoute.Rule, seed), nil
+		case "kvroute":
+			c := o.KVRoute
+			c.Routers, c.Seed = o.Routers, seed
+			return kvroute.New(f, routerOf, c)
+		}
+		return nil, fmt.Errorf("unknown policy %q", name)
+	}
+}
+
+func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
+	return sim.Config{
+		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers,
+		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup,
+	}
+}
+
+// job is one simulation run.
+type job struct {
+	cfg  sim.Config
+	name string
+	o    Options
+	res  *sim.Result
+	err  error
+}
+
+// runAll runs jobs on at most o.Parallel goroutines.
+func runAll(jobs []*job, parallel int) {
+	if parallel <= 0 {
+		parallel = runtime.GOMAXPROCS(0)
+	}
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			j.res, j.err = sim.Run(j.cfg, NewPolicy(j.name, j.o))
+			if j.err != nil {
+				j.err = fmt.Errorf("%s: %w", j.name, j.err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Compare runs every named policy on w with o.Replicas replicas, in parallel; results
+// are in the order of names.
+func Compare(w workload.Workload, names []string, o Options) ([]*sim.Result, error) {
+	jobs := make([]*job, len(names))
+	for i, n := range names {
+		jobs[i] = &job{cfg: o.simConfig(w, o.Replicas), name: n, o: o}
+	}
+	// The slowest policies first, so the last ones to finish are short.
+	order := slices.Clone(jobs)
+	slices.SortStableFunc(order, func(a, b *job) int { return cost(b.name) - cost(a.name) })
+	runAll(order, o.Parallel)
+	out := make([]*sim.Result, len(jobs))
+	for i, j := range jobs {
+		if j.err != nil {
+			return nil, j.err
+		}
+		out[i] = j.res
+	}
+	return out, nil
+}
+
+// cost ranks policies by simulation cost (kvroute runs the control plane; cache-blind
+// policies overload small fleets, which makes long queues).
+func cost(name string) int {
+	switch name {
+	case "kvroute":
+		return 3
+	case "round-robin", "random", "least-queued":
+		return 2
+	}
+	return 1
+}
+
+// Rule returns the rule parameters the options give kvroute and the oracle.
+func (o Options) Rule() rule.Params { return o.KVRoute.Rule }

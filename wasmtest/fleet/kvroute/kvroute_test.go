@@ -1,0 +1,123 @@
+package kvroute_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
+	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
+	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// tiny is 20 customers at 20 req/s, 800-token prompts with a 600-token prefix, on the
+// fast profile: a seconds-long run in milliseconds.
+func tiny(t *testing.T, d time.Duration) workload.Workload {
+	c := workload.DefaultSeed()
+	c.Customers, c.Rate, c.Duration = 20, 20, d
+	c.PromptTokens, c.PrefixTokens, c.OutputTokens = 800, 600, 50
+	w, err := workload.NewSeed(c)
+	require.NoError(t, err)
+	return w
+}
+
+func run(t *testing.T, w workload.Workload, replicas int, cfg kvroute.Config, faults ...sim.Fault) (*sim.Result, *kvroute.Policy) {
+	t.Helper()
+	var kp *kvroute.Policy
+	res, err := sim.Run(sim.Config{Replicas: replicas, Profile: timing.Fast(), Workload: w, Seed: 1, Routers: cfg.Routers,
+		Stream: true, HotGroup: -1, Faults: faults},
+		func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+			var err error
+			kp, err = kvroute.New(f, routerOf, cfg)
+			return kp, err
+		})
+	require.NoError(t, err)
+	return res, kp
+}
+
+func TestRoutesCustomersToTheirPrefixOwners(t *testing.T) {
+	w := tiny(t, 30*time.Second)
+	res, kp := run(t, w, 4, kvroute.DefaultConfig())
+	orc, err := sim.Run(sim.Config{Replicas: 4, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+		func(f policy.Fleet, _ func(*workload.Request) int) (policy.Policy, error) {
+			return policy.NewOracle(f, rule.DefaultParams(), 1), nil
+		})
+	require.NoError(t, err)
+
+	assert.Equal(t, w.Len(), res.Requests)
+	assert.InDelta(t, orc.CachedTokenRate, res.CachedTokenRate, 0.03, "close to the oracle's hit rate")
+	assert.Less(t, res.SpillRate, 0.1)
+	st := kp.Stats
+	assert.Positive(t, st.Unrouted, "requests before the first table poll are Envoy's")
+	assert.Less(t, st.Unrouted, 10)
+	assert.Equal(t, w.Len(), st.Decisions+st.Unrouted)
+	assert.Equal(t, 2*st.Decisions, st.Reports, "a placement and an outcome per decision")
+	assert.GreaterOrEqual(t, st.ReportsApplied, st.Reports-40, "all but the last batch reached the index")
+	ix := kp.Index().Stats()
+	assert.InDelta(t, st.Decisions, int(ix.Placements), 40, "all but the last batch")
+	assert.Positive(t, ix.Confirms)
+	for _, r := range kp.Index().DebugState(kvroute.Epoch.Add(res.SimTime)) {
+		assert.Positive(t, r.TextKeys, "%s holds confirmed text keys", r.ID)
+	}
+}
+
+func TestTokenKeysDoNotChangeTextRouting(t *testing.T) {
+	w := tiny(t, 20*time.Second)
+	cfg := kvroute.DefaultConfig()
+	without, _ := run(t, w, 3, cfg)
+	cfg.TokenKeys = true
+	with, kp := run(t, w, 3, cfg)
+	without.Wall, with.Wall = 0, 0
+	assert.Equal(t, without, with, "token-domain keys never match a chat request's text keys")
+	tok := 0
+	for _, r := range kp.Index().DebugState(kvroute.Epoch.Add(with.SimTime)) {
+		tok += r.TokenKeys
+		assert.Positive(t, r.KVEvents.Batches, "%s's KV events reached the index", r.ID)
+	}
+	assert.Positive(t, tok, "with TokenKeys the index did build token-domain keys")
+}
+
+func TestStaleTablesArriveLate(t *testing.T) {
+	w := tiny(t, 10*time.Second)
+	_, fresh := run(t, w, 3, kvroute.DefaultConfig())
+	cfg := kvroute.DefaultConfig()
+	cfg.Stale = 2 * time.Second
+	_, stale := run(t, w, 3, cfg)
+	// No table for the first ~2 s: about 40 requests are left to Envoy.
+	assert.Greater(t, stale.Stats.Unrouted, 30)
+	assert.Less(t, fresh.Stats.Unrouted, 10)
+}
+
+func TestRoutersAreIndependentProxies(t *testing.T) {
+	w := tiny(t, 10*time.Second)
+	cfg := kvroute.DefaultConfig()
+	cfg.Routers = 4
+	res, kp := run(t, w, 3, cfg)
+	assert.Equal(t, w.Len(), res.Requests)
+	// Each proxy polls on its own: each is without a table until its first poll.
+	assert.Positive(t, kp.Stats.Unrouted)
+	assert.Equal(t, w.Len(), kp.Stats.Decisions+kp.Stats.Unrouted)
+}
+
+func TestKilledReplicaLeavesTheTable(t *testing.T) {
+	w := tiny(t, 10*time.Second)
+	res, kp := run(t, w, 3, kvroute.DefaultConfig(), sim.Fault{At: 3 * time.Second, Kind: sim.Kill, Replica: 2})
+	assert.Equal(t, w.Len(), res.Requests+res.Failed)
+	ids := map[string]bool{}
+	for _, r := range kp.Index().DebugState(kvroute.Epoch.Add(res.SimTime)) {
+		ids[r.ID] = true
+	}
+	assert.Equal(t, map[string]bool{"engine-0": true, "engine-1": true}, ids, "discovery dropped it")
+}
+
+func TestInvalidConfig(t *testing.T) {
+	cfg := kvroute.DefaultConfig()
+	cfg.PollInterval = 0
+	_, err := kvroute.New(nil, nil, cfg)
+	assert.Error(t, err)
+}

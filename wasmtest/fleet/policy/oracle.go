@@ -1,0 +1,55 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// Oracle is kvroute's rule (package shared/rule, the same Picker) with perfect,
+// instant knowledge: every engine's exact cached prefix for the request and its queued
+// prefill tokens, read at decision time. It bounds what any view of the fleet can do
+// with this rule.
+type Oracle struct {
+	Base
+	f      Fleet
+	picker *rule.Picker
+	cands  []rule.Replica
+	idx    []int
+	order  []int
+}
+
+// NewOracle returns the oracle with the rule's parameters p.
+func NewOracle(f Fleet, p rule.Params, seed uint64) *Oracle {
+	return &Oracle{f: f, picker: rule.NewPicker(p, seed)}
+}
+
+func (p *Oracle) Name() string { return "oracle" }
+
+func (p *Oracle) Route(r *workload.Request, _ time.Duration) Choice {
+	p.cands, p.idx = p.cands[:0], p.idx[:0]
+	for i := range p.f.Len() {
+		if !p.f.Up(i) {
+			continue
+		}
+		st := p.f.State(i)
+		p.cands = append(p.cands, rule.Replica{
+			Queued:  float64(st.QueuedPrefillTokens),
+			Cached:  float64(p.f.CachedPrefix(i, r)),
+			KVUsage: st.KVUsage,
+			Healthy: p.f.Reachable(i),
+		})
+		p.idx = append(p.idx, i)
+	}
+	if len(p.cands) == 0 {
+		return Choice{}
+	}
+	d := p.picker.Pick(float64(len(r.Tokens)), p.cands, p.order)
+	p.order = d.Order
+	out := make([]int, len(d.Order))
+	for k, j := range d.Order {
+		out[k] = p.idx[j]
+	}
+	return Choice{Order: out, Rule: true, Spill: d.Spill}
+}

@@ -1,0 +1,238 @@
+package policy
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// ScorersConfig are the endpoint picker's knobs.
+type ScorersConfig struct {
+	// Weights of the prefix-cache, queue and KV-utilisation scorers (defaults 3/2/2).
+	Prefix, Queue, KV float64
+	// BlockChars is the approximate prefix scorer's block (16 tokens x 4 characters);
+	// MaxBlocks caps the blocks hashed per request.
+	BlockChars, MaxBlocks int
+	// Scrape is the metrics refresh interval (--refresh-metrics-interval).
+	Scrape time.Duration
+}
+
+// DefaultScorers are the Gateway API inference extension's defaults since v1.2.0.
+func DefaultScorers() ScorersConfig {
+	return ScorersConfig{Prefix: 3, Queue: 2, KV: 2, BlockChars: 64, MaxBlocks: 256, Scrape: 50 * time.Millisecond}
+}
+
+// Scorers is the Gateway API inference extension's endpoint picker with its default
+// plugins, from their description: an approximate prefix index (xxhash64 chained over
+// 64-character blocks of the JSON messages, trailing partial block included, at most
+// 256 blocks; per-endpoint LRU of num_gpu_blocks entries; the picked endpoint gets all
+// of a request's blocks at once and nothing ever confirms them), scored as matched /
+// total blocks along the longest prefix; a queue scorer, min-max normalised waiting
+// requests, inverted; a KV scorer, 1 - KV usage; weighted sum and max-score pick with
+// random tie breaks. Queue and KV usage come from its own scrapes.
+type Scorers struct {
+	Base
+	f      Fleet
+	cfg    ScorersConfig
+	rng    *Rand
+	scrape Timer
+
+	waiting []float64
+	kv      []float64
+	index   map[uint64][]int32
+	lru     []*blockLRU
+
+	hashes []uint64
+	count  []int
+	scores []float64
+	order  []int
+	last   []uint64 // the hashes of the request being routed, for Sent
+}
+
+// NewScorers returns the endpoint picker over f.
+func NewScorers(f Fleet, cfg ScorersConfig, seed uint64) *Scorers {
+	n := f.Len()
+	p := &Scorers{f: f, cfg: cfg, rng: NewRand(seed, 13), scrape: Timer{Every: cfg.Scrape},
+		waiting: make([]float64, n), kv: make([]float64, n), index: map[uint64][]int32{},
+		count: make([]int, n), scores: make([]float64, n)}
+	p.scrape.Next = time.Duration(p.rng.Uint64() % uint64(cfg.Scrape))
+	for i := range n {
+		// Auto-tuned: one LRU entry per engine block, num_gpu_blocks of them.
+		p.lru = append(p.lru, newBlockLRU(f.CapacityTokens(i)/f.BlockSize()))
+	}
+	return p
+}
+
+func (p *Scorers) Name() string { return "weighted-scorers" }
+
+func (p *Scorers) NextWake() time.Duration { return p.scrape.At() }
+
+func (p *Scorers) Wake(now time.Duration) {
+	if !p.scrape.Due(now) {
+		return
+	}
+	for i := range p.waiting {
+		if p.f.Reachable(i) {
+			st := p.f.State(i)
+			p.waiting[i], p.kv[i] = float64(st.Waiting), st.KVUsage
+		}
+	}
+}
+
+// blockHashes hashes the messages JSON as the approximate prefix producer does.
+func (p *Scorers) blockHashes(r *workload.Request) []uint64 {
+	p.hashes = p.hashes[:0]
+	h := xxhash.Sum64String(r.Model) // seed: model (and cache_salt, none here)
+	b := r.MessagesJSON
+	var buf []byte
+	for off := 0; off < len(b) && len(p.hashes) < p.cfg.MaxBlocks; off += p.cfg.BlockChars {
+		end := min(off+p.cfg.BlockChars, len(b))
+		buf = append(buf[:0], b[off:end]...)
+		buf = binary.LittleEndian.AppendUint64(buf, h)
+		h = xxhash.Sum64(buf)
+		p.hashes = append(p.hashes, h)
+	}
+	return p.hashes
+}
+
+func (p *Scorers) Route(r *workload.Request, _ time.Duration) Choice {
+	hs := p.blockHashes(r)
+	p.last = append(p.last[:0], hs...)
+	clear(p.count)
+	for _, h := range hs { // longest prefix: stop at the first block nobody holds
+		pods := p.index[h]
+		if len(pods) == 0 {
+			break
+		}
+		for _, i := range pods {
+			p.count[i]++
+		}
+	}
+	p.order = up(p.f, p.order)
+	if len(p.order) == 0 {
+		return Choice{}
+	}
+	minQ, maxQ := p.waiting[p.order[0]], p.waiting[p.order[0]]
+	for _, i := range p.order {
+		minQ, maxQ = min(minQ, p.waiting[i]), max(maxQ, p.waiting[i])
+	}
+	for _, i := range p.order {
+		prefix := 0.0
+		if len(hs) > 0 {
+			prefix = float64(p.count[i]) / float64(len(hs))
+		}
+		queue := 1.0
+		if maxQ > minQ {
+			queue = (maxQ - p.waiting[i]) / (maxQ - minQ)
+		}
+		kv := 1 - p.kv[i]
+		p.scores[i] = p.cfg.Prefix*prefix + p.cfg.Queue*queue + p.cfg.KV*kv
+	}
+	sortByScore(p.order, p.scores, p.rng, true)
+	return Choice{Order: p.order[:1]}
+}
+
+// Sent is PreRequest: the picked endpoint now "has" every block of the request.
+func (p *Scorers) Sent(_ *workload.Request, i int, _ time.Duration) {
+	l := p.lru[i]
+	for _, h := range p.last {
+		if l.touch(h) {
+			continue
+		}
+		if ev, ok := l.add(h); ok {
+			p.drop(ev, i)
+		}
+		p.index[h] = append(p.index[h], int32(i))
+	}
+}
+
+func (p *Scorers) drop(h uint64, i int) {
+	pods := p.index[h]
+	for j, x := range pods {
+		if int(x) == i {
+			pods = append(pods[:j], pods[j+1:]...)
+			break
+		}
+	}
+	if len(pods) == 0 {
+		delete(p.index, h)
+	} else {
+		p.index[h] = pods
+	}
+}
+
+// blockLRU is a fixed-capacity LRU set of block hashes.
+type blockLRU struct {
+	cap        int
+	pos        map[uint64]int32
+	ents       []lruEnt
+	head, tail int32
+}
+
+type lruEnt struct {
+	h          uint64
+	prev, next int32
+}
+
+func newBlockLRU(capacity int) *blockLRU {
+	return &blockLRU{cap: max(capacity, 1), pos: map[uint64]int32{}, head: -1, tail: -1}
+}
+
+func (l *blockLRU) unlink(i int32) {
+	e := &l.ents[i]
+	if e.prev >= 0 {
+		l.ents[e.prev].next = e.next
+	} else {
+		l.head = e.next
+	}
+	if e.next >= 0 {
+		l.ents[e.next].prev = e.prev
+	} else {
+		l.tail = e.prev
+	}
+}
+
+func (l *blockLRU) pushFront(i int32) {
+	e := &l.ents[i]
+	e.prev, e.next = -1, l.head
+	if l.head >= 0 {
+		l.ents[l.head].prev = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+// touch moves h to the front; false when absent.
+func (l *blockLRU) touch(h uint64) bool {
+	i, ok := l.pos[h]
+	if !ok {
+		return false
+	}
+	l.unlink(i)
+	l.pushFront(i)
+	return true
+}
+
+// add inserts an absent h; when full it evicts the least recently used hash and
+// returns it.
+func (l *blockLRU) add(h uint64) (evicted uint64, ok bool) {
+	var i int32
+	if len(l.ents) < l.cap {
+		i = int32(len(l.ents))
+		l.ents = append(l.ents, lruEnt{h: h})
+	} else {
+		i = l.tail
+		evicted, ok = l.ents[i].h, true
+		delete(l.pos, evicted)
+		l.unlink(i)
+		l.ents[i].h = h
+	}
+	l.pos[h] = i
+	l.pushFront(i)
+	return evicted, ok
+}

@@ -1,0 +1,163 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Result is one policy's numbers for one run, over the measured requests (those that
+// arrived after the warm-up).
+type Result struct {
+	Policy   string
+	Replicas int
+	GPUs     int // Replicas x the profile's tensor-parallel degree
+
+	Requests int // completed
+	Failed   int // aborted by a fault, refused everywhere, or rejected (Rejected)
+	Rejected int // the engine refused them (too long)
+
+	// CachedTokenRate is cached prompt tokens / prompt tokens, as the engines counted
+	// them at admission (usage.prompt_tokens_details.cached_tokens).
+	CachedTokenRate float64
+	TTFTp50         time.Duration
+	TTFTp95         time.Duration
+	TTFTp99         time.Duration
+	E2Ep50          time.Duration
+	// MaxMeanQueue is the time-averaged largest queued-prefill-token count over the
+	// time-averaged mean, sampled every 100 ms while requests arrive: 1 is perfectly
+	// even; herding shows as a large value.
+	MaxMeanQueue float64
+	// SpillRate is the share of requests not sent to a replica holding the longest
+	// cached prefix of the prompt (the engines' real caches at decision time).
+	SpillRate float64
+	// RuleSpillRate is the same by the policy's own view (kvroute and oracle: the rule's
+	// Spill flag); NaN for policies without one.
+	RuleSpillRate float64
+	Preemptions   int
+
+	// Hot and Others split the requests by HotGroup.
+	Hot, Others *GroupStats
+
+	// Aborted: the run stopped early because the TTFT bound could not be met.
+	Aborted bool
+	SimTime time.Duration
+	Wall    time.Duration
+}
+
+// GroupStats describes one set of requests.
+type GroupStats struct {
+	Requests int
+	TTFTp95  time.Duration
+	// Replicas is how many replicas served at least 1% of them; Effective is the
+	// inverse Simpson index of their spread, (sum n)^2 / sum n^2.
+	Replicas  int
+	Effective float64
+}
+
+// Quantile returns the q-quantile (nearest rank) of sorted durations.
+func Quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	k := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(k, len(sorted)-1))]
+}
+
+func (r *runner) result() *Result {
+	res := &Result{Policy: r.pol.Name(), Replicas: r.cfg.Replicas, GPUs: r.cfg.Replicas * r.cfg.Profile.GPUs,
+		Aborted: r.aborted, SimTime: r.now, RuleSpillRate: math.NaN()}
+	var ttft, e2e []time.Duration
+	var prompt, cached int64
+	routed, spills, ruled, ruleSpills := 0, 0, 0, 0
+	hot, others := &groupAcc{per: map[int32]int{}}, &groupAcc{per: map[int32]int{}}
+	for i := range r.recs {
+		rec := &r.recs[i]
+		if !rec.measured {
+			continue
+		}
+		if rec.routed {
+			routed++
+			if rec.spill {
+				spills++
+			}
+			if rec.rule {
+				ruled++
+				if rec.ruleSpill {
+					ruleSpills++
+				}
+			}
+		}
+		res.Preemptions += int(rec.preempts)
+		switch rec.state {
+		case done:
+			res.Requests++
+			ttft = append(ttft, rec.first-rec.at)
+			e2e = append(e2e, rec.end-rec.at)
+			prompt += int64(rec.prompt)
+			cached += int64(rec.cached)
+			if r.cfg.HotGroup >= 0 {
+				_, g := r.w.Arrival(i)
+				acc := others
+				if g == r.cfg.HotGroup {
+					acc = hot
+				}
+				acc.ttft = append(acc.ttft, rec.first-rec.at)
+				acc.per[rec.replica]++
+			}
+		case failed:
+			res.Failed++
+			if rec.rejected {
+				res.Rejected++
+			}
+		}
+	}
+	slices.Sort(ttft)
+	slices.Sort(e2e)
+	if r.aborted {
+		inf := time.Duration(math.MaxInt64)
+		res.TTFTp50, res.TTFTp95, res.TTFTp99, res.E2Ep50 = inf, inf, inf, inf
+	} else {
+		res.TTFTp50, res.TTFTp95, res.TTFTp99 = Quantile(ttft, 0.50), Quantile(ttft, 0.95), Quantile(ttft, 0.99)
+		res.E2Ep50 = Quantile(e2e, 0.50)
+	}
+	if prompt > 0 {
+		res.CachedTokenRate = float64(cached) / float64(prompt)
+	}
+	if r.sumMean > 0 {
+		res.MaxMeanQueue = r.sumMax / r.sumMean
+	} else if r.samples > 0 {
+		res.MaxMeanQueue = 1
+	}
+	if routed > 0 {
+		res.SpillRate = float64(spills) / float64(routed)
+		if ruled > 0 {
+			res.RuleSpillRate = float64(ruleSpills) / float64(ruled)
+		}
+	}
+	if r.cfg.HotGroup >= 0 {
+		res.Hot, res.Others = hot.stats(), others.stats()
+	}
+	return res
+}
+
+type groupAcc struct {
+	ttft []time.Duration
+	per  map[int32]int
+}
+
+func (a *groupAcc) stats() *GroupStats {
+	slices.Sort(a.ttft)
+	g := &GroupStats{Requests: len(a.ttft), TTFTp95: Quantile(a.ttft, 0.95)}
+	var sq float64
+	for _, k := range a.per {
+		if float64(k) >= 0.01*float64(g.Requests) {
+			g.Replicas++
+		}
+		sq += float64(k) * float64(k)
+	}
+	if sq > 0 {
+		g.Effective = float64(g.Requests) * float64(g.Requests) / sq
+	}
+	return g
+}

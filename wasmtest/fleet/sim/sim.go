@@ -1,0 +1,503 @@
+// Package sim is the fleet simulation: N replicas of the engine simulator's
+// deterministic core (package wasmtest/engine/sched, the same scheduler, prefix cache and
+// timing model as the engine binary, on a virtual clock) serving a workload under one
+// routing policy, in virtual time.
+//
+// The loop jumps from event to event: the next arrival, the policy's next timer
+// (scrapes, table publishes, polls), a queue sample, a fault. Before each, every
+// engine is advanced to that instant, so the hooks (KV events, first tokens, finished
+// requests) reach the policy before it decides anything later. One run is one
+// goroutine and is deterministic: same seed, same workload, same result.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/cache"
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// FaultKind is what happens to a replica.
+type FaultKind uint8
+
+const (
+	// Kill: the replica's process dies for good; in-flight requests fail, requests sent
+	// to it are refused (the proxy retries the next endpoint), and discovery drops it
+	// after Config.DetectDelay.
+	Kill FaultKind = iota + 1
+	// Restart: the engine restarts at once: in-flight requests fail and its cache is
+	// empty (it publishes AllBlocksCleared).
+	Restart
+)
+
+func (k FaultKind) String() string {
+	switch k {
+	case Kill:
+		return "kill"
+	case Restart:
+		return "restart"
+	}
+	return "unknown"
+}
+
+// Fault is one scheduled fault.
+type Fault struct {
+	At      time.Duration
+	Kind    FaultKind
+	Replica int
+}
+
+// Config configures a run.
+type Config struct {
+	Replicas int
+	Profile  timing.Profile
+	Workload workload.Workload
+	Seed     uint64
+	// Routers is the number of proxies; request i goes to RouterOf(i).
+	Routers int
+	// Stream: clients stream, so response headers reach the proxy as soon as the engine
+	// accepted the request (vLLM's StreamingResponse sends them at once); otherwise
+	// they arrive with the whole response.
+	Stream      bool
+	Faults      []Fault
+	DetectDelay time.Duration // discovery drops a killed replica after this (default 1 s)
+	// Warmup: requests arriving before it are run but not measured.
+	Warmup time.Duration
+	// SampleEvery is the queue-depth sampling period (default 100 ms).
+	SampleEvery time.Duration
+	// AbortTTFT, when positive, stops the run as soon as the AbortQuantile of TTFT
+	// over the measured requests is certain to exceed it (replica searches).
+	AbortTTFT     time.Duration
+	AbortQuantile float64
+	// HotGroup, when >= 0, is reported apart from the other groups.
+	HotGroup int
+}
+
+// RouterOf assigns request i to one of k proxies, uniformly and deterministically.
+func RouterOf(seed uint64, i, k int) int {
+	if k <= 1 {
+		return 0
+	}
+	return policy.NewRand(seed, uint64(i)+1000).IntN(k)
+}
+
+// NewPolicy builds the policy of a run over the fleet; routerOf tells each request's
+// proxy.
+type NewPolicy func(f policy.Fleet, routerOf func(r *workload.Request) int) (policy.Policy, error)
+
+type reqState uint8
+
+const (
+	pending reqState = iota
+	inflight
+	done
+	failed
+)
+
+type record struct {
+	req                   *workload.Request
+	replica               int32
+	state                 reqState
+	routed, rule          bool
+	spill, ruleSpill      bool
+	at, first, end        time.Duration
+	prompt, cached        int32
+	preempts              int32
+	measured, hasFirst    bool
+	rejected, lateCounted bool
+}
+
+// fleet implements policy.Fleet.
+type fleet struct {
+	engines   []*sched.Engine
+	addrs     []string
+	alive     []bool // the process answers
+	up        []bool // discovery lists it
+	inflight  []int
+	blockSize int
+	capacity  int
+}
+
+func (f *fleet) Len() int                { return len(f.engines) }
+func (f *fleet) Addr(i int) string       { return f.addrs[i] }
+func (f *fleet) Up(i int) bool           { return f.up[i] }
+func (f *fleet) Reachable(i int) bool    { return f.alive[i] }
+func (f *fleet) State(i int) sched.State { return f.engines[i].State() }
+func (f *fleet) Stats(i int) sched.Stats { return f.engines[i].Stats() }
+func (f *fleet) CapacityTokens(int) int  { return f.capacity }
+func (f *fleet) BlockSize() int          { return f.blockSize }
+func (f *fleet) CachedPrefix(i int, r *workload.Request) int {
+	if !f.alive[i] {
+		return 0
+	}
+	return f.engines[i].CachedPrefixChain(r.Chain, len(r.Tokens))
+}
+
+// Addr is replica i's address in every simulation.
+func Addr(i int) string { return fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1) }
+
+type runner struct {
+	cfg   Config
+	w     workload.Workload
+	f     *fleet
+	pol   policy.Policy
+	recs  []record
+	rng   *policy.Rand
+	inflt int
+	now   time.Duration
+
+	// queue samples
+	sumMax, sumMean float64
+	samples         int
+	lastArrival     time.Duration
+
+	// early stop
+	measuredN, lateN, scan int
+	aborted                bool
+}
+
+// Run simulates the workload under the policy mk builds.
+func Run(cfg Config, mk NewPolicy) (*Result, error) {
+	start := time.Now()
+	if cfg.Replicas < 1 {
+		return nil, fmt.Errorf("sim: %d replicas", cfg.Replicas)
+	}
+	if cfg.Workload == nil || cfg.Workload.Len() == 0 {
+		return nil, errors.New("sim: empty workload")
+	}
+	if cfg.DetectDelay <= 0 {
+		cfg.DetectDelay = time.Second
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = 100 * time.Millisecond
+	}
+	if cfg.Routers < 1 {
+		cfg.Routers = 1
+	}
+	r := &runner{cfg: cfg, w: cfg.Workload, rng: policy.NewRand(cfg.Seed, 7)}
+	f := &fleet{blockSize: cfg.Profile.BlockSize, capacity: cfg.Profile.NumGPUBlocks() * cfg.Profile.BlockSize}
+	r.f = f
+	routerOf := func(q *workload.Request) int { return RouterOf(cfg.Seed, q.Index, cfg.Routers) }
+	for i := range cfg.Replicas {
+		f.addrs = append(f.addrs, Addr(i))
+		f.alive = append(f.alive, true)
+		f.up = append(f.up, true)
+		f.inflight = append(f.inflight, 0)
+	}
+	var err error
+	// The policy is built first (it must not look at engine state while constructed):
+	// the engines' hooks depend on whether it wants KV events.
+	f.engines = make([]*sched.Engine, cfg.Replicas)
+	if r.pol, err = mk(f, routerOf); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Replicas {
+		ec := sched.Config{Profile: cfg.Profile, OnFinish: r.onFinish}
+		if r.pol.WantsEvents() {
+			ec.OnEvents = func(at time.Duration, evs []kvevents.Event) {
+				if f.alive[i] {
+					r.pol.Events(i, at, evs)
+				}
+			}
+		}
+		ec.OnToken = r.onToken
+		if f.engines[i], err = sched.New(ec); err != nil {
+			return nil, err
+		}
+	}
+	n := r.w.Len()
+	r.recs = make([]record, n)
+	for i := range n {
+		at, _ := r.w.Arrival(i)
+		r.recs[i].at = at
+		if at >= cfg.Warmup {
+			r.recs[i].measured = true
+			r.measuredN++
+		}
+	}
+	r.lastArrival = r.recs[n-1].at
+	if err := r.loop(); err != nil {
+		return nil, err
+	}
+	res := r.result()
+	res.Wall = time.Since(start)
+	return res, nil
+}
+
+func (r *runner) advanceEngines(t time.Duration) {
+	for i, e := range r.f.engines {
+		if !r.f.alive[i] {
+			continue
+		}
+		for at, ok := e.NextStepAt(); ok && at <= t; at, ok = e.NextStepAt() {
+			e.Advance(at)
+		}
+		e.Advance(t)
+	}
+}
+
+func (r *runner) loop() error {
+	src := r.w.NewSource()
+	faults := slices.Clone(r.cfg.Faults)
+	slices.SortStableFunc(faults, func(a, b Fault) int { return int(a.At - b.At) })
+	type detection struct {
+		at      time.Duration
+		replica int
+	}
+	var detections []detection
+	next := 0
+	n := len(r.recs)
+	sample := time.Duration(0)
+	checkEvery := time.Second
+	nextCheck := checkEvery
+	limit := r.lastArrival + 6*time.Hour
+	for next < n || r.inflt > 0 {
+		t := policy.Never
+		if next < n {
+			t = r.recs[next].at
+		}
+		t = min(t, r.pol.NextWake(), sample)
+		if len(faults) > 0 {
+			t = min(t, faults[0].At)
+		}
+		if len(detections) > 0 {
+			t = min(t, detections[0].at)
+		}
+		if t > limit {
+			return fmt.Errorf("sim: requests still in flight %v after the last arrival", limit-r.lastArrival)
+		}
+		r.advanceEngines(t)
+		r.now = t
+		for len(faults) > 0 && faults[0].At <= t {
+			ft := faults[0]
+			faults = faults[1:]
+			if ft.Replica < 0 || ft.Replica >= len(r.f.engines) || !r.f.alive[ft.Replica] {
+				continue
+			}
+			switch ft.Kind {
+			case Kill:
+				r.f.alive[ft.Replica] = false
+				r.f.engines[ft.Replica].Restart(t) // aborts everything it holds
+				detections = append(detections, detection{t + r.cfg.DetectDelay, ft.Replica})
+			case Restart:
+				r.f.engines[ft.Replica].Restart(t)
+			}
+		}
+		for len(detections) > 0 && detections[0].at <= t {
+			r.f.up[detections[0].replica] = false
+			detections = detections[1:]
+			r.pol.Membership(t)
+		}
+		if sample <= t {
+			r.sampleQueues(t)
+			sample += r.cfg.SampleEvery
+		}
+		if r.pol.NextWake() <= t {
+			r.pol.Wake(t)
+		}
+		for next < n && r.recs[next].at <= t {
+			r.arrive(src, next, t)
+			next++
+		}
+		if r.cfg.AbortTTFT > 0 && t >= nextCheck {
+			nextCheck = t + checkEvery
+			if r.hopeless(t) {
+				r.aborted = true
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+func (r *runner) sampleQueues(t time.Duration) {
+	if t < r.cfg.Warmup || t > r.lastArrival {
+		return
+	}
+	mx, sum, k := 0.0, 0.0, 0
+	for i, e := range r.f.engines {
+		if !r.f.alive[i] {
+			continue
+		}
+		q := float64(e.State().QueuedPrefillTokens)
+		mx = max(mx, q)
+		sum += q
+		k++
+	}
+	if k == 0 {
+		return
+	}
+	r.sumMax += mx
+	r.sumMean += sum / float64(k)
+	r.samples++
+}
+
+// fallback is Envoy's least_request (power of two choices) among listed, reachable
+// replicas: where a request goes when the policy named none that answers.
+func (r *runner) fallback() int {
+	var cands []int
+	for i := range r.f.engines {
+		if r.f.alive[i] && r.f.up[i] {
+			cands = append(cands, i)
+		}
+	}
+	switch len(cands) {
+	case 0:
+		return -1
+	case 1:
+		return cands[0]
+	}
+	a := cands[r.rng.IntN(len(cands))]
+	b := cands[r.rng.IntN(len(cands))]
+	if r.f.inflight[b] < r.f.inflight[a] {
+		return b
+	}
+	return a
+}
+
+func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
+	req := src.Request(i)
+	rec := &r.recs[i]
+	rec.req = req
+	rec.prompt = int32(len(req.Tokens))
+	ch := r.pol.Route(req, now)
+	target := -1
+	for _, j := range ch.Order {
+		if j >= 0 && j < len(r.f.engines) && r.f.alive[j] {
+			target = j // connection refused on the ones before: the proxy retried
+			break
+		}
+	}
+	if target < 0 {
+		target = r.fallback()
+	}
+	if target < 0 {
+		rec.state = failed
+		rec.req = nil
+		return
+	}
+	rec.routed, rec.rule, rec.ruleSpill = true, ch.Rule, ch.Spill
+	rec.spill = r.spilled(req, target)
+	rec.replica = int32(target)
+	sr := &sched.Request{Prompt: req.Tokens, Chain: req.Chain, MaxTokens: req.OutputTokens, Owner: rec}
+	r.pol.Sent(req, target, now)
+	if err := r.f.engines[target].Submit(now, sr); err != nil {
+		// vLLM answers 400 for prompts it can never run.
+		rec.state, rec.rejected = failed, true
+		r.pol.Started(req, target, now)
+		r.pol.Finished(req, target, now, policy.Outcome{Status: 400, CachedTokens: -1})
+		rec.req = nil
+		return
+	}
+	rec.state = inflight
+	r.inflt++
+	r.f.inflight[target]++
+	// The engine copied the chain; the proxy is done with the body.
+	req.Body, req.MessagesJSON, req.Chain, req.Messages = nil, nil, nil, nil
+	if r.cfg.Stream {
+		r.pol.Started(req, target, now)
+	}
+}
+
+// spilled reports whether some reachable replica holds a longer cached prefix of req
+// than target does. A replica can only beat target's c cached tokens if it holds the
+// block right after them, so one lookup per replica suffices for most.
+func (r *runner) spilled(req *workload.Request, target int) bool {
+	bs := r.f.blockSize
+	mine := r.f.engines[target].CachedPrefixChain(req.Chain, len(req.Tokens))
+	next := mine / bs
+	if next >= (len(req.Tokens)-1)/bs {
+		return false // target holds all the engine can reuse
+	}
+	probe := cache.Chain{Hashes: req.Chain.Hashes[next : next+1]}
+	for j, e := range r.f.engines {
+		if j == target || !r.f.alive[j] {
+			continue
+		}
+		if e.CachedPrefixChain(&probe, bs+1) > 0 && e.CachedPrefixChain(req.Chain, len(req.Tokens)) > mine {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *runner) onToken(sr *sched.Request, at time.Duration) {
+	if len(sr.Output) != 1 {
+		return
+	}
+	rec := sr.Owner.(*record)
+	rec.first, rec.hasFirst = at, true
+	if r.cfg.Stream {
+		r.pol.FirstByte(rec.req, int(rec.replica), at)
+	}
+	if r.cfg.AbortTTFT > 0 && rec.measured && at-rec.at > r.cfg.AbortTTFT {
+		rec.lateCounted = true
+		r.lateN++
+	}
+}
+
+func (r *runner) onFinish(sr *sched.Request, at time.Duration) {
+	rec := sr.Owner.(*record)
+	i := int(rec.replica)
+	r.inflt--
+	r.f.inflight[i]--
+	rec.end = at
+	rec.preempts = int32(sr.Preemptions)
+	o := policy.Outcome{Status: 200, CachedTokens: -1}
+	if sr.FinishReason == "length" {
+		rec.state = done
+		rec.first, rec.hasFirst = sr.FirstTokenAt, true
+		rec.cached = int32(sr.CachedTokens)
+		o = policy.Outcome{Status: 200, PromptTokens: len(sr.Prompt), CachedTokens: sr.CachedTokens, Completed: true}
+	} else {
+		rec.state = failed
+		if !r.cfg.Stream {
+			o.Status = 503 // reset before the response headers: Envoy's local reply
+		}
+		if rec.measured && !rec.lateCounted && r.cfg.AbortTTFT > 0 {
+			rec.lateCounted = true
+			r.lateN++
+		}
+	}
+	req := rec.req
+	rec.req = nil
+	if !r.cfg.Stream {
+		r.pol.Started(req, i, at)
+		r.pol.FirstByte(req, i, at)
+	}
+	r.pol.Finished(req, i, at, o)
+}
+
+// hopeless reports whether the TTFT quantile already exceeds AbortTTFT: more than
+// (1-q) of the measured requests had, or will have, a longer TTFT (or failed).
+func (r *runner) hopeless(now time.Duration) bool {
+	allowed := int(math.Floor((1 - r.cfg.AbortQuantile) * float64(r.measuredN)))
+	late := r.lateN
+	if late > allowed {
+		return true
+	}
+	for r.scan < len(r.recs) && (r.recs[r.scan].hasFirst || r.recs[r.scan].state == failed || !r.recs[r.scan].measured) {
+		r.scan++
+	}
+	for j := r.scan; j < len(r.recs); j++ {
+		rec := &r.recs[j]
+		if now-rec.at <= r.cfg.AbortTTFT {
+			break
+		}
+		if rec.measured && !rec.hasFirst && rec.state != failed {
+			late++
+			if late > allowed {
+				return true
+			}
+		}
+	}
+	return false
+}
