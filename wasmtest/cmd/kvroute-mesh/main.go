@@ -45,6 +45,20 @@ type options struct {
 
 func parse(args []string, out io.Writer) (options, error) {
 	var o options
+	fs := newFlagSet(&o, out)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.replicas < 1 || o.vms < 1 || o.timeScale <= 0 || o.every <= 0 {
+		return o, errors.New("--replicas, --vms, --time-scale and --summary-every must be positive")
+	}
+	return o, nil
+}
+
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("kvroute-mesh", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
@@ -72,16 +86,7 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.demoLoad.Duration, "demo-duration", 30*time.Second, "demo: length of each of the two runs")
 	fs.Float64Var(&o.demoLoad.HotShare, "demo-hot-share", 0, "demo: share of requests from customer 0 (a hot prefix)")
 	fs.Uint64Var(&o.demoLoad.Seed, "demo-seed", 1, "demo: seed of arrivals and questions")
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if o.replicas < 1 || o.vms < 1 || o.timeScale <= 0 || o.every <= 0 {
-		return o, errors.New("--replicas, --vms, --time-scale and --summary-every must be positive")
-	}
-	return o, nil
+	return fs
 }
 
 func main() {
