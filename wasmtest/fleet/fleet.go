@@ -26,6 +26,16 @@ var Policies = []string{
 	"round-robin", "random", "least-queued", "chwbl", "sglang-cache-aware", "weighted-scorers", "kvroute", "oracle",
 }
 
+// Proposed is kvroute with the changes this simulation argues for (see the package
+// README): ledger entries end at the first response bytes, the table is dated from its
+// generation, and speculative placements outlive a slow response. Not in Policies: it is
+// not what ships.
+const Proposed = "kvroute-proposed"
+
+// ProposedSpecTTL outlives the end-to-end latency of a loaded fleet (tens of seconds),
+// so a placement is still known when its outcome confirms it.
+const ProposedSpecTTL = 60 * time.Second
+
 // Options configure runs.
 type Options struct {
 	Replicas int
@@ -57,7 +67,7 @@ func DefaultOptions() Options {
 	}
 }
 
-// ParsePolicies checks a comma-separated list ("" or "all": every policy).
+// ParsePolicies checks a comma-separated list; "all" (or "") stands for Policies.
 func ParsePolicies(s string) ([]string, error) {
 	if s == "" || s == "all" {
 		return Policies, nil
@@ -65,7 +75,15 @@ func ParsePolicies(s string) ([]string, error) {
 	var out []string
 	for _, n := range strings.Split(s, ",") {
 		n = strings.TrimSpace(n)
-		if !slices.Contains(Policies, n) {
+		if n == "all" {
+			for _, p := range Policies {
+				if !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+			continue
+		}
+		if !slices.Contains(Policies, n) && n != Proposed {
 			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(Policies, ", "))
 		}
 		if !slices.Contains(out, n) {
@@ -103,6 +121,16 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
 			return kvroute.New(f, routerOf, c)
+		case Proposed:
+			c := o.KVRoute
+			c.Routers, c.Seed = o.Routers, seed
+			c.LedgerDoneAtFirstByte, c.AgeFromGeneration = true, true
+			c.Index.SpecTTL = max(c.Index.SpecTTL, ProposedSpecTTL)
+			p, err := kvroute.New(f, routerOf, c)
+			if p != nil {
+				p.Label = Proposed
+			}
+			return p, err
 		}
 		return nil, fmt.Errorf("unknown policy %q", name)
 	}
@@ -171,7 +199,7 @@ func Compare(w workload.Workload, names []string, o Options) ([]*sim.Result, err
 // policies overload small fleets, which makes long queues).
 func cost(name string) int {
 	switch name {
-	case "kvroute":
+	case "kvroute", Proposed:
 		return 3
 	case "round-robin", "random", "least-queued":
 		return 2

@@ -129,6 +129,9 @@ func TestParsePolicies(t *testing.T) {
 	two, err := ParsePolicies("kvroute, oracle,kvroute")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"kvroute", "oracle"}, two)
+	more, err := ParsePolicies("all," + Proposed)
+	require.NoError(t, err)
+	assert.Equal(t, append(slices.Clone(Policies), Proposed), more)
 	_, err = ParsePolicies("kvroute,nope")
 	assert.ErrorContains(t, err, "nope")
 }

@@ -113,7 +113,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
 		speedup     = fs.Float64("speedup", 1, "divide trace timestamps by this")
 		profile     = fs.String("profile", "seed000", "replica timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200) or fast")
-		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ","))
+		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ",")+" (all), or "+fleet.Proposed+" (kvroute with the proposed changes)")
 		rate        = fs.Float64("rate", 0, "requests per second (default: the workload's: seed 40, gsp 8, multiturn 10)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
@@ -151,6 +151,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.Stream, "stream", o.Stream, "clients stream (response headers reach the proxy when the engine accepts the request)")
 	fs.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "simulations run at once")
 	fs.BoolVar(&o.KVRoute.LedgerDoneAtFirstByte, "ledger-first-byte", false, "kvroute: end ledger entries at the first response body bytes, not the headers (a proposed filter change)")
+	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", false, "kvroute: date the table from its version's generation, not the poll (a proposed filter/control-plane change)")
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")

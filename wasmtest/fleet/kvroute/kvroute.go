@@ -60,6 +60,11 @@ type Config struct {
 	// bytes instead of its response headers: a proposed change to filter/response.go,
 	// not what the filter does (vLLM streams send headers before prefill even starts).
 	LedgerDoneAtFirstByte bool
+	// AgeFromGeneration dates the table from when its version was generated instead of
+	// when the poll returned: a proposed change (the control plane would tell the filter
+	// its version's age), so the ledger's "sent after the snapshot" cut-off and the
+	// state-age guard see the real age of the queue numbers.
+	AgeFromGeneration bool
 }
 
 // DefaultConfig is kvroute as shipped.
@@ -105,6 +110,8 @@ type Policy struct {
 	routers []*router
 	placed  map[uint64]*placement
 	Stats   Stats
+	// Label, when set, is the policy's name in results (variants of the deployment).
+	Label string
 }
 
 type published struct {
@@ -124,7 +131,8 @@ type router struct {
 	t            *table.Table
 	loaded       bool
 	confirmed    time.Duration
-	applied      int // global number of frames applied
+	generated    time.Duration // when the newest applied version was published
+	applied      int           // global number of frames applied
 	poll, report policy.Timer
 	queue        []api.Report
 	parser       prompt.Parser
@@ -176,7 +184,12 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 // Index exposes the control plane's index (tests, debugging).
 func (p *Policy) Index() *index.Index { return p.ix }
 
-func (p *Policy) Name() string { return "kvroute" }
+func (p *Policy) Name() string {
+	if p.Label != "" {
+		return p.Label
+	}
+	return "kvroute"
+}
 
 func (p *Policy) WantsEvents() bool { return true }
 
@@ -281,9 +294,13 @@ func (p *Policy) pollTable(r *router, now time.Duration) {
 		}
 		r.applied++
 		r.loaded = true
+		r.generated = pf.at
 	}
 	if r.loaded {
 		r.confirmed = now
+		if p.cfg.AgeFromGeneration {
+			r.confirmed = r.generated
+		}
 	}
 }
 
