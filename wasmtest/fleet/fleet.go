@@ -27,9 +27,8 @@ var Policies = []string{
 }
 
 // Proposed is kvroute with the changes this simulation argues for (see the package
-// README): ledger entries end at the first response bytes, the table is dated from its
-// generation, and speculative placements outlive a slow response. Not in Policies: it is
-// not what ships.
+// README): the table is dated from its generation, and speculative placements outlive a
+// slow response. Not in Policies: it is not what ships.
 const Proposed = "kvroute-proposed"
 
 // ProposedSpecTTL outlives the end-to-end latency of a loaded fleet (tens of seconds),
@@ -56,6 +55,8 @@ type Options struct {
 	LeastQueuedScrape time.Duration
 	// Parallel bounds concurrent runs (default GOMAXPROCS).
 	Parallel int
+	// WasmPath is the filter module kvroute-wasm loads ("": built from this checkout).
+	WasmPath string
 }
 
 // DefaultOptions are seed 000's fleet as the issue states it.
@@ -83,7 +84,7 @@ func ParsePolicies(s string) ([]string, error) {
 			}
 			continue
 		}
-		if !slices.Contains(Policies, n) && n != Proposed {
+		if !slices.Contains(Policies, n) && n != Proposed && n != kvroute.WasmName {
 			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(Policies, ", "))
 		}
 		if !slices.Contains(out, n) {
@@ -121,10 +122,14 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
 			return kvroute.New(f, routerOf, c)
+		case kvroute.WasmName:
+			c := o.KVRoute
+			c.Routers, c.Seed = o.Routers, seed
+			return kvroute.NewWasm(f, routerOf, c, kvroute.WasmOptions{Path: o.WasmPath})
 		case Proposed:
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
-			c.LedgerDoneAtFirstByte, c.AgeFromGeneration = true, true
+			c.AgeFromGeneration = true
 			c.Index.SpecTTL = max(c.Index.SpecTTL, ProposedSpecTTL)
 			p, err := kvroute.New(f, routerOf, c)
 			if p != nil {
@@ -199,6 +204,8 @@ func Compare(w workload.Workload, names []string, o Options) ([]*sim.Result, err
 // policies overload small fleets, which makes long queues).
 func cost(name string) int {
 	switch name {
+	case kvroute.WasmName:
+		return 4
 	case "kvroute", Proposed:
 		return 3
 	case "round-robin", "random", "least-queued":

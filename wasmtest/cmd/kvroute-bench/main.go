@@ -22,12 +22,14 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 	"github.com/kvroute/kvroute/wasmtest/fleet"
+	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
 	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
@@ -125,7 +127,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		stale       time.Duration
 		stride      = fs.Int("stride", 4, "kvroute: table checkpoint stride (blocks per key)")
 		tieEps      = fs.Float64("tie-epsilon", o.KVRoute.Rule.TieEpsilon, "kvroute and oracle: near-tie fraction broken at random")
-		wasm        = fs.Bool("wasm", false, "run kvroute through the compiled filter on the wasm host (not available yet)")
+		wasm        = fs.Bool("wasm", false, "also run kvroute through the compiled filter (bin/kvroute.wasm's code, built from this checkout) on the wasm host: policy kvroute-wasm")
 		cpuprofile  = fs.String("cpuprofile", "", "write a CPU profile here")
 	)
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
@@ -149,8 +151,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&slo, time.Second}, "slo-ttft-p95", "with --find-replicas: the TTFT p95 bound (seconds or a duration)")
 	fs.Var(durFlag{&o.Warmup, time.Second}, "warmup", "requests arriving before this are not measured")
 	fs.BoolVar(&o.Stream, "stream", o.Stream, "clients stream (response headers reach the proxy when the engine accepts the request)")
+	fs.StringVar(&o.WasmPath, "wasm-path", "", "with --wasm: the filter module to load (default: built from filter/)")
 	fs.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "simulations run at once")
-	fs.BoolVar(&o.KVRoute.LedgerDoneAtFirstByte, "ledger-first-byte", false, "kvroute: end ledger entries at the first response body bytes, not the headers (a proposed filter change)")
 	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", false, "kvroute: date the table from its version's generation, not the poll (a proposed filter/control-plane change)")
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
@@ -165,12 +167,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *wasm {
-		return errors.New("--wasm: running kvroute through the compiled filter on the wasm host is not implemented yet (see the fleet package documentation)")
-	}
 	names, err := fleet.ParsePolicies(*policies)
 	if err != nil {
 		return err
+	}
+	if *wasm && !slices.Contains(names, kvroute.WasmName) {
+		names = append(names, kvroute.WasmName)
 	}
 	if o.Profile, err = timing.ByName(*profile); err != nil {
 		return err

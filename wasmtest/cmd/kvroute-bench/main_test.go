@@ -73,7 +73,6 @@ func TestBadFlags(t *testing.T) {
 		{"--kill-replica", "soon"},
 		{"--shared-fraction", "2"},
 		{"--trace", "x.jsonl", "--trace-format", "other"},
-		{"--wasm"},
 		{"extra"},
 	}
 	for _, c := range cases {

@@ -19,13 +19,10 @@
 package kvroute
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/index"
-	cpkv "github.com/kvroute/kvroute/controlplane/kvevents"
-	"github.com/kvroute/kvroute/controlplane/scrape"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -48,6 +45,8 @@ type Config struct {
 	ScrapeInterval, PublishInterval time.Duration
 	PollInterval, ReportInterval    time.Duration
 	MaxReportBatch                  int
+	// MaxBodyBytes and MaxJSONDepth bound the body parse, as the filter's config does.
+	MaxBodyBytes, MaxJSONDepth int
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
 	Seed  uint64
@@ -56,10 +55,6 @@ type Config struct {
 	// the same without them (TestTokenKeysDoNotChangeTextRouting) at a third of the
 	// cost; removals and clears, which age and clear text-domain entries, always go in.
 	TokenKeys bool
-	// LedgerDoneAtFirstByte ends a request's ledger entry at its first response body
-	// bytes instead of its response headers: a proposed change to filter/response.go,
-	// not what the filter does (vLLM streams send headers before prefill even starts).
-	LedgerDoneAtFirstByte bool
 	// AgeFromGeneration dates the table from when its version was generated instead of
 	// when the poll returned: a proposed change (the control plane would tell the filter
 	// its version's age), so the ledger's "sent after the snapshot" cut-off and the
@@ -67,14 +62,30 @@ type Config struct {
 	AgeFromGeneration bool
 }
 
-// DefaultConfig is kvroute as shipped.
+// DefaultConfig is kvroute as shipped: the filter's defaults (api.ParseConfig: poll,
+// report interval and batch, guards, body limit) and the control plane's
+// (controlplane.Options: scrape 100 ms, publish 50 ms; index.Config defaults).
 func DefaultConfig() Config {
+	fc := filterDefaults()
 	return Config{
-		Model: workload.DefaultModel, Routers: 1, Rule: rule.DefaultParams(),
+		Model: workload.DefaultModel, Routers: 1,
+		Rule: rule.Params{MaxKVUsage: fc.Guards.MaxKVUsage, MaxStateAge: time.Duration(fc.Guards.MaxStateAgeMs) * time.Millisecond,
+			TieEpsilon: fc.Guards.TieEpsilon, MaxEndpoints: fc.Guards.MaxEndpoints},
 		ScrapeInterval: 100 * time.Millisecond, PublishInterval: 50 * time.Millisecond,
-		PollInterval: 100 * time.Millisecond, ReportInterval: 500 * time.Millisecond,
-		MaxReportBatch: 512, Seed: 1,
+		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
+		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
+		MaxReportBatch: fc.ControlPlane.MaxReportBatch, MaxBodyBytes: fc.MaxBodyBytes, MaxJSONDepth: fc.MaxJSONDepth,
+		Seed: 1,
 	}
+}
+
+// filterDefaults is the filter's configuration with every default filled in.
+func filterDefaults() api.Config {
+	c, err := api.ParseConfig([]byte(`{"control_plane":{"cluster":"kvroute","authority":"kvroute"}}`))
+	if err != nil {
+		panic(fmt.Sprintf("kvroute sim: the filter's default configuration does not parse: %v", err))
+	}
+	return c
 }
 
 // Epoch is the wall-clock time of simulated time 0 (the filter and index use time.Time).
@@ -91,21 +102,12 @@ type Stats struct {
 // Policy is kvroute's policy over a simulated fleet.
 type Policy struct {
 	policy.Base
-	cfg      Config
-	f        policy.Fleet
-	routerOf func(*workload.Request) int
-	ix       *index.Index
-	events   cpkv.Handler
-	ids      []string
-	addrIdx  map[string]int
-	seq      []uint64
-	listed   []bool
-	evbuf    []cpkv.Event
-
-	scrape, publish policy.Timer
-	frames          []published // not yet seen by every proxy
-	framesBase      int         // global number of frames[0]
-	version         uint64
+	cfg Config
+	*controlPlane
+	routerOf   func(*workload.Request) int
+	frames     []published // not yet seen by every proxy
+	framesBase int         // global number of frames[0]
+	version    uint64
 
 	routers []*router
 	placed  map[uint64]*placement
@@ -140,33 +142,37 @@ type router struct {
 	order        []int
 }
 
-var errRefused = errors.New("connect: connection refused")
-
-// New builds the deployment over f; routerOf says which proxy gets a request.
-func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Policy, error) {
+func (cfg *Config) check() error {
 	if cfg.Routers < 1 {
 		cfg.Routers = 1
 	}
 	if cfg.ScrapeInterval <= 0 || cfg.PublishInterval <= 0 || cfg.PollInterval <= 0 || cfg.ReportInterval <= 0 {
-		return nil, fmt.Errorf("kvroute: scrape, publish, poll and report intervals must be positive")
+		return fmt.Errorf("kvroute: scrape, publish, poll and report intervals must be positive")
 	}
+	fc := filterDefaults()
 	if cfg.MaxReportBatch <= 0 {
-		cfg.MaxReportBatch = 512
+		cfg.MaxReportBatch = fc.ControlPlane.MaxReportBatch
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = fc.MaxBodyBytes
+	}
+	if cfg.MaxJSONDepth <= 0 {
+		cfg.MaxJSONDepth = fc.MaxJSONDepth
 	}
 	if cfg.Model == "" {
 		cfg.Model = workload.DefaultModel
 	}
-	p := &Policy{cfg: cfg, f: f, routerOf: routerOf, ix: index.New(cfg.Index),
-		addrIdx: map[string]int{}, seq: make([]uint64, f.Len()), listed: make([]bool, f.Len()),
-		placed: map[uint64]*placement{}}
-	p.events = p.ix.Events()
-	rng := policy.NewRand(cfg.Seed, 21)
-	for i := range f.Len() {
-		p.ids = append(p.ids, fmt.Sprintf("engine-%d", i))
-		p.addrIdx[f.Addr(i)] = i
+	return nil
+}
+
+// New builds the deployment over f; routerOf says which proxy gets a request.
+func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Policy, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
-	p.scrape = policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.ScrapeInterval)), Every: cfg.ScrapeInterval}
-	p.publish = policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PublishInterval)), Every: cfg.PublishInterval}
+	rng := policy.NewRand(cfg.Seed, 21)
+	p := &Policy{cfg: cfg, routerOf: routerOf, placed: map[uint64]*placement{}}
+	p.controlPlane = newControlPlane(f, cfg, rng, p.publishVersion)
 	for k := range cfg.Routers {
 		r := &router{
 			name:   fmt.Sprintf("proxy-%d", k),
@@ -177,12 +183,8 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 		}
 		p.routers = append(p.routers, r)
 	}
-	p.discover(0)
 	return p, nil
 }
-
-// Index exposes the control plane's index (tests, debugging).
-func (p *Policy) Index() *index.Index { return p.ix }
 
 func (p *Policy) Name() string {
 	if p.Label != "" {
@@ -191,28 +193,10 @@ func (p *Policy) Name() string {
 	return "kvroute"
 }
 
-func (p *Policy) WantsEvents() bool { return true }
-
-func at(d time.Duration) time.Time { return Epoch.Add(d) }
-
-// discover gives the index discovery's replica list: every replica Fleet.Up lists.
-func (p *Policy) discover(now time.Duration) {
-	var specs []index.Spec
-	for i := range p.f.Len() {
-		p.listed[i] = p.f.Up(i)
-		if p.listed[i] {
-			specs = append(specs, index.Spec{ID: p.ids[i], Model: p.cfg.Model, Addr: p.f.Addr(i), Kind: scrape.VLLM, Events: true})
-		}
-	}
-	p.ix.SetReplicas(specs, at(now))
-}
-
-func (p *Policy) Membership(now time.Duration) { p.discover(now) }
-
 // ---- control plane ----
 
 func (p *Policy) NextWake() time.Duration {
-	w := min(p.scrape.At(), p.publish.At())
+	w := p.nextControlPlaneWake()
 	for _, r := range p.routers {
 		w = min(w, r.poll.At(), r.report.At())
 	}
@@ -220,12 +204,7 @@ func (p *Policy) NextWake() time.Duration {
 }
 
 func (p *Policy) Wake(now time.Duration) {
-	if p.scrape.Due(now) {
-		p.scrapeAll(now)
-	}
-	if p.publish.Due(now) {
-		p.publishVersion(now)
-	}
+	p.wakeControlPlane(now)
 	for _, r := range p.routers {
 		if r.poll.Due(now) {
 			p.pollTable(r, now)
@@ -237,37 +216,9 @@ func (p *Policy) Wake(now time.Duration) {
 	p.trimFrames()
 }
 
-func (p *Policy) scrapeAll(now time.Duration) {
-	bs := p.f.BlockSize()
-	for i := range p.f.Len() {
-		if !p.listed[i] {
-			continue
-		}
-		if !p.f.Reachable(i) {
-			p.ix.ApplyScrape(p.ids[i], scrape.Sample{}, errRefused, at(now))
-			continue
-		}
-		st, stats := p.f.State(i), p.f.Stats(i)
-		s := scrape.Sample{
-			Waiting: float64(st.Waiting), Running: float64(st.Running),
-			KVUsage: st.KVUsage, HasKVUsage: true,
-			QueuedTokens: float64(st.QueuedPrefillTokens), HasQueuedTokens: true,
-			CapacityTokens: int64(p.f.CapacityTokens(i)), BlockSize: bs,
-		}
-		if stats.PrefixQueries > 0 {
-			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
-		}
-		p.ix.ApplyScrape(p.ids[i], s, nil, at(now))
-	}
-}
-
 // publishVersion turns the index's changes into the next table version, a delta frame
 // as controlplane/publish builds it.
-func (p *Policy) publishVersion(now time.Duration) {
-	ups := p.ix.Flush(at(now), false)
-	if ups == nil {
-		return
-	}
+func (p *Policy) publishVersion(now time.Duration, ups []index.ModelUpdate) {
 	p.version++
 	f := &table.Frame{Kind: table.Delta, Version: p.version, Base: p.version - 1, GeneratedMs: at(now).UnixMilli()}
 	for i := range ups {
@@ -332,43 +283,6 @@ func (p *Policy) postReports(r *router, now time.Duration) {
 	r.queue = append(r.queue[:0], r.queue[n:]...)
 }
 
-// Events feeds replica i's KV event batch to the index, as the subscriber would.
-func (p *Policy) Events(i int, _ time.Duration, evs []kvevents.Event) {
-	if !p.listed[i] {
-		return
-	}
-	p.evbuf = p.evbuf[:0]
-	for k := range evs {
-		e := &evs[k]
-		ce := cpkv.Event{Hashes: e.BlockHashes, Medium: e.Medium, GroupIdx: e.GroupIdx, SpecKind: e.KVCacheSpecKind}
-		switch e.Kind {
-		case kvevents.BlockStored:
-			if !p.cfg.TokenKeys {
-				continue
-			}
-			ce.Kind, ce.Tag = cpkv.BlockStored, "BlockStored"
-			ce.Parent, ce.HasParent = e.ParentBlockHash, e.HasParent
-			ce.Tokens, ce.BlockSize = e.TokenIDs, e.BlockSize
-			ce.LoraName, ce.LoraID, ce.HasLoraID = e.LoraName, int64(e.LoraID), e.LoraID != 0
-			if len(e.ExtraKeys) > 0 {
-				ce.FirstExtra = e.ExtraKeys[0]
-			}
-		case kvevents.BlockRemoved:
-			ce.Kind, ce.Tag = cpkv.BlockRemoved, "BlockRemoved"
-		case kvevents.AllBlocksCleared:
-			ce.Kind, ce.Tag = cpkv.AllBlocksCleared, "AllBlocksCleared"
-		default:
-			ce.Kind = cpkv.Unknown
-		}
-		p.evbuf = append(p.evbuf, ce)
-	}
-	if len(p.evbuf) == 0 {
-		return
-	}
-	p.seq[i]++
-	p.events.Batch(cpkv.StreamID{Replica: p.ids[i]}, p.seq[i], &cpkv.Batch{Events: p.evbuf})
-}
-
 // ---- proxies ----
 
 // Route is filter/request.go's decide for a chat request.
@@ -379,7 +293,7 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		p.Stats.Unrouted++ // no table yet: the header stays unset and Envoy decides
 		return policy.Choice{}
 	}
-	pr, err := r.parser.Parse(prompt.Chat, req.Body, prompt.Limits{MaxBytes: 4 << 20, MaxDepth: 64})
+	pr, err := r.parser.Parse(prompt.Chat, req.Body, prompt.Limits{MaxBytes: p.cfg.MaxBodyBytes, MaxDepth: p.cfg.MaxJSONDepth})
 	if err != nil {
 		p.Stats.ParseErrors++
 		return policy.Choice{}
@@ -425,17 +339,15 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	return policy.Choice{Order: r.order, Rule: true, Spill: d.Spill}
 }
 
-// Started is OnHttpResponseHeaders: the engine started answering, so its own queue
-// numbers cover the request now.
-func (p *Policy) Started(req *workload.Request, _ int, _ time.Duration) {
-	if pl := p.placed[req.ID]; pl != nil && !p.cfg.LedgerDoneAtFirstByte {
-		p.routers[pl.router].rt.Ledger.Done(req.ID)
-	}
-}
+// Started is OnHttpResponseHeaders. The ledger entry stays: vLLM sends a stream's
+// headers before prefill even starts (and a non-streamed response's headers come
+// with its body, right before FirstByte).
+func (p *Policy) Started(*workload.Request, int, time.Duration) {}
 
-// FirstByte ends the ledger entry when LedgerDoneAtFirstByte is set.
+// FirstByte is OnHttpResponseBody's first call: prefill is done (for a stream, the first
+// token), so the engine's queue numbers no longer hold the request's prefill.
 func (p *Policy) FirstByte(req *workload.Request, _ int, _ time.Duration) {
-	if pl := p.placed[req.ID]; pl != nil && p.cfg.LedgerDoneAtFirstByte {
+	if pl := p.placed[req.ID]; pl != nil {
 		p.routers[pl.router].rt.Ledger.Done(req.ID)
 	}
 }
@@ -461,3 +373,10 @@ func (p *Policy) Finished(req *workload.Request, i int, now time.Duration, o pol
 	r.queue = append(r.queue, rep)
 	p.Stats.Reports++
 }
+
+// Events, WantsEvents and Membership are the control plane's.
+func (p *Policy) Events(i int, at time.Duration, evs []kvevents.Event) {
+	p.controlPlane.Events(i, at, evs)
+}
+func (p *Policy) WantsEvents() bool            { return true }
+func (p *Policy) Membership(now time.Duration) { p.controlPlane.Membership(now) }

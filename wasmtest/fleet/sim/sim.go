@@ -224,7 +224,11 @@ func Run(cfg Config, mk NewPolicy) (*Result, error) {
 		}
 	}
 	r.lastArrival = r.recs[n-1].at
-	if err := r.loop(); err != nil {
+	err = r.loop()
+	if c, ok := r.pol.(interface{ Close() }); ok {
+		c.Close() // policies holding resources (the wasm hosts)
+	}
+	if err != nil {
 		return nil, err
 	}
 	res := r.result()
@@ -259,6 +263,7 @@ func (r *runner) loop() error {
 	checkEvery := time.Second
 	nextCheck := checkEvery
 	limit := r.lastArrival + 6*time.Hour
+	last, same := time.Duration(-1), 0
 	for next < n || r.inflt > 0 {
 		t := policy.Never
 		if next < n {
@@ -273,6 +278,13 @@ func (r *runner) loop() error {
 		}
 		if t > limit {
 			return fmt.Errorf("sim: requests still in flight %v after the last arrival", limit-r.lastArrival)
+		}
+		if t == last {
+			if same++; same > 1_000_000 {
+				return fmt.Errorf("sim: stuck at %v (policy %s wakes without progress)", t, r.pol.Name())
+			}
+		} else {
+			last, same = t, 0
 		}
 		r.advanceEngines(t)
 		r.now = t
