@@ -27,13 +27,20 @@ var Policies = []string{
 }
 
 // Proposed is kvroute with the changes this simulation argues for (see the package
-// README): the table is dated from its generation, and speculative placements outlive a
-// slow response. Not in Policies: it is not what ships.
+// README): the table is dated from its generation (so the ledger counts every request
+// sent since the queue numbers were measured), a state age guard that honest ages do not
+// trip in normal operation, and speculative placements that outlive a slow response.
+// Not in Policies: it is not what ships.
 const Proposed = "kvroute-proposed"
 
 // ProposedSpecTTL outlives the end-to-end latency of a loaded fleet (tens of seconds),
 // so a placement is still known when its outcome confirms it.
 const ProposedSpecTTL = 60 * time.Second
+
+// ProposedMaxStateAge: with ages measured from the table's generation, a table delayed
+// by a slow control plane is 0.5-1 s old; at 500 ms every replica would be excluded and
+// the rule's fallback (least queued) would drop cache affinity altogether.
+const ProposedMaxStateAge = 2 * time.Second
 
 // Options configure runs.
 type Options struct {
@@ -57,6 +64,8 @@ type Options struct {
 	Parallel int
 	// WasmPath is the filter module kvroute-wasm loads ("": built from this checkout).
 	WasmPath string
+	// OracleUncachedWeight > 1 makes the oracle score Q + w U (an experiment).
+	OracleUncachedWeight float64
 }
 
 // DefaultOptions are seed 000's fleet as the issue states it.
@@ -117,7 +126,9 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 		case "weighted-scorers":
 			return perRouter(func(k int) policy.Policy { return policy.NewScorers(f, o.Scorers, seed+uint64(k)) }), nil
 		case "oracle":
-			return policy.NewOracle(f, o.KVRoute.Rule, seed), nil
+			p := policy.NewOracle(f, o.KVRoute.Rule, seed)
+			p.UncachedWeight = o.OracleUncachedWeight
+			return p, nil
 		case "kvroute":
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
@@ -131,6 +142,7 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 			c.Routers, c.Seed = o.Routers, seed
 			c.AgeFromGeneration = true
 			c.Index.SpecTTL = max(c.Index.SpecTTL, ProposedSpecTTL)
+			c.Rule.MaxStateAge = max(c.Rule.MaxStateAge, ProposedMaxStateAge)
 			p, err := kvroute.New(f, routerOf, c)
 			if p != nil {
 				p.Label = Proposed

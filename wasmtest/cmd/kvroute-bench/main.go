@@ -151,6 +151,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&slo, time.Second}, "slo-ttft-p95", "with --find-replicas: the TTFT p95 bound (seconds or a duration)")
 	fs.Var(durFlag{&o.Warmup, time.Second}, "warmup", "requests arriving before this are not measured")
 	fs.BoolVar(&o.Stream, "stream", o.Stream, "clients stream (response headers reach the proxy when the engine accepts the request)")
+	fs.Float64Var(&o.OracleUncachedWeight, "oracle-uncached-weight", 1, "oracle only, an experiment: score queued + w x uncached tokens (w > 1 spills later)")
 	fs.StringVar(&o.WasmPath, "wasm-path", "", "with --wasm: the filter module to load (default: built from filter/)")
 	fs.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "simulations run at once")
 	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", false, "kvroute: date the table from its version's generation, not the poll (a proposed filter/control-plane change)")

@@ -121,3 +121,32 @@ func TestInvalidConfig(t *testing.T) {
 	_, err := kvroute.New(nil, nil, cfg)
 	assert.Error(t, err)
 }
+
+// TestWasmFilterRoutesLikeTheGoMirror runs the compiled filter on the wasm host against
+// the control plane's HTTP API and checks it behaves as Policy, the Go mirror of its
+// request path: same requests served, hit rates close.
+func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the filter for wasip1")
+	}
+	w := tiny(t, 20*time.Second)
+	goRes, _ := run(t, w, 4, kvroute.DefaultConfig())
+	var wp *kvroute.WasmPolicy
+	res, err := sim.Run(sim.Config{Replicas: 4, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+		func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+			var err error
+			wp, err = kvroute.NewWasm(f, routerOf, kvroute.DefaultConfig(), kvroute.WasmOptions{})
+			return wp, err
+		})
+	require.NoError(t, err)
+	assert.Equal(t, "kvroute-wasm", res.Policy)
+	assert.Equal(t, w.Len(), res.Requests)
+	assert.InDelta(t, goRes.CachedTokenRate, res.CachedTokenRate, 0.05)
+	assert.Less(t, res.SpillRate, 0.1)
+	assert.Positive(t, wp.Stats.Versions, "the filter polled published versions")
+	assert.Less(t, wp.Stats.Unrouted, 10, "only requests before the first table are Envoy's")
+	assert.Equal(t, w.Len(), wp.Stats.Decisions+wp.Stats.Unrouted)
+	ix := wp.Index().Stats()
+	assert.Positive(t, ix.Placements, "the filter's placement reports reached the index over HTTP")
+	assert.Positive(t, ix.Confirms, "and its outcome reports")
+}

@@ -13,11 +13,15 @@ import (
 // with this rule.
 type Oracle struct {
 	Base
-	f      Fleet
-	picker *rule.Picker
-	cands  []rule.Replica
-	idx    []int
-	order  []int
+	// UncachedWeight, when above 1, scores (Q + w U) instead of (Q + U) by feeding the
+	// rule Q / w: an experiment on the rule's spill threshold (w x the saved prefill),
+	// not kvroute's rule.
+	UncachedWeight float64
+	f              Fleet
+	picker         *rule.Picker
+	cands          []rule.Replica
+	idx            []int
+	order          []int
 }
 
 // NewOracle returns the oracle with the rule's parameters p.
@@ -34,8 +38,12 @@ func (p *Oracle) Route(r *workload.Request, _ time.Duration) Choice {
 			continue
 		}
 		st := p.f.State(i)
+		q := float64(st.QueuedPrefillTokens)
+		if p.UncachedWeight > 1 {
+			q /= p.UncachedWeight
+		}
 		p.cands = append(p.cands, rule.Replica{
-			Queued:  float64(st.QueuedPrefillTokens),
+			Queued:  q,
 			Cached:  float64(p.f.CachedPrefix(i, r)),
 			KVUsage: st.KVUsage,
 			Healthy: p.f.Reachable(i),
