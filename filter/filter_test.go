@@ -353,3 +353,35 @@ func TestCorruptTableIsRejectedAndTheOldOneKept(t *testing.T) {
 		assert.Equal(t, "10.1.0.2:8000,10.1.0.1:8000", endpoint(hs), "routing continues on v3")
 	})
 }
+
+// The control plane says how old the version is; the filter dates the table from that,
+// so a version built long ago is stale on arrival and routes least-queued.
+func TestTableIsDatedFromWhenItWasBuilt(t *testing.T) {
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		for _, c := range []struct {
+			ageMs    string
+			fallback bool
+		}{{"100", false}, {"2500", true}} {
+			t.Run(c.ageMs, func(t *testing.T) {
+				h := start(t, vm, testConfig)
+				n := len(h.callouts())
+				h.Tick()
+				poll, ok := h.lastCallout(api.TablePath)
+				require.True(t, ok)
+				require.Greater(t, len(h.callouts()), n)
+				h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}, {api.TableAgeHeader, c.ageMs}}, nil,
+					table.EncodeFull(fleet(t, 1, 3, []uint64{0, 500, 900}, map[uint32][]string{2: {chat(system, "a")}})))
+				h.Tick() // the VM reads the head
+				_, hs := h.send(request{body: chat(system, "b")})
+				first := strings.Split(endpoint(hs), ",")[0]
+				fallbacks, _ := h.GetCounterMetric("kvroute_fallbacks_total")
+				assert.Equal(t, c.fallback, fallbacks == 1)
+				if c.fallback {
+					assert.Equal(t, "10.1.0.1:8000", first, "stale: least queued")
+				} else {
+					assert.Equal(t, "10.1.0.3:8000", first, "fresh: the prefix owner")
+				}
+			})
+		}
+	})
+}

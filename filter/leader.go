@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
@@ -128,14 +129,17 @@ func (l *leader) pollFailed(p *plugin, err error) {
 func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
 	l.pollBusy = 0
 	now := p.now()
-	status := callStatus()
+	status, age := callStatus()
+	// The version's queue numbers are as old as the version: date the table from when
+	// the control plane built it, so the ledger counts every send the snapshot missed.
+	built := now.Add(-age)
 	switch {
 	case status == 304:
-		confirm(now)
+		confirm(built)
 	case status == 200:
 		body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		if err == nil {
-			err = l.publish(p, body, asked, now)
+			err = l.publish(p, body, asked, built)
 		}
 		if err != nil {
 			l.pollFailed(p, err)
@@ -208,7 +212,7 @@ func (l *leader) postReports(p *plugin) {
 	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, body, nil,
 		uint32(p.cfg.ControlPlane.TimeoutMs), func(int, int, int) {
 			l.reportBusy = 0
-			if s := callStatus(); s >= 200 && s < 300 {
+			if s, _ := callStatus(); s >= 200 && s < 300 {
 				p.metrics.reportsSent.Increment(n)
 			} else {
 				// Reports are hints; a lost batch costs prediction quality, not requests.
@@ -222,18 +226,23 @@ func (l *leader) postReports(p *plugin) {
 	l.reportBusy = 1
 }
 
-// callStatus is the :status of the current http-call response; 0 when the call failed
-// (Envoy delivers no headers then).
-func callStatus() int {
+// callStatus is the :status of the current http-call response (0 when the call failed:
+// Envoy delivers no headers then) and the table age header, if any (0 otherwise, and at
+// most a minute: an absurd value must not make every table look stale forever).
+func callStatus() (status int, age time.Duration) {
 	hs, err := proxywasm.GetHttpCallResponseHeaders()
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	for _, h := range hs {
-		if h[0] == ":status" {
-			n, _ := strconv.Atoi(h[1])
-			return n
+		switch {
+		case h[0] == ":status":
+			status, _ = strconv.Atoi(h[1])
+		case strings.EqualFold(h[0], api.TableAgeHeader):
+			if ms, err := strconv.ParseInt(h[1], 10, 64); err == nil && ms > 0 {
+				age = min(time.Duration(ms)*time.Millisecond, time.Minute)
+			}
 		}
 	}
-	return 0
+	return status, age
 }

@@ -31,7 +31,10 @@ type Config struct {
 	// DefaultBytesPerToken is published until outcomes teach the real ratio.
 	DefaultBytesPerToken float64
 	// SpecTTL: a placement's speculative entries vanish after this unless an outcome
-	// confirms them (the engine may have dropped or not yet run the request).
+	// confirms them (the engine may have dropped or not yet run the request). Outcomes
+	// come at the end of the response, so this must outlive a loaded request's whole
+	// run: at 10 s the fleet simulation lost its entries under load and went cache-blind
+	// (wasmtest/fleet/README.md); 60 s holds.
 	SpecTTL time.Duration
 	// UnhealthyAfter consecutive failed scrapes mark a replica unhealthy.
 	UnhealthyAfter int
@@ -61,7 +64,7 @@ func (c Config) withDefaults() Config {
 		c.DefaultBytesPerToken = 4
 	}
 	if c.SpecTTL <= 0 {
-		c.SpecTTL = 10 * time.Second
+		c.SpecTTL = 60 * time.Second
 	}
 	if c.DefaultUncachedTokens <= 0 {
 		c.DefaultUncachedTokens = 512

@@ -146,11 +146,13 @@ func (p *Publisher) Wait(ctx context.Context, v uint64) {
 
 // Result of Frame.
 type Result struct {
-	Version  uint64
-	NotReady bool // no version published yet
-	Current  bool // the caller's version is current: 304
-	Kind     table.Kind
-	Body     []byte
+	Version uint64
+	// GeneratedMs is when Version was built (this process's clock, Unix ms).
+	GeneratedMs int64
+	NotReady    bool // no version published yet
+	Current     bool // the caller's version is current: 304
+	Kind        table.Kind
+	Body        []byte
 }
 
 // Frame answers a filter at version have (hasHave false: none): Current when it is up
@@ -163,22 +165,23 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 		p.mu.RUnlock()
 		return Result{NotReady: true}
 	}
+	gen := p.t.GeneratedMs
 	if hasHave && have == cur {
 		p.mu.RUnlock()
-		return Result{Version: cur, Current: true}
+		return Result{Version: cur, GeneratedMs: gen, Current: true}
 	}
 	// Only versions this process published and still remembers get a delta.
 	delta := hasHave && have >= p.first && have < cur && len(p.hist) > 0 && have >= p.hist[0].base
 	if delta {
 		if b := p.cached(cur, frameKey{have, model}); b != nil {
 			p.mu.RUnlock()
-			return Result{Version: cur, Kind: table.Delta, Body: b}
+			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}
 		if f := p.compose(have, model); f != nil {
 			b := table.Encode(f)
 			p.mu.RUnlock()
 			p.store(cur, frameKey{have, model}, b)
-			return Result{Version: cur, Kind: table.Delta, Body: b}
+			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}
 	}
 	p.mu.RUnlock()
@@ -202,15 +205,15 @@ func (p *Publisher) store(cur uint64, k frameKey, b []byte) {
 	}
 }
 
-// full encodes the current table (or one model of it); exclusive because encoding
-// merges the table's pending overlay.
+// full encodes the current table (or one model of it). Encoding only reads the table
+// (table.Model.Each), so concurrent requests share the read lock.
 func (p *Publisher) full(model string) Result {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cur := p.t.Version
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	cur, gen := p.t.Version, p.t.GeneratedMs
 	k := frameKey{0, model}
 	if b := p.cached(cur, k); b != nil {
-		return Result{Version: cur, Kind: table.Full, Body: b}
+		return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
 	}
 	t := p.t
 	if model != "" {
@@ -221,7 +224,7 @@ func (p *Publisher) full(model string) Result {
 	}
 	b := table.EncodeFull(t)
 	p.store(cur, k, b)
-	return Result{Version: cur, Kind: table.Full, Body: b}
+	return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
 }
 
 // compose builds the delta from version have to the current one from the keys that

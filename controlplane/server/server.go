@@ -205,6 +205,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "no table yet: waiting for discovery")
 		return
 	case res.Current:
+		w.Header().Set(api.TableAgeHeader, s.ageMs(res))
 		w.Header().Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
 		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
 		w.WriteHeader(http.StatusNotModified)
@@ -223,6 +224,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
 	h.Set("X-Kvroute-Frame", kind)
+	h.Set(api.TableAgeHeader, s.ageMs(res))
 	h.Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodGet {
@@ -232,6 +234,11 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		s.Metrics.TableFrames.WithLabelValues(kind).Inc()
 		s.Metrics.TableBytes.Add(float64(len(res.Body)))
 	}
+}
+
+// ageMs is how old the answered version is.
+func (s *Server) ageMs(res publish.Result) string {
+	return strconv.FormatInt(max(0, s.Now().UnixMilli()-res.GeneratedMs), 10)
 }
 
 // reports: POST /v1/reports with an api.ReportBatch.

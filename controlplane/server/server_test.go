@@ -77,6 +77,7 @@ type resp struct {
 	ver   uint64
 	body  []byte
 	ctype string
+	age   string // the version's age header
 }
 
 func (e *env) get(t testing.TB, query, token string) resp {
@@ -92,7 +93,7 @@ func (e *env) get(t testing.TB, query, token string) resp {
 	defer r.Body.Close()
 	b, _ := io.ReadAll(r.Body)
 	v, _ := strconv.ParseUint(r.Header.Get("X-Kvroute-Version"), 10, 64)
-	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type")}
+	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type"), r.Header.Get(api.TableAgeHeader)}
 }
 
 // serverTable is the publisher's table, encoded, for comparisons.
@@ -165,6 +166,24 @@ func TestTableFullDeltaNotModified(t *testing.T) {
 	}
 	if r := e.get(t, "?version=99999999999", ""); r.code != 200 || r.kind != "full" {
 		t.Fatalf("future version: %+v", r)
+	}
+}
+
+// Every table answer says how old its version is, so the filter dates the queue numbers
+// from when they were built, not from when its poll returned.
+func TestTableAnswersCarryTheVersionsAge(t *testing.T) {
+	e := newEnv(t, "", 3)
+	e.place(t, rand.New(rand.NewPCG(1, 2)), "m", "10.0.0.1:8000", 2)
+	v := e.publish(t)
+	if r := e.get(t, "", ""); r.code != 200 || r.age != "0" {
+		t.Fatalf("fresh version: %d, age %q", r.code, r.age)
+	}
+	e.now = e.now.Add(1234 * time.Millisecond)
+	if r := e.get(t, "", ""); r.code != 200 || r.age != "1234" {
+		t.Fatalf("full frame of an older version: age %q, want 1234", r.age)
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d", v), ""); r.code != http.StatusNotModified || r.age != "1234" {
+		t.Fatalf("304: %d, age %q, want 1234", r.code, r.age)
 	}
 }
 

@@ -22,7 +22,7 @@ func TestParseConfigFillsDefaults(t *testing.T) {
 	assert.Equal(t, PolicyShared, c.Tenants.DefaultPolicy)
 	p := c.RuleParams()
 	assert.Equal(t, 0.95, p.MaxKVUsage)
-	assert.Equal(t, 500*time.Millisecond, p.MaxStateAge)
+	assert.Equal(t, 2*time.Second, p.MaxStateAge)
 	assert.Equal(t, 3, p.MaxEndpoints)
 }
 

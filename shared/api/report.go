@@ -18,6 +18,11 @@ const (
 	ReportsPath = "/v1/reports"
 	// TableContentType is the media type of table frames.
 	TableContentType = "application/vnd.kvroute.table"
+	// TableAgeHeader on every table answer (200 and 304) is how long ago, in ms, the
+	// control plane built the version it names. The filter dates the table's queue
+	// numbers from it rather than from its poll's return: a relative age needs no clock
+	// agreement between the machines.
+	TableAgeHeader = "X-Kvroute-Age-Ms"
 )
 
 // Report kinds.

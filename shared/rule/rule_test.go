@@ -90,7 +90,7 @@ func TestGuards(t *testing.T) {
 		{
 			name: "stale state is excluded",
 			replicas: []Replica{
-				{Cached: 6000, StateAge: 501 * time.Millisecond, Healthy: true},
+				{Cached: 6000, StateAge: 2001 * time.Millisecond, Healthy: true},
 				{Queued: 3000, StateAge: 100 * time.Millisecond, Healthy: true},
 			},
 			want: []int{1},

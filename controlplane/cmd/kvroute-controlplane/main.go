@@ -83,7 +83,7 @@ Flags:
 	fs.IntVar(&ic.BlockTokens, "block-tokens", 16, "token-domain block size in tokens; the engines' block_size must be a multiple of it")
 	fs.IntVar(&ic.Stride, "stride", 4, "the table keeps every stride-th key of a chain (published to filters)")
 	fs.Float64Var(&ic.DefaultBytesPerToken, "bytes-per-token", 4.0, "bytes per token of canonical prompt text until outcome reports teach the model's ratio")
-	fs.DurationVar(&ic.SpecTTL, "spec-ttl", 10*time.Second, "lifetime of a placement's speculative entries unless an outcome confirms them")
+	fs.DurationVar(&ic.SpecTTL, "spec-ttl", 60*time.Second, "lifetime of a placement's speculative entries unless an outcome confirms them")
 	fs.IntVar(&ic.UnhealthyAfter, "unhealthy-after", 3, "consecutive failed scrapes before a replica is marked unhealthy")
 	fs.Float64Var(&ic.DefaultUncachedTokens, "default-uncached-tokens", 512, "uncached prompt tokens assumed per waiting request until outcomes say better (engines without kvroute:queued_prefill_tokens)")
 	fs.IntVar(&ic.MaxKeysPerReplica, "max-keys-per-replica", 1<<20, "cap on reported (text-domain) keys per replica")
