@@ -26,22 +26,6 @@ var Policies = []string{
 	"round-robin", "random", "least-queued", "chwbl", "sglang-cache-aware", "weighted-scorers", "kvroute", "oracle",
 }
 
-// Proposed is kvroute with the changes this simulation argues for (see the package
-// README): the table is dated from its generation (so the ledger counts every request
-// sent since the queue numbers were measured), a state age guard that honest ages do not
-// trip in normal operation, and speculative placements that outlive a slow response.
-// Not in Policies: it is not what ships.
-const Proposed = "kvroute-proposed"
-
-// ProposedSpecTTL outlives the end-to-end latency of a loaded fleet (tens of seconds),
-// so a placement is still known when its outcome confirms it.
-const ProposedSpecTTL = 60 * time.Second
-
-// ProposedMaxStateAge: with ages measured from the table's generation, a table delayed
-// by a slow control plane is 0.5-1 s old; at 500 ms every replica would be excluded and
-// the rule's fallback (least queued) would drop cache affinity altogether.
-const ProposedMaxStateAge = 2 * time.Second
-
 // Options configure runs.
 type Options struct {
 	Replicas int
@@ -93,7 +77,7 @@ func ParsePolicies(s string) ([]string, error) {
 			}
 			continue
 		}
-		if !slices.Contains(Policies, n) && n != Proposed && n != kvroute.WasmName {
+		if !slices.Contains(Policies, n) && n != kvroute.WasmName {
 			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(Policies, ", "))
 		}
 		if !slices.Contains(out, n) {
@@ -137,17 +121,6 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
 			return kvroute.NewWasm(f, routerOf, c, kvroute.WasmOptions{Path: o.WasmPath})
-		case Proposed:
-			c := o.KVRoute
-			c.Routers, c.Seed = o.Routers, seed
-			c.AgeFromGeneration = true
-			c.Index.SpecTTL = max(c.Index.SpecTTL, ProposedSpecTTL)
-			c.Rule.MaxStateAge = max(c.Rule.MaxStateAge, ProposedMaxStateAge)
-			p, err := kvroute.New(f, routerOf, c)
-			if p != nil {
-				p.Label = Proposed
-			}
-			return p, err
 		}
 		return nil, fmt.Errorf("unknown policy %q", name)
 	}
@@ -218,7 +191,7 @@ func cost(name string) int {
 	switch name {
 	case kvroute.WasmName:
 		return 4
-	case "kvroute", Proposed:
+	case "kvroute":
 		return 3
 	case "round-robin", "random", "least-queued":
 		return 2

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
@@ -129,9 +130,9 @@ func TestParsePolicies(t *testing.T) {
 	two, err := ParsePolicies("kvroute, oracle,kvroute")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"kvroute", "oracle"}, two)
-	more, err := ParsePolicies("all," + Proposed)
+	more, err := ParsePolicies("all," + kvroute.WasmName)
 	require.NoError(t, err)
-	assert.Equal(t, append(slices.Clone(Policies), Proposed), more)
+	assert.Equal(t, append(slices.Clone(Policies), kvroute.WasmName), more)
 	_, err = ParsePolicies("kvroute,nope")
 	assert.ErrorContains(t, err, "nope")
 }

@@ -115,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
 		speedup     = fs.Float64("speedup", 1, "divide trace timestamps by this")
 		profile     = fs.String("profile", "seed000", "replica timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200) or fast")
-		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ",")+" (all), or "+fleet.Proposed+" (kvroute with the proposed changes)")
+		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ",")+" (all), and kvroute-wasm (the compiled filter; also with --wasm)")
 		rate        = fs.Float64("rate", 0, "requests per second (default: the workload's: seed 40, gsp 8, multiturn 10)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
@@ -154,12 +154,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&o.OracleUncachedWeight, "oracle-uncached-weight", 1, "oracle only, an experiment: score queued + w x uncached tokens (w > 1 spills later)")
 	fs.StringVar(&o.WasmPath, "wasm-path", "", "with --wasm: the filter module to load (default: built from filter/)")
 	fs.IntVar(&o.Parallel, "parallel", runtime.GOMAXPROCS(0), "simulations run at once")
-	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", false, "kvroute: date the table from its version's generation, not the poll (a proposed filter/control-plane change)")
+	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", true, "kvroute: date the table from its version's generation, as the filter does (false: from the poll's return, the filter's earlier behaviour)")
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
-	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (default 10s)")
+	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (default 60s, the control plane's)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
 	if err := fs.Parse(args); err != nil {

@@ -55,10 +55,11 @@ type Config struct {
 	// the same without them (TestTokenKeysDoNotChangeTextRouting) at a third of the
 	// cost; removals and clears, which age and clear text-domain entries, always go in.
 	TokenKeys bool
-	// AgeFromGeneration dates the table from when its version was generated instead of
-	// when the poll returned: a proposed change (the control plane would tell the filter
-	// its version's age), so the ledger's "sent after the snapshot" cut-off and the
-	// state-age guard see the real age of the queue numbers.
+	// AgeFromGeneration dates the table from when its version was generated, as the
+	// filter does (the control plane sends each version's age): the ledger's "sent
+	// after the snapshot" cut-off and the state-age guard see the real age of the queue
+	// numbers. False dates it from the poll's return, the filter's earlier behaviour,
+	// kept for comparison.
 	AgeFromGeneration bool
 }
 
@@ -75,7 +76,7 @@ func DefaultConfig() Config {
 		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
 		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
 		MaxReportBatch: fc.ControlPlane.MaxReportBatch, MaxBodyBytes: fc.MaxBodyBytes, MaxJSONDepth: fc.MaxJSONDepth,
-		Seed: 1,
+		AgeFromGeneration: true, Seed: 1,
 	}
 }
 

@@ -32,8 +32,8 @@ const controlPlaneCluster = "outbound|8080||kvroute-controlplane.kvroute-system.
 // HTTP API (controlplane/server over controlplane/publish and the same in-process index
 // as Policy) and posts its reports there; requests go through it as HTTP streams, and
 // the endpoint header it sets is the routing decision. Stale delays the versions the API
-// serves. The Config's proposed-change switches do not apply: this is the filter as
-// built.
+// serves. AgeFromGeneration does not apply: this is the filter as built (it dates the
+// table from the age the control plane's answers carry).
 type WasmPolicy struct {
 	*controlPlane
 	cfg      Config
