@@ -108,7 +108,7 @@ func seqHashes(n int, base uint64) []uint64 {
 }
 
 func TestCapturedEventsGiveTheFilterKeys(t *testing.T) {
-	dir := filepath.Join("..", "..", "..", "shared", "testdata", "vllm")
+	dir := filepath.Join("..", "..", "testdata", "vllm")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	if len(files) == 0 {
 		t.Fatalf("no captured events in %s", dir)

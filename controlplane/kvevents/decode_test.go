@@ -241,10 +241,10 @@ type captured struct {
 	Medium      string   `json:"medium"`
 }
 
-// LoadCaptured reads the real vLLM BlockStored events in ../shared/testdata/vllm.
+// LoadCaptured reads the real vLLM BlockStored events in testdata/vllm at the repository root.
 func loadCaptured(t testing.TB) map[string]captured {
 	t.Helper()
-	dir := filepath.Join("..", "..", "..", "shared", "testdata", "vllm")
+	dir := filepath.Join("..", "..", "testdata", "vllm")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	if len(files) == 0 {
 		t.Fatalf("no captured events in %s", dir)

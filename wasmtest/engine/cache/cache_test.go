@@ -42,7 +42,7 @@ func TestVLLMSHA256CBORHashesReproduced(t *testing.T) {
 	// sha256_cbor chain must give exactly vLLM's wire hashes, with and without LoRA.
 	for _, name := range []string{"blockstored_qwen3_base.json", "blockstored_qwen3_lora.json"} {
 		t.Run(name, func(t *testing.T) {
-			raw, err := os.ReadFile(filepath.Join("..", "testdata", "vllm", name))
+			raw, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "vllm", name))
 			require.NoError(t, err)
 			var capt struct {
 				BlockHashes []uint64 `json:"block_hashes"`

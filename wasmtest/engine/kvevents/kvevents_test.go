@@ -135,7 +135,7 @@ type captured struct {
 func TestDecodeCapturedVLLMEvents(t *testing.T) {
 	// The captures hold vLLM's BlockStored fields as JSON; encode them in every layout the
 	// engine speaks and check that a consumer decodes exactly the captured values.
-	files, err := filepath.Glob(filepath.Join("..", "testdata", "vllm", "*.json"))
+	files, err := filepath.Glob(filepath.Join("..", "..", "..", "testdata", "vllm", "*.json"))
 	require.NoError(t, err)
 	require.Len(t, files, 2)
 	for _, f := range files {

@@ -249,13 +249,37 @@ func TestParseMooncake(t *testing.T) {
 	}
 }
 
+// The first 200 requests of ../shared/traces/mooncake_synthetic_trace.jsonl, kept in
+// the repository's testdata: requests whose hash_ids begin alike share that many
+// 512-token blocks of prompt.
 func TestMooncakeSyntheticTrace(t *testing.T) {
-	w, err := LoadMooncake(MooncakeConfig{Path: "../../../../shared/traces/mooncake_synthetic_trace.jsonl"})
-	if err != nil {
-		t.Skipf("trace not available: %v", err)
-	}
-	assert.Equal(t, 3993, w.Len())
+	w, err := LoadMooncake(MooncakeConfig{Path: "../../../testdata/mooncake/synthetic_trace_head200.jsonl"})
+	require.NoError(t, err)
+	assert.Equal(t, 200, w.Len())
 	src := w.NewSource()
 	r := src.Request(0)
 	assert.Len(t, r.Tokens, w.recs[0].InputLength)
+	pairs := 0
+	for i := 0; i < w.Len() && pairs < 5; i++ {
+		for j := 0; j < i; j++ {
+			a, b := w.recs[j], w.recs[i]
+			common := 0
+			for common < min(len(a.HashIDs), len(b.HashIDs)) && a.HashIDs[common] == b.HashIDs[common] {
+				common++
+			}
+			if common == 0 {
+				continue
+			}
+			pairs++
+			ta, tb := src.Request(j).Tokens, src.Request(i).Tokens
+			shared := 0
+			for shared < min(len(ta), len(tb)) && ta[shared] == tb[shared] {
+				shared++
+			}
+			assert.GreaterOrEqual(t, shared, min(common*MooncakeBlockTokens, len(ta), len(tb))-MooncakeBlockTokens,
+				"requests %d and %d share %d hash ids", j, i, common)
+			break
+		}
+	}
+	assert.Positive(t, pairs, "the excerpt has requests that share a prefix")
 }
