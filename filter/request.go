@@ -152,15 +152,8 @@ func (h *httpContext) decide(body []byte) {
 		p.metrics.fallbacks.Increment(1)
 	}
 
-	stride := max(int(m.Config.Stride), 1)
 	h.placed, h.first = true, d.Addrs[0]
-	h.report = api.Report{
-		Kind: api.KindPlacement, Model: base, Replica: d.Addrs[0], Domain: chain.Domain,
-		BlockSize: chain.BlockSize, Stride: stride, Blocks: len(chain.Keys),
-		Keys:        prefix.Checkpoints(nil, chain.Keys, stride),
-		PromptBytes: chain.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
-		AtMs: now.UnixMilli(),
-	}
+	h.report = route.Placement(m, &chain, &d, now)
 	p.enqueue(&h.report)
 }
 

@@ -6,8 +6,8 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
 )
 
 // tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
@@ -69,20 +69,17 @@ func keepTail(tail, chunk []byte) []byte {
 func (h *httpContext) finish() {
 	h.finished = true
 	p := h.p
-	r := h.report
-	r.Kind = api.KindOutcome
-	r.Status = h.status
-	r.AtMs = p.now().UnixMilli()
-	r.Replica = h.first
+	served := h.first
 	// The replica that served may be a retry target or the fallback's choice.
 	if up, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(up) > 0 {
-		r.Replica = string(up)
+		served = string(up)
 	}
-	r.CachedTokens = -1
+	var usage *prompt.Usage
 	if u, ok := prompt.FindUsage(h.tail); ok {
-		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
+		usage = &u
 		p.metrics.outcomes.Increment(1)
 	}
 	h.tail = nil
+	r := route.Outcome(h.report, served, h.status, usage, p.now())
 	p.enqueue(&r)
 }

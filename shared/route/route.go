@@ -114,31 +114,19 @@ func NewRouter(p rule.Params, seed uint64) *Router {
 // confirmed current; each replica's state age adds to it.
 func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
 	r.matched, _ = m.Match(c.Keys, r.matched)
-
-	// Queue term: the snapshot's queue plus what this router sent after the snapshot
-	// was taken (seed 000: "use the router's own record of recent assignments").
 	r.cands = r.cands[:0]
 	for i, rep := range m.Replicas {
-		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
-		measured := now.Add(-age)
-		cached := c.Tokens(r.matched[i])
-		if cached > c.PromptTokens {
-			cached = c.PromptTokens
-		}
+		queued, age := r.queued(rep, tableAge, now)
 		r.cands = append(r.cands, rule.Replica{
-			Queued:   float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, measured),
-			Cached:   cached,
+			Queued:   queued,
+			Cached:   min(c.Tokens(r.matched[i]), c.PromptTokens),
 			Speed:    float64(rep.Speed),
 			KVUsage:  rep.KVUsage,
 			StateAge: age,
 			Healthy:  rep.Healthy,
 		})
 	}
-	d := Decision{Decision: r.Picker.Pick(c.PromptTokens, r.cands, r.order)}
-	r.order = d.Order
-	for _, i := range d.Order {
-		d.Addrs = append(d.Addrs, m.Replicas[i].Addr)
-	}
+	d := r.decision(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order))
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
 		d.PredictedCached = pick.Cached
@@ -152,13 +140,23 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 func (r *Router) LeastQueued(m *table.Model, now time.Time, tableAge time.Duration) Decision {
 	r.cands = r.cands[:0]
 	for _, rep := range m.Replicas {
-		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
-		r.cands = append(r.cands, rule.Replica{
-			Queued:  float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, now.Add(-age)),
-			Healthy: rep.Healthy,
-		})
+		queued, _ := r.queued(rep, tableAge, now)
+		r.cands = append(r.cands, rule.Replica{Queued: queued, Healthy: rep.Healthy})
 	}
-	d := Decision{Decision: r.Picker.LeastQueued(r.cands, r.order)}
+	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
+}
+
+// queued is the queue term of rep and the age of its state: the snapshot's queue plus
+// what this router sent after the snapshot was measured (seed 000: "use the router's own
+// record of recent assignments").
+func (r *Router) queued(rep table.Replica, tableAge time.Duration, now time.Time) (float64, time.Duration) {
+	age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
+	return float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, now.Add(-age)), age
+}
+
+// decision names the ordered replicas by address.
+func (r *Router) decision(m *table.Model, rd rule.Decision) Decision {
+	d := Decision{Decision: rd}
 	r.order = d.Order
 	for _, i := range d.Order {
 		d.Addrs = append(d.Addrs, m.Replicas[i].Addr)

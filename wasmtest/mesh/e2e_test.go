@@ -90,16 +90,25 @@ type debugReplica struct {
 }
 
 func debugState(t *testing.T, m *mesh.Mesh) map[string]debugReplica {
+	_, rs := debugStateAt(t, m)
+	return rs
+}
+
+// debugStateAt returns the control plane's version and its replicas by address.
+func debugStateAt(t *testing.T, m *mesh.Mesh) (int64, map[string]debugReplica) {
 	resp, err := http.Get(m.ControlPlaneURL() + "/debug/state")
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var st struct{ Replicas []debugReplica }
+	var st struct {
+		Version  int64
+		Replicas []debugReplica
+	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
 	out := map[string]debugReplica{}
 	for _, r := range st.Replicas {
 		out[r.Address] = r
 	}
-	return out
+	return st.Version, out
 }
 
 // known waits until the control plane lists addr as holding text keys and every proxy VM
@@ -109,21 +118,9 @@ func known(t *testing.T, m *mesh.Mesh, addr string) {
 	t.Helper()
 	var v int64
 	waitFor(t, "the control plane learns where the prefix is", func() bool {
-		resp, err := http.Get(m.ControlPlaneURL() + "/debug/state")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var st struct {
-			Version  int64
-			Replicas []debugReplica
-		}
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
-		for _, r := range st.Replicas {
-			if r.Address == addr && r.TextKeys > 0 {
-				v = st.Version
-				return true
-			}
-		}
-		return false
+		version, rs := debugStateAt(t, m)
+		v = version
+		return rs[addr].TextKeys > 0
 	})
 	waitFor(t, "the filter's leader has that version", func() bool { return metric(m, "kvroute_table_version") >= v })
 	time.Sleep(250 * time.Millisecond) // the other VMs' next tick

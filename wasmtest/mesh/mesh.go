@@ -130,7 +130,6 @@ func Start(ctx context.Context, o Options) (m *Mesh, err error) {
 	if o.MaxNumSeqs > 0 {
 		prof.MaxNumSeqs = o.MaxNumSeqs
 	}
-	var engines []discovery.Engine
 	for i := 0; i < o.Replicas; i++ {
 		s, err := server.Start(server.Config{
 			Host: "127.0.0.1", ModelName: o.Model, EnableAdmin: true, DefaultMaxTokens: 16,
@@ -150,8 +149,6 @@ func Start(ctx context.Context, o Options) (m *Mesh, err error) {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
 		m.Engines = append(m.Engines, s)
-		engines = append(engines, discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: o.Model, Addr: s.Addr(),
-			KV: s.EventsEndpoint(), Replay: s.ReplayEndpoint()})
 	}
 
 	// The control plane gets a fixed port, so it can be stopped and started again at the
@@ -162,7 +159,7 @@ func Start(ctx context.Context, o Options) (m *Mesh, err error) {
 	}
 	m.cpAddr = ln.Addr().String()
 	ln.Close()
-	if err := m.startControlPlane(engines); err != nil {
+	if err := m.startControlPlane(m.engineList()); err != nil {
 		return nil, err
 	}
 
@@ -199,6 +196,8 @@ func Start(ctx context.Context, o Options) (m *Mesh, err error) {
 	return m, nil
 }
 
+// engineList is the control plane's static engine list: every replica with its KV-event
+// and replay endpoints.
 func (m *Mesh) engineList() []discovery.Engine {
 	var es []discovery.Engine
 	for i, s := range m.Engines {

@@ -24,7 +24,6 @@ import (
 
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/shared/api"
-	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
 	"github.com/kvroute/kvroute/shared/rule"
@@ -41,7 +40,7 @@ type Config struct {
 	Rule    rule.Params
 	Index   index.Config
 	// Control plane cadence (controlplane.Options defaults: scrape 100 ms, publish
-	// 50 ms) and the filter's (api.ControlPlane defaults: poll 100 ms, reports 500 ms).
+	// 50 ms) and the filter's (api.ControlPlane defaults: poll 100 ms, reports 100 ms).
 	ScrapeInterval, PublishInterval time.Duration
 	PollInterval, ReportInterval    time.Duration
 	MaxReportBatch                  int
@@ -320,14 +319,7 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	if d.Fallback {
 		p.Stats.Fallbacks++
 	}
-	stride := max(int(m.Config.Stride), 1)
-	rep := api.Report{
-		Kind: api.KindPlacement, Model: pr.Model, Replica: d.Addrs[0], Domain: chain.Domain,
-		BlockSize: chain.BlockSize, Stride: stride, Blocks: len(chain.Keys),
-		Keys:        prefix.Checkpoints(nil, chain.Keys, stride),
-		PromptBytes: chain.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
-		AtMs: nowT.UnixMilli(),
-	}
+	rep := route.Placement(m, &chain, &d, nowT)
 	r.queue = append(r.queue, rep)
 	p.Stats.Reports++
 	p.placed[req.ID] = &placement{router: k, report: rep}
@@ -362,16 +354,12 @@ func (p *Policy) Finished(req *workload.Request, i int, now time.Duration, o pol
 	delete(p.placed, req.ID)
 	r := p.routers[pl.router]
 	r.rt.Ledger.Done(req.ID)
-	rep := pl.report
-	rep.Kind = api.KindOutcome
-	rep.Status = o.Status
-	rep.AtMs = at(now).UnixMilli()
-	rep.Replica = p.f.Addr(i) // upstream.address: the replica that served
-	rep.CachedTokens = -1
+	var usage *prompt.Usage
 	if o.CachedTokens >= 0 {
-		rep.PromptTokens, rep.CachedTokens = o.PromptTokens, o.CachedTokens
+		usage = &prompt.Usage{PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens}
 	}
-	r.queue = append(r.queue, rep)
+	// upstream.address: the replica that served
+	r.queue = append(r.queue, route.Outcome(pl.report, p.f.Addr(i), o.Status, usage, at(now)))
 	p.Stats.Reports++
 }
 

@@ -1,0 +1,36 @@
+package route
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// Placement is the report of decision d for chain c on model m: the chain's checkpoint
+// keys (at the table's stride) on the picked replica. Hashes and counts only.
+func Placement(m *table.Model, c *Chain, d *Decision, at time.Time) api.Report {
+	stride := max(int(m.Config.Stride), 1)
+	return api.Report{
+		Kind: api.KindPlacement, Model: m.Name, Replica: d.Addrs[0], Domain: c.Domain,
+		BlockSize: c.BlockSize, Stride: stride, Blocks: len(c.Keys),
+		Keys:        prefix.Checkpoints(nil, c.Keys, stride),
+		PromptBytes: c.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
+		AtMs: at.UnixMilli(),
+	}
+}
+
+// Outcome turns a placement into its outcome: the replica that served (which may be a
+// retry target or the fallback's pick), the status, and the engine's usage when the
+// response carried it (nil otherwise: cached tokens -1).
+func Outcome(placed api.Report, replica string, status int, u *prompt.Usage, at time.Time) api.Report {
+	r := placed
+	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, replica, status, at.UnixMilli()
+	r.CachedTokens = -1
+	if u != nil {
+		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
+	}
+	return r
+}
