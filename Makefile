@@ -2,8 +2,8 @@
 GO       ?= go
 BIN      := bin
 WASM     := $(BIN)/kvroute.wasm
-# Each fuzz target runs this long inside `make test` (a smoke run, not a campaign).
-FUZZTIME ?= 3s
+# Executions per fuzz target inside `make test` (a smoke run, not a campaign; see .ci/fuzz).
+FUZZTIME ?= 50000x
 
 .PHONY: all build wasm native test testdeps vet fmt-check unit fuzz run demo bench clean
 
