@@ -104,6 +104,11 @@ func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
 func (h *httpContext) decide(body []byte) {
 	h.decided = true
 	p := h.p
+	if !p.view.loaded {
+		// A worker that has not loaded a table yet (just started, or a config reload)
+		// reads the one in shared data now instead of failing open until its next tick.
+		p.view.sync(&p.metrics, p.now())
+	}
 	req, err := p.parser.Parse(h.api, body, prompt.Limits{MaxBytes: p.cfg.MaxBodyBytes, MaxDepth: p.cfg.MaxJSONDepth})
 	model := req.Model
 	if h.modelHeader != "" {

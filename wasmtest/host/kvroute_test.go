@@ -178,6 +178,36 @@ func TestKvrouteLeaderTableAndReportsAcrossVMs(t *testing.T) {
 	assert.Equal(t, int64(4), v.Value)
 }
 
+// A worker VM that has not ticked since the leader published its first table routes on
+// it anyway: Envoy starts workers (and reloads config) while traffic flows, and a VM
+// failing open until its own next tick would scatter exactly the first requests.
+func TestKvrouteFirstRequestOnANewVMUsesTheSharedTable(t *testing.T) {
+	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(t))}
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(5),
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+
+	// One tick: every VM ticks (none has a table), the leader polls, and the answer
+	// lands after the other VM's tick is over.
+	clk.Advance(100 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		v, _ := h.Metric("kvroute_table_version")
+		return v.Value == 1
+	}, 5*time.Second, time.Millisecond, "the leader published v1")
+
+	for i := 0; i < 2; i++ {
+		res, err := h.Do(context.Background(), host.Request{
+			VM:      h.VM(i),
+			Headers: host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}},
+			Body:    [][]byte{kvChat(kvSystem, fmt.Sprint("first question ", i))},
+		})
+		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(res.Forwarded), "VM %d", i)
+	}
+	unrouted, _ := h.Metric("kvroute_unrouted_total")
+	assert.Zero(t, unrouted.Value)
+}
+
 // The filter holds the headers until the whole body is in, then lets the request go
 // with the endpoint header set; a client-sent endpoint header never survives.
 func TestKvroutePausedRequestResumesAfterTheBody(t *testing.T) {
