@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	istionetworking "istio.io/api/networking/v1alpha3"
 	extensionsv1alpha1 "istio.io/client-go/pkg/apis/extensions/v1alpha1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	networkingv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -462,6 +463,27 @@ func TestManifestsAgree(t *testing.T) {
 					t.Errorf("%s: cluster match %s:%d, want the model Service %s:%d", o.Source, m.GetService(), m.GetPortNumber(), modelFQDN, modelPort.Port)
 				}
 			}
+		}
+	}
+
+	// Retries from the client namespace move on after a refused or reset connection (a
+	// killed engine), on the model Service's port, and stay in that namespace.
+	retries := find(clients, "VirtualService", "kvroute-model-retries").Value.(*networkingv1.VirtualService)
+	if !reflect.DeepEqual(retries.Spec.GetHosts(), []string{modelFQDN}) || !reflect.DeepEqual(retries.Spec.GetExportTo(), []string{"."}) {
+		t.Errorf("retries VirtualService: hosts %v exportTo %v, want [%s] and [.]", retries.Spec.GetHosts(), retries.Spec.GetExportTo(), modelFQDN)
+	}
+	for _, h := range retries.Spec.GetHttp() {
+		for _, d := range h.GetRoute() {
+			if d.GetDestination().GetHost() != modelFQDN || d.GetDestination().GetPort().GetNumber() != uint32(modelPort.Port) {
+				t.Errorf("retries VirtualService routes to %s:%d, want the model Service", d.GetDestination().GetHost(), d.GetDestination().GetPort().GetNumber())
+			}
+		}
+		on := strings.Split(h.GetRetries().GetRetryOn(), ",")
+		if h.GetRetries().GetAttempts() < 2 || !slices.Contains(on, "connect-failure") || !slices.Contains(on, "reset") {
+			t.Errorf("retries %v: want at least 2 attempts on connect-failure and reset", h.GetRetries())
+		}
+		if h.GetTimeout() != nil || h.GetRetries().GetPerTryTimeout() != nil {
+			t.Errorf("retries VirtualService must not time out completions")
 		}
 	}
 

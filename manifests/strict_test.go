@@ -95,6 +95,10 @@ var istioTypes = map[string]func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, p
 		o := &extensionsv1alpha1.WasmPlugin{}
 		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
 	},
+	"networking.istio.io/v1/VirtualService": func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, proto.Message) {
+		o := &networkingv1.VirtualService{}
+		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
+	},
 	"networking.istio.io/v1/Sidecar": func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, proto.Message) {
 		o := &networkingv1.Sidecar{}
 		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec

@@ -175,6 +175,57 @@ func TestSkipsEndpointsThatRefuseOrAreNotMembers(t *testing.T) {
 	}
 }
 
+// resetting is an endpoint that reads the request and closes the connection without a
+// response, as a killed engine's pooled connection or an engine dying mid-prefill does.
+func resetting(t *testing.T, name string) *upstream {
+	return newUpstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+	})
+}
+
+func TestResetBeforeHeadersMovesToTheNextEndpoint(t *testing.T) {
+	a, b := resetting(t, "a"), newUpstream(t, "b", nil)
+	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr, b.addr}}, host.Config{})
+	body := `{"prompt":"hi"}`
+	resp, got := send(t, "POST", s.URL+"/v1/completions", body, "x-route", a.addr+","+b.addr)
+	if resp.StatusCode != 200 || got != "hello from b" {
+		t.Fatalf("%d %q, want b's answer", resp.StatusCode, got)
+	}
+	if ra, rb := a.requests(), b.requests(); len(ra) != 1 || len(rb) != 1 || rb[0].body != body {
+		t.Fatalf("a saw %+v, b saw %+v: want the same request at both", ra, rb)
+	}
+	st := s.Stats()
+	if st.Resets != 1 || st.Retries != 1 || st.Forwards[a.addr] != 0 || st.Forwards[b.addr] != 1 || st.UpstreamFailures != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestResetRetriesAreBounded(t *testing.T) {
+	ups := []*upstream{resetting(t, "a"), resetting(t, "b"), resetting(t, "c"), resetting(t, "d")}
+	var addrs []string
+	for _, u := range ups {
+		addrs = append(addrs, u.addr)
+	}
+	s := startProxy(t, proxy.Config{Endpoints: addrs}, host.Config{})
+	resp, got := send(t, "POST", s.URL+"/v1/completions", `{"prompt":"poison"}`, "x-route", strings.Join(addrs, ","))
+	if resp.StatusCode != 503 || !strings.Contains(got, "connection termination") {
+		t.Fatalf("%d %q, want Envoy's reset 503", resp.StatusCode, got)
+	}
+	seen := 0
+	for _, u := range ups {
+		seen += len(u.requests())
+	}
+	st := s.Stats()
+	if seen != 1+proxy.MaxResetRetries || st.Resets != int64(seen) || st.UpstreamFailures != 1 || len(ups[3].requests()) != 0 {
+		t.Fatalf("%d endpoints saw the request, stats %+v: want %d attempts in header order", seen, st, 1+proxy.MaxResetRetries)
+	}
+}
+
 func TestFallbackIsLeastOutstandingRequests(t *testing.T) {
 	arrived, release := make(chan struct{}), make(chan struct{})
 	a := newUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {

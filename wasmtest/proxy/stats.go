@@ -12,8 +12,12 @@ type Stats struct {
 	Requests int64
 	// Forwards counts requests sent to each endpoint (the connection was accepted).
 	Forwards map[string]int64
-	// Retries counts moves to another endpoint after one refused the connection.
+	// Retries counts moves to another endpoint after one refused the connection or reset
+	// it before answering.
 	Retries int64
+	// Resets counts attempts whose connection was closed or reset before any response
+	// header (retried on the next endpoint, up to MaxResetRetries per request).
+	Resets int64
 	// Fallbacks counts requests that reached the least_request fallback: no routing header,
 	// no cluster member in it, or every listed member refused.
 	Fallbacks int64
@@ -49,8 +53,8 @@ func (l Latency) Mean() time.Duration {
 }
 
 type counters struct {
-	requests, retries, fallbacks, unknownEndpoints, upstreamFailures, localReplies, failOpen atomic.Int64
-	filter, upstream, total                                                                  samples
+	requests, retries, resets, fallbacks, unknownEndpoints, upstreamFailures, localReplies, failOpen atomic.Int64
+	filter, upstream, total                                                                          samples
 }
 
 // Stats returns the counters.
@@ -58,6 +62,7 @@ func (p *Proxy) Stats() Stats {
 	s := Stats{
 		Requests:         p.stats.requests.Load(),
 		Retries:          p.stats.retries.Load(),
+		Resets:           p.stats.resets.Load(),
 		Fallbacks:        p.stats.fallbacks.Load(),
 		UnknownEndpoints: p.stats.unknownEndpoints.Load(),
 		UpstreamFailures: p.stats.upstreamFailures.Load(),

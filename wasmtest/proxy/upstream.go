@@ -19,22 +19,42 @@ const (
 	resetBeforeHeader = "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
 )
 
+// MaxResetRetries bounds the moves to another endpoint after resets before response
+// headers, as `retries.attempts` does in manifests/filter/override-host/virtualservice.yaml:
+// a request that kills every engine it reaches must not walk the whole fleet.
+const MaxResetRetries = 2
+
 // forward sends the request (as the filter released it) upstream, the way Envoy's
-// override_host policy picks hosts: the header's addresses in order, skipping those that
-// are not cluster members, moving on when one refuses the connection; then the
-// least_request fallback over the members not tried yet.
+// override_host policy picks hosts under kvroute's retry policy (retryOn connect-failure
+// and reset): the header's addresses in order, skipping those that are not cluster
+// members, moving on when one refuses the connection or resets it before answering; then
+// the least_request fallback over the members not tried yet.
 func (ex *exchange) forward(h host.Headers, noBody bool) {
 	p := ex.p
 	start := time.Now()
 	tried := map[*endpoint]bool{}
-	attempts := 0
+	attempts, resets := 0, 0
+	failure := connectFailure // what the last failed attempt was, for the final 503
 	try := func(ep *endpoint) (done bool) {
 		tried[ep] = true
 		if attempts > 0 {
 			p.stats.retries.Add(1)
 		}
 		attempts++
-		return ex.attempt(ep, h, noBody, start)
+		switch ex.attempt(ep, h, noBody, start) {
+		case refused:
+			failure = connectFailure
+			return false
+		case reset:
+			p.stats.resets.Add(1)
+			if failure = resetBeforeHeader; resets < MaxResetRetries {
+				resets++
+				return false
+			}
+			p.stats.upstreamFailures.Add(1)
+			ex.localUpstreamReply(resetBeforeHeader)
+		}
+		return true
 	}
 	if p.roundRobin.Load() {
 		// The baseline kvroute is compared with: the filter's choice is ignored and
@@ -45,7 +65,7 @@ func (ex *exchange) forward(h host.Headers, noBody bool) {
 			}
 		}
 		p.stats.upstreamFailures.Add(1)
-		ex.localUpstreamReply(connectFailure)
+		ex.localUpstreamReply(failure)
 		return
 	}
 	for _, ep := range p.fromHeader(h.Get(p.header)) {
@@ -68,11 +88,10 @@ func (ex *exchange) forward(h host.Headers, noBody bool) {
 		}
 	}
 	p.stats.upstreamFailures.Add(1)
-	msg := connectFailure
 	if attempts == 0 {
-		msg = noHealthyUpstream
+		failure = noHealthyUpstream
 	}
-	ex.localUpstreamReply(msg)
+	ex.localUpstreamReply(failure)
 }
 
 // fromHeader parses "ip:port,ip:port" into cluster members, in order, without repeats.
@@ -137,15 +156,23 @@ func (p *Proxy) leastOutstanding(skip map[*endpoint]bool) *endpoint {
 	return best
 }
 
-// attempt sends the request to one endpoint. It returns false only when the connection
-// was refused and the request may go to the next endpoint.
-func (ex *exchange) attempt(ep *endpoint, h host.Headers, noBody bool, start time.Time) bool {
+// attemptResult says what became of one attempt.
+type attemptResult int
+
+const (
+	answered attemptResult = iota // a response (or the proxy's own error reply) went downstream
+	refused                       // the connection was refused: nothing reached the endpoint
+	reset                         // the endpoint closed or reset the connection before any response header
+)
+
+// attempt sends the request to one endpoint.
+func (ex *exchange) attempt(ep *endpoint, h host.Headers, noBody bool, start time.Time) attemptResult {
 	p := ex.p
 	body := ex.body.reader()
 	req, err := http.NewRequestWithContext(ex.upstreamCtx, h.Get(":method"), "http://"+ep.addr+h.Get(":path"), nil)
 	if err != nil {
 		ex.localUpstreamReply(resetBeforeHeader)
-		return true
+		return answered
 	}
 	req.Host = h.Get(":authority")
 	for _, kv := range h {
@@ -189,21 +216,26 @@ func (ex *exchange) attempt(ep *endpoint, h host.Headers, noBody bool, start tim
 	if err != nil {
 		complete(false)
 		var de *dialError
-		if errors.As(err, &de) && body.consumed() == 0 {
-			return false
+		switch {
+		case errors.As(err, &de) && body.consumed() == 0:
+			return refused
+		case ex.upstreamCtx.Err() != nil:
+			return answered // the client went away: nobody to answer
+		case ex.body.replayable():
+			// A dead engine's pooled connection, or an engine that died mid-prefill:
+			// no response byte has gone downstream, so another endpoint may answer.
+			return reset
 		}
 		ep.forwards.Add(1)
-		if ex.upstreamCtx.Err() == nil {
-			ex.localUpstreamReply(resetBeforeHeader)
-		}
-		return true
+		ex.localUpstreamReply(resetBeforeHeader)
+		return answered
 	}
 	defer resp.Body.Close()
 	defer complete(true)
 	ep.forwards.Add(1)
 	ex.s.SetUpstreamAddress(ep.addr)
 	ex.relayResponse(resp, func() { complete(true) })
-	return true
+	return answered
 }
 
 // relayResponse sends the upstream response through the filter as it arrives; done runs
@@ -266,7 +298,7 @@ func (ex *exchange) localUpstreamReply(msg string) {
 }
 
 // bodyBuffer holds the request body as the filter released it, so an attempt that was
-// refused at connect time can be replayed to the next endpoint.
+// refused or reset can be replayed to the next endpoint.
 type bodyBuffer struct {
 	mu       sync.Mutex
 	changed  *sync.Cond
@@ -304,6 +336,13 @@ func (b *bodyBuffer) fail(err error) {
 	b.done = true
 	b.mu.Unlock()
 	b.changed.Broadcast()
+}
+
+// replayable: the whole body is held (it always is once released: nothing is dropped
+// while a request is in flight), so it can be sent again.
+func (b *bodyBuffer) replayable() bool {
+	_, ok := b.complete()
+	return ok
 }
 
 func (b *bodyBuffer) complete() (int, bool) {
