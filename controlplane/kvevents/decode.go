@@ -111,9 +111,9 @@ var ErrMalformed = errors.New("malformed KV event batch")
 // Decoder decodes EventBatch payloads, reusing its buffers between calls. It is not safe
 // for concurrent use.
 type Decoder struct {
-	r   bytes.Reader
-	d   *msgpack.Decoder
-	key []byte
+	payload []byte // the message being decoded; r reads it
+	r       bytes.Reader
+	d       *msgpack.Decoder
 }
 
 // NewDecoder returns a Decoder.
@@ -129,6 +129,7 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 	if len(payload) > MaxMessageBytes {
 		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(payload))
 	}
+	dc.payload = payload
 	dc.r.Reset(payload)
 	dc.d.ResetReader(&dc.r)
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
@@ -233,6 +234,9 @@ func (dc *Decoder) skip(depth int) error {
 		}
 		return nil
 	}
+	if err := dc.payloadFits(c); err != nil {
+		return err
+	}
 	return dc.d.Skip()
 }
 
@@ -256,6 +260,48 @@ func isSigned(c byte) bool {
 	return (c >= msgpcode.Int8 && c <= msgpcode.Int64) || (msgpcode.IsFixedNum(c) && int8(c) < 0)
 }
 
+// payloadFits checks that the str, bin or ext value starting with code c declares no more
+// bytes than are left. msgpack's decoder must never see a longer one: it keeps one read
+// buffer for the Decoder's life and grows it by 1 MiB for every value that claims more
+// than the buffer holds, even when the bytes are not there, so a stream of short messages
+// claiming 4 GiB strings would grow it without bound (found by FuzzDecode).
+func (dc *Decoder) payloadFits(c byte) error {
+	var hdr, n int // length header bytes after the code; declared payload bytes
+	switch {
+	case msgpcode.IsFixedString(c):
+		n = int(c & msgpcode.FixedStrMask)
+	case c == msgpcode.Str8 || c == msgpcode.Bin8 || c == msgpcode.Ext8:
+		hdr = 1
+	case c == msgpcode.Str16 || c == msgpcode.Bin16 || c == msgpcode.Ext16:
+		hdr = 2
+	case c == msgpcode.Str32 || c == msgpcode.Bin32 || c == msgpcode.Ext32:
+		hdr = 4
+	case c == msgpcode.FixExt1, c == msgpcode.FixExt2, c == msgpcode.FixExt4, c == msgpcode.FixExt8, c == msgpcode.FixExt16:
+		n = 1 << (c - msgpcode.FixExt1) // FixExt1..FixExt16 are consecutive codes
+	default:
+		return nil // not a length-prefixed value
+	}
+	left := dc.r.Len() - 1 - hdr // after the code and the length header
+	if left < 0 {
+		return errors.New("truncated length")
+	}
+	if hdr > 0 {
+		var b [4]byte
+		at := int64(len(dc.payload) - dc.r.Len() + 1)
+		if _, err := dc.r.ReadAt(b[4-hdr:], at); err != nil {
+			return err
+		}
+		n = int(binary.BigEndian.Uint32(b[:]))
+	}
+	if c >= msgpcode.FixExt1 && c <= msgpcode.FixExt16 || c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32 {
+		n++ // the extension's type byte
+	}
+	if n > left {
+		return fmt.Errorf("length %d exceeds the %d bytes left", n, left)
+	}
+	return nil
+}
+
 // str decodes a string, refusing anything longer than the bytes left.
 func (dc *Decoder) str() (string, error) {
 	c, err := dc.peek()
@@ -264,6 +310,9 @@ func (dc *Decoder) str() (string, error) {
 	}
 	if !isStr(c) {
 		return "", fmt.Errorf("want a string, got code %#x", c)
+	}
+	if err := dc.payloadFits(c); err != nil {
+		return "", err
 	}
 	return dc.d.DecodeString()
 }
@@ -317,6 +366,9 @@ func (dc *Decoder) hash() (uint64, error) {
 	}
 	switch {
 	case isBin(c):
+		if err := dc.payloadFits(c); err != nil {
+			return 0, err
+		}
 		b, err := dc.d.DecodeBytes()
 		if err != nil {
 			return 0, err

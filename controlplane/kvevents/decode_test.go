@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -228,6 +229,37 @@ func TestMalformedIsAnError(t *testing.T) {
 		if _, err := Decode(b); err == nil || !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: err = %v", name, err)
 		}
+	}
+}
+
+// Values that claim more bytes than the message holds cost nothing, however many arrive:
+// msgpack's reusable read buffer grew by 1 MiB for each before they were checked.
+func TestLyingLengthsCostNothing(t *testing.T) {
+	liars := map[string][]byte{
+		"str32 map key":    gb(t, `88 dbfb434343 43`),
+		"str32 event tag":  gb(t, `93 cb41d954fc40200000 91 92 dbffffffff 00`),
+		"bin32 hash":       gb(t, `93 cb41d954fc40200000 91 93 ab"BlockStored" 91 c6ffffffff 00`),
+		"bin32 skipped":    gb(t, `94 cb41d954fc40200000 90 00 c6ffffffff 00`),
+		"ext32 skipped":    gb(t, `94 cb41d954fc40200000 90 00 c9ffffffff01 00`),
+		"str16 skipped":    gb(t, `94 cb41d954fc40200000 90 00 daffff 00`),
+		"fixext16 skipped": gb(t, `94 cb41d954fc40200000 90 00 d801 0000`),
+	}
+	d := NewDecoder()
+	var b Batch
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const rounds = 50
+	for range rounds {
+		for name, p := range liars {
+			if err := d.Decode(p, &b); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("%s: err = %v", name, err)
+			}
+		}
+	}
+	runtime.ReadMemStats(&after)
+	perDecode := (after.TotalAlloc - before.TotalAlloc) / uint64(rounds*len(liars))
+	if perDecode > 4<<10 {
+		t.Fatalf("%d bytes allocated per lying message", perDecode)
 	}
 }
 
