@@ -114,7 +114,7 @@ func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 		if err := sub.SetOption(zmq4.OptionSubscribe, src.Topic); err != nil {
 			o.Logger.Error("kv events: subscribe", "stream", src.ID, "err", err)
 		}
-		if err := sub.Dial(src.Endpoint); err != nil {
+		if err := sub.Dial(capped(src.Endpoint)); err != nil {
 			sub.Close()
 			if ctx.Err() != nil {
 				return
@@ -288,7 +288,7 @@ type Replayed struct {
 func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, error) {
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second), zmq4.WithLogger(discardLogger()))
 	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
+	if err := d.Dial(capped(endpoint)); err != nil {
 		return nil, fmt.Errorf("replay: dial %s: %w", endpoint, err)
 	}
 	var seq [8]byte
@@ -361,7 +361,7 @@ func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, u
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		return nil, nil, err
 	}
-	if err := sub.Listen(endpoint); err != nil {
+	if err := sub.Listen(capped(endpoint)); err != nil {
 		sub.Close()
 		return nil, nil, fmt.Errorf("kv events: listen %s: %w", endpoint, err)
 	}

@@ -1,0 +1,141 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// go-zeromq/zmq4 (v0.17) allocates each frame body from the 8-byte length its peer sends,
+// and has no ZMQ_MAXMSGSIZE: one garbage length from anything that completes a ZMTP
+// handshake (on a bound socket, any pod that reaches the port) would make the control
+// plane allocate terabytes and die. Every socket here therefore runs over "kvtcp", TCP
+// whose reader follows ZMTP 3 framing and fails the connection on a frame larger than
+// MaxMessageBytes before zmq4 sees its length. zmq4 then drops the connection; a dialled
+// one is redialled.
+const cappedScheme = "kvtcp"
+
+func init() {
+	if err := zmq4.RegisterTransport(cappedScheme, cappedTCP{max: MaxMessageBytes}); err != nil {
+		panic(err) // only a second registration of the name can fail
+	}
+}
+
+// capped rewrites a tcp:// endpoint to the capped transport; others pass unchanged.
+func capped(endpoint string) string {
+	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		return cappedScheme + "://" + rest
+	}
+	return endpoint
+}
+
+type cappedTCP struct{ max uint64 }
+
+func (t cappedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return newFrameCap(c, t.max), nil
+}
+
+func (t cappedTCP) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := transport.New("tcp").Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return cappedListener{l, t.max}, nil
+}
+
+func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
+
+type cappedListener struct {
+	net.Listener
+	max uint64
+}
+
+func (l cappedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newFrameCap(c, l.max), nil
+}
+
+// ZMTP 3: a 64-byte greeting, then frames of a flags byte, a 1-byte length (or 8 bytes,
+// big-endian, when flags has the LONG bit) and the body.
+const (
+	zmtpGreeting = 64
+	zmtpLong     = 0x02
+)
+
+// frameCap is a net.Conn whose reads check every ZMTP frame length as it streams past.
+type frameCap struct {
+	net.Conn
+	max uint64
+
+	greeting int     // greeting bytes still to pass
+	body     uint64  // body bytes of the current frame still to pass
+	hdr      [9]byte // the frame header read so far
+	hdrN     int
+	err      error // sticky: the connection is bad
+}
+
+func newFrameCap(c net.Conn, max uint64) *frameCap {
+	return &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
+}
+
+// Read passes bytes through after checking them; a chunk that completes an oversized
+// frame header is not delivered, so zmq4 never allocates for it.
+func (f *frameCap) Read(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.Conn.Read(p)
+	if cerr := f.scan(p[:n]); cerr != nil {
+		f.err = cerr
+		f.Conn.Close()
+		return 0, cerr
+	}
+	return n, err
+}
+
+func (f *frameCap) scan(b []byte) error {
+	for len(b) > 0 {
+		switch {
+		case f.greeting > 0:
+			k := min(f.greeting, len(b))
+			f.greeting -= k
+			b = b[k:]
+		case f.body > 0:
+			k := min(f.body, uint64(len(b)))
+			f.body -= k
+			b = b[k:]
+		default:
+			f.hdr[f.hdrN] = b[0]
+			f.hdrN++
+			b = b[1:]
+			need := 2
+			if f.hdr[0]&zmtpLong != 0 {
+				need = 9
+			}
+			if f.hdrN < need {
+				continue
+			}
+			size := uint64(f.hdr[1])
+			if need == 9 {
+				size = binary.BigEndian.Uint64(f.hdr[1:9])
+			}
+			if size > f.max {
+				return fmt.Errorf("kv events: ZMTP frame of %d bytes from %s exceeds %d", size, f.RemoteAddr(), f.max)
+			}
+			f.body, f.hdrN = size, 0
+		}
+	}
+	return nil
+}
