@@ -111,9 +111,8 @@ var ErrMalformed = errors.New("malformed KV event batch")
 // Decoder decodes EventBatch payloads, reusing its buffers between calls. It is not safe
 // for concurrent use.
 type Decoder struct {
-	payload []byte // the message being decoded; r reads it
-	r       bytes.Reader
-	d       *msgpack.Decoder
+	r bytes.Reader
+	d *msgpack.Decoder
 }
 
 // NewDecoder returns a Decoder.
@@ -129,7 +128,6 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 	if len(payload) > MaxMessageBytes {
 		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(payload))
 	}
-	dc.payload = payload
 	dc.r.Reset(payload)
 	dc.d.ResetReader(&dc.r)
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
@@ -276,7 +274,7 @@ func (dc *Decoder) payloadFits(c byte) error {
 		hdr = 2
 	case c == msgpcode.Str32 || c == msgpcode.Bin32 || c == msgpcode.Ext32:
 		hdr = 4
-	case c == msgpcode.FixExt1, c == msgpcode.FixExt2, c == msgpcode.FixExt4, c == msgpcode.FixExt8, c == msgpcode.FixExt16:
+	case msgpcode.IsFixedExt(c):
 		n = 1 << (c - msgpcode.FixExt1) // FixExt1..FixExt16 are consecutive codes
 	default:
 		return nil // not a length-prefixed value
@@ -287,13 +285,13 @@ func (dc *Decoder) payloadFits(c byte) error {
 	}
 	if hdr > 0 {
 		var b [4]byte
-		at := int64(len(dc.payload) - dc.r.Len() + 1)
+		at := dc.r.Size() - int64(dc.r.Len()) + 1 // just after the code
 		if _, err := dc.r.ReadAt(b[4-hdr:], at); err != nil {
 			return err
 		}
 		n = int(binary.BigEndian.Uint32(b[:]))
 	}
-	if c >= msgpcode.FixExt1 && c <= msgpcode.FixExt16 || c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32 {
+	if msgpcode.IsExt(c) {
 		n++ // the extension's type byte
 	}
 	if n > left {
