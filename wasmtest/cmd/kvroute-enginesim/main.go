@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/server"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 const usageHeader = `kvroute-enginesim: simulated vLLM replicas for testing kvroute.
@@ -78,7 +79,7 @@ type options struct {
 	blockSize, numGPUBlocks                  int
 	maxNumSeqs, maxBatchedTokens, maxLen     int
 	timeScale                                float64
-	kvEventsConfig, encoding                 string
+	kvEventsConfig, encoding, vllmVersion    string
 	legacyReplay                             bool
 	dpRank                                   int
 	hashAlgo, hashSeed                       string
@@ -118,8 +119,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.maxLen, "max-model-len", 0, "context length limit, prompt + output tokens (0 = profile's)")
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "wall seconds per simulated second: 1 = real time, 0.001 = one simulated second per wall millisecond")
 	fs.StringVar(&o.kvEventsConfig, "kv-events-config", "", `vLLM's KVEventsConfig JSON: enable_kv_cache_events, publisher ("zmq"), endpoint (default tcp://*:5557; bound if it contains "*" or "::", else connected), replay_endpoint (ROUTER), buffer_steps, hwm, topic`)
-	fs.StringVar(&o.encoding, "kv-events-encoding", string(kvevents.Map), "KV event layout: map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9")
-	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
+	fs.StringVar(&o.vllmVersion, "vllm-version", version.Default, "vLLM release to imitate: error envelope (flat <= 0.10.0, nested >= 0.10.1), KV event layout (0.9.0, 0.10.x, 0.23.x arrays; maps >= 0.24) and replay shape (topic frame >= 0.26)")
+	fs.StringVar(&o.encoding, "kv-events-encoding", "", "KV event layout, overriding --vllm-version's: map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9")
+	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "overriding --vllm-version's: answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
 	fs.IntVar(&o.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the KV event ports (vLLM offset_endpoint_port) and fills data_parallel_rank")
 	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", cache.AlgoSimXXH64, "block hash: sim_xxh64 (fast, simulator-private) or sha256_cbor (vLLM's, identical hashes given the same seed)")
 	fs.StringVar(&o.hashSeed, "hash-seed", seed, "block hash seed, vLLM's PYTHONHASHSEED (defaults to $PYTHONHASHSEED if set)")
@@ -175,10 +177,25 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 	if o.replicas < 1 {
 		return nil, fmt.Errorf("--replicas %d must be >= 1", o.replicas)
 	}
-	enc, err := kvevents.ParseEncoding(o.encoding)
+	ver, err := version.Parse(o.vllmVersion)
+	if err != nil {
+		return nil, fmt.Errorf("--vllm-version: %w", err)
+	}
+	var enc kvevents.Encoding
+	if o.encoding != "" {
+		enc, err = kvevents.ParseEncoding(o.encoding)
+	} else {
+		enc, err = ver.EventEncoding()
+	}
 	if err != nil {
 		return nil, err
 	}
+	legacyReplay := ver.LegacyReplay()
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "kv-events-legacy-replay" {
+			legacyReplay = o.legacyReplay
+		}
+	})
 	ev, unknown, err := publisher.ParseConfig(o.kvEventsConfig)
 	if err != nil {
 		return nil, err
@@ -209,13 +226,13 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		}
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
-			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin,
+			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
 			Logger: log.With("replica", i),
 			Replica: replica.Config{
 				Engine:        sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed},
 				TimeScale:     o.timeScale,
 				Events:        rev,
-				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: o.legacyReplay, BindHost: o.host},
+				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host},
 			},
 		})
 	}

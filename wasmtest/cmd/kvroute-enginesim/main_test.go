@@ -107,3 +107,30 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		t.Fatal("run did not return after cancel")
 	}
 }
+
+// --vllm-version picks the event layout, the replay shape and the error envelope;
+// the explicit flags still override it.
+func TestVLLMVersionSelectsBehaviours(t *testing.T) {
+	for _, c := range []struct {
+		args   []string
+		enc    kvevents.Encoding
+		legacy bool
+		ver    string
+	}{
+		{nil, kvevents.Map, false, "0.26.0"},
+		{[]string{"--vllm-version", "0.10.0"}, kvevents.ArrayV010, true, "0.10.0"},
+		{[]string{"--vllm-version", "0.23.1"}, kvevents.Array, true, "0.23.1"},
+		{[]string{"--vllm-version", "0.25.0"}, kvevents.Map, true, "0.25.0"},
+		{[]string{"--vllm-version", "0.25.0", "--kv-events-legacy-replay=false", "--kv-events-encoding", "array"}, kvevents.Array, false, "0.25.0"},
+	} {
+		cfgs, err := parse(c.args, &bytes.Buffer{})
+		require.NoError(t, err, c.args)
+		assert.Equal(t, c.enc, cfgs[0].Replica.EventsOptions.Encoding, c.args)
+		assert.Equal(t, c.legacy, cfgs[0].Replica.EventsOptions.LegacyReplay, c.args)
+		assert.Equal(t, c.ver, cfgs[0].Version.String(), c.args)
+	}
+	_, err := parse([]string{"--vllm-version", "0.11.0"}, &bytes.Buffer{})
+	assert.ErrorContains(t, err, "not modelled")
+	_, err = parse([]string{"--vllm-version", "0.11.0", "--kv-events-encoding", "array-v0.10"}, &bytes.Buffer{})
+	assert.NoError(t, err)
+}

@@ -60,8 +60,8 @@ func TestMessageText(t *testing.T) {
 }
 
 func TestErrorBody(t *testing.T) {
-	assert.JSONEq(t, `{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`, string(BadRequest("bad").Body()))
-	assert.JSONEq(t, `{"object":"error","message":"The model `+"`x`"+` does not exist.","type":"NotFoundError","param":"model","code":404}`,
+	assert.JSONEq(t, `{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`, string(BadRequest("bad").JSON(Flat)))
+	assert.JSONEq(t, `{"error":{"message":"The model `+"`x`"+` does not exist.","type":"NotFoundError","param":"model","code":404}}`,
 		string(NotFound("model", "The model `%s` does not exist.", "x").Body()))
 	assert.Equal(t, "ServiceUnavailableError", ServerError(503, "x").Type)
 	assert.Equal(t, "data: {\"a\":1}\n\n", string(SSE(map[string]int{"a": 1})))
@@ -101,4 +101,15 @@ func FuzzMessageText(f *testing.F) {
 			t.Fatalf("status %d", err.Status)
 		}
 	})
+}
+
+// Bytes as vLLM's server writes them: starlette's compact JSONResponse for bodies,
+// json.dumps (", ", ": ", ensure_ascii) for SSE error events.
+func TestErrorBytes(t *testing.T) {
+	e := &Error{Status: 400, Type: "BadRequestError", Message: "bad \"x\"\n é 😀 <&>"}
+	assert.Equal(t, `{"error":{"message":"bad \"x\"\n é 😀 <&>","type":"BadRequestError","param":null,"code":400}}`, string(e.JSON(Nested)))
+	assert.Equal(t, `{"object":"error","message":"bad \"x\"\n é 😀 <&>","type":"BadRequestError","param":null,"code":400}`, string(e.JSON(Flat)))
+	assert.Equal(t, `{"error": {"message": "bad \"x\"\n \u00e9 \ud83d\ude00 <&>", "type": "BadRequestError", "param": null, "code": 400}}`, string(e.StreamJSON(Nested)))
+	e.Param = "temperature"
+	assert.Equal(t, `{"error": {"object": "error", "message": "bad \"x\"\n \u00e9 \ud83d\ude00 <&>", "type": "BadRequestError", "param": "temperature", "code": 400}}`, string(e.StreamJSON(Flat)))
 }

@@ -125,7 +125,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if e != nil {
-		e.Write(w)
+		s.fail(w, e)
 		return
 	}
 	s.generate(w, r, j)
@@ -155,7 +155,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		e = s.checkLength(toks, j.maxTokens)
 	}
 	if e != nil {
-		e.Write(w)
+		s.fail(w, e)
 		return
 	}
 	j.prompts = [][]uint32{toks}
@@ -219,7 +219,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		e = openai.BadRequest("either prompt or messages is required")
 	}
 	if e != nil {
-		e.Write(w)
+		s.fail(w, e)
 		return
 	}
 	if toks == nil {
@@ -237,9 +237,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, j *job) {
 		if err != nil {
 			abortAll(handles)
 			if errors.Is(err, sched.ErrTooLong) {
-				openai.BadRequest("%v", err).Write(w)
+				s.fail(w, openai.BadRequest("%v", err))
 			} else {
-				openai.ServerError(http.StatusInternalServerError, err.Error()).Write(w)
+				s.fail(w, openai.ServerError(http.StatusInternalServerError, err.Error()))
 			}
 			return
 		}
@@ -288,7 +288,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job, handle
 			have = len(p.Tokens)
 		}
 		if results[i].Err != nil {
-			openai.ServerError(http.StatusInternalServerError, results[i].Err.Error()).Write(w)
+			s.fail(w, openai.ServerError(http.StatusInternalServerError, results[i].Err.Error()))
 			return
 		}
 	}
@@ -370,7 +370,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 		}
 		p := u.p
 		if p.Err != nil {
-			send(openai.SSERaw(openai.ServerError(http.StatusInternalServerError, p.Err.Error()).Body()))
+			send(openai.SSERaw(openai.ServerError(http.StatusInternalServerError, p.Err.Error()).StreamJSON(s.env)))
 			send(openai.SSEDone)
 			return
 		}

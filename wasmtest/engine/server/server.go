@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/openai"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 // LoRAModule is a served LoRA adapter (vLLM --lora-modules name=path).
@@ -46,7 +47,11 @@ type Config struct {
 	VocabSize int
 	// EnableAdmin serves /admin/* (to loopback clients only).
 	EnableAdmin bool
-	Logger      *slog.Logger
+	// Version is the vLLM release imitated (zero: version.Default): it picks the
+	// error envelope and what GET /version reports. The replica's event layout and
+	// replay shape are set from it by the caller (see package version).
+	Version version.Version
+	Logger  *slog.Logger
 }
 
 // Server is one simulated vLLM replica with its HTTP listener.
@@ -54,6 +59,7 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 	rep   *replica.Replica
+	env   openai.Envelope
 	ln    net.Listener
 	srv   *http.Server
 	loras map[string]int // adapter name -> lora_id (1-based, as vLLM)
@@ -85,12 +91,16 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Version = cfg.Version.OrDefault()
 	cfg.Replica.ModelName = cfg.ModelName
 	if cfg.Replica.Logger == nil {
 		cfg.Replica.Logger = cfg.Logger
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, loras: map[string]int{}, failStatus: 500,
 		rng: rand.New(rand.NewPCG(1, 2)), served: make(chan struct{})}
+	if !cfg.Version.NestedErrors() {
+		s.env = openai.Flat
+	}
 	for i, m := range cfg.LoRAModules {
 		if m.Name == "" || m.Name == cfg.ModelName {
 			return nil, fmt.Errorf("lora module %d: invalid name %q", i, m.Name)
@@ -205,12 +215,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": "0.26.0+kvroute.enginesim"})
+		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version.String() + "+kvroute.enginesim"})
 	})
 	mux.HandleFunc("GET /metrics", s.metrics)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		if !s.rep.ResetPrefixCache() {
-			openai.ServerError(http.StatusInternalServerError, "Failed to reset prefix cache: blocks are in use").Write(w)
+			s.fail(w, openai.ServerError(http.StatusInternalServerError, "Failed to reset prefix cache: blocks are in use"))
 			return
 		}
 		w.WriteHeader(http.StatusOK)
@@ -281,19 +291,52 @@ func (s *Server) Handler() http.Handler {
 			return nil
 		}))
 	}
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "" {
+			// No route: the mux would answer 404 or 405 in plain text. Let it pick the
+			// status (and the Allow header), then answer with FastAPI's JSON body.
+			rec := &statusOnly{h: w.Header()}
+			mux.ServeHTTP(rec, r)
+			w.Header().Del("X-Content-Type-Options")
+			openai.WriteDetail(w, rec.status)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
+
+// statusOnly records the status and headers a handler writes and drops its body.
+type statusOnly struct {
+	h      http.Header
+	status int
+}
+
+func (s *statusOnly) Header() http.Header { return s.h }
+func (s *statusOnly) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (s *statusOnly) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+}
+
+// fail answers with e in the imitated release's error envelope.
+func (s *Server) fail(w http.ResponseWriter, e *openai.Error) { e.WriteAs(w, s.env) }
 
 // admin wraps a fault switch: loopback clients only; 204 on success, 400 on bad input.
 func (s *Server) admin(f func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		host, _, err := net.SplitHostPort(r.RemoteAddr)
 		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
-			(&openai.Error{Status: http.StatusForbidden, Type: "ForbiddenError", Message: "admin endpoints are loopback-only"}).Write(w)
+			s.fail(w, &openai.Error{Status: http.StatusForbidden, Type: "ForbiddenError", Message: "admin endpoints are loopback-only"})
 			return
 		}
 		if err := f(w, r); err != nil {
-			openai.BadRequest("%v", err).Write(w)
+			s.fail(w, openai.BadRequest("%v", err))
 			return
 		}
 		if r.Method == http.MethodPost {

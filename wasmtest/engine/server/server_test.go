@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 const model = "test/model"
@@ -353,24 +354,75 @@ func TestErrorsAreVLLMStyle(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			code, b := post(t, s, c.path, c.body)
 			assert.Equal(t, c.code, code)
-			var e struct {
-				Object  string `json:"object"`
-				Message string `json:"message"`
-				Type    string `json:"type"`
-				Param   any    `json:"param"`
-				Code    int    `json:"code"`
+			var body struct {
+				Error *struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+					Param   any    `json:"param"`
+					Code    int    `json:"code"`
+				} `json:"error"`
 			}
-			require.NoError(t, json.Unmarshal(b, &e), string(b))
-			assert.Equal(t, "error", e.Object)
+			require.NoError(t, json.Unmarshal(b, &body), string(b))
+			require.NotNil(t, body.Error, "vLLM >= 0.10.1 nests the error: %s", b)
+			e := body.Error
 			assert.Equal(t, c.typ, e.Type)
 			assert.Equal(t, c.code, e.Code)
 			assert.Contains(t, e.Message, c.contains)
 		})
 	}
-	_, b := post(t, s, "/v1/completions", `{"prompt":"x","max_tokens":0}`)
-	assert.JSONEq(t, `{"object":"error","message":"max_tokens must be at least 1, got 0.","type":"BadRequestError","param":"max_tokens","code":400}`, string(b))
-	_, b = post(t, s, "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`)
-	assert.JSONEq(t, `{"object":"error","message":"Stream options can only be defined when `+"`stream=True`"+`.","type":"BadRequestError","param":null,"code":400}`, string(b))
+	_, b := post(t, s, "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`)
+	assert.Equal(t, `{"error":{"message":"Stream options can only be defined when `+"`stream=True`"+`.","type":"BadRequestError","param":null,"code":400}}`, string(b))
+}
+
+func startVersion(t *testing.T, v string) *Server {
+	t.Helper()
+	ver, err := version.Parse(v)
+	require.NoError(t, err)
+	s, err := Start(Config{ModelName: model, Version: ver, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Replica: replica.Config{Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 0.01}})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// The error envelope follows --vllm-version: flat up to 0.10.0, nested from 0.10.1
+// (vLLM PR #22099). Before the switch existed the simulator answered the flat body
+// under every version, while reporting 0.26.0 (this test failed on the default and
+// 0.10.1 rows: got {"object":"error",...}).
+func TestErrorEnvelopeByVersion(t *testing.T) {
+	const req = `{"model":"nope","prompt":"x"}`
+	for _, c := range []struct{ version, body string }{
+		{"0.10.0", `{"object":"error","message":"The model ` + "`nope`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}`},
+		{"0.10.1", `{"error":{"message":"The model ` + "`nope`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}}`},
+		{version.Default, `{"error":{"message":"The model ` + "`nope`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}}`},
+	} {
+		t.Run(c.version, func(t *testing.T) {
+			s := startVersion(t, c.version)
+			code, b := post(t, s, "/v1/completions", req)
+			assert.Equal(t, 404, code)
+			assert.Equal(t, c.body, string(b))
+			_, b = get(t, s, "/version")
+			assert.JSONEq(t, `{"version":"`+c.version+`+kvroute.enginesim"}`, string(b))
+		})
+	}
+}
+
+// Requests no route takes get FastAPI's default bodies (vLLM's own HTTPException
+// handler is registered for fastapi.HTTPException, which starlette's router does not
+// raise). Before: Go's plain-text "404 page not found" and "Method Not Allowed".
+func TestUnknownPathsAndMethods(t *testing.T) {
+	s := start(t, false)
+	code, b := get(t, s, "/v1/nothing")
+	assert.Equal(t, 404, code)
+	assert.Equal(t, `{"detail":"Not Found"}`, string(b))
+	resp, err := http.Get(s.URL() + "/v1/completions")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, 405, resp.StatusCode)
+	assert.Equal(t, `{"detail":"Method Not Allowed"}`, string(b))
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	assert.Contains(t, resp.Header.Get("Allow"), "POST")
 }
 
 func TestMetrics(t *testing.T) {

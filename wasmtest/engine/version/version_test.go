@@ -1,0 +1,40 @@
+package version
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+)
+
+func TestBehavioursByRelease(t *testing.T) {
+	for _, c := range []struct {
+		v      string
+		nested bool
+		enc    kvevents.Encoding
+		legacy bool
+	}{
+		{"0.9.0", false, kvevents.ArrayV09, true},
+		{"0.10.0", false, kvevents.ArrayV010, true},
+		{"0.10.1", true, kvevents.ArrayV010, true},
+		{"0.23.0", true, kvevents.Array, true},
+		{"0.24.0", true, kvevents.Map, true},
+		{"0.25.1", true, kvevents.Map, true},
+		{"v0.26.0", true, kvevents.Map, false},
+	} {
+		v, err := Parse(c.v)
+		require.NoError(t, err)
+		assert.Equal(t, c.nested, v.NestedErrors(), c.v)
+		assert.Equal(t, c.legacy, v.LegacyReplay(), c.v)
+		enc, err := v.EventEncoding()
+		require.NoError(t, err, c.v)
+		assert.Equal(t, c.enc, enc, c.v)
+	}
+	_, err := MustParse("0.11.0").EventEncoding()
+	assert.Error(t, err, "0.11's layout is not modelled")
+	_, err = Parse("0.x")
+	assert.Error(t, err)
+	assert.Equal(t, Default, Version{}.OrDefault().String())
+}
