@@ -11,7 +11,7 @@ type metrics struct {
 	fallbacks     proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
 	unrouted      proxywasm.MetricCounter // header left unset: no table or unknown model
 	parseErrors   proxywasm.MetricCounter // bodies that could not be parsed
-	oversized     proxywasm.MetricCounter // bodies above max_body_bytes
+	oversized     proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
 	saltInjected  proxywasm.MetricCounter // cache_salt set for isolated tenants
 	outcomes      proxywasm.MetricCounter // responses whose usage was read
 	ledgerExpired proxywasm.MetricCounter // local queue entries dropped by timeout

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
@@ -29,6 +30,11 @@ type httpContext struct {
 	decided     bool
 	tenant      string
 	modelHeader string
+
+	// While the body is held (see OnHttpRequestBody).
+	contentLength int64 // -1: none, or not a number
+	seen          int   // body bytes at the last body callback
+	largestChunk  int
 
 	// Set when the request was placed by the rule; the response completes the report.
 	placed   bool
@@ -61,20 +67,67 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 		h.decide(nil)
 		return types.ActionContinue
 	}
+	h.contentLength = -1
+	if v, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+			h.contentLength = n
+		}
+	}
+	if h.contentLength > int64(cfg.MaxBodyBytes) {
+		// Known to be oversized: never held, so Envoy never buffers it, and with no
+		// routing header Envoy's fallback load balancer picks the replica.
+		h.decided = true
+		h.p.metrics.oversized.Increment(1)
+		proxywasm.LogDebugf("kvroute: content-length %d above max_body_bytes %d, not held", h.contentLength, cfg.MaxBodyBytes)
+		return types.ActionContinue
+	}
 	// Hold the headers until the body is in (Envoy >= 1.35 with
 	// allow_on_headers_stop_iteration; see manifests/).
 	return types.ActionPause
 }
 
+// OnHttpRequestBody holds the body (ActionPause: Envoy's StopIterationAndBuffer) until
+// end of stream, or stops holding it for good (ActionContinue) when it is, or may with its
+// next chunk become, larger than max_body_bytes; the request then routes least-queued.
+//
+// Why stopping is decided here, at most max_body_bytes in, and always from inside this
+// callback (checked against envoyproxy/envoy, source/extensions/common/wasm/context.cc and
+// source/common/http/filter_manager.cc):
+//
+//   - Once this callback paused, Context::decodeData moves each NEXT chunk into the
+//     stream's buffer (addDecodedData) BEFORE calling the filter again, and a buffer past
+//     Envoy's limit answers 413 right there (the watermark buffer's
+//     requestDataTooLarge; the Wasm filter buffers with streaming=false). Waiting for end
+//     of stream, or for the body to pass the limit, would turn large bodies into 413s.
+//     So the filter stops holding as soon as the body plus one more chunk (see
+//     nextChunk) would not fit in max_body_bytes: with max_body_bytes at or below Envoy's
+//     buffer limit, Envoy then never holds more than the limit for this filter, unless a
+//     chunk arrives that is larger than every earlier one and than the headroom.
+//   - ActionContinue returned from this callback after earlier pauses is the path Envoy
+//     handles without loss: FilterManager::commonHandleAfterDataCallback sees Continue
+//     while the filter is stopped (StopSingleIteration), moves the current chunk into
+//     the buffer and calls commonContinue, which passes the headers (with our changes)
+//     and then the whole buffer once; Context::decodeData clears its
+//     buffering_request_body_ flag on Continue, so later chunks stream straight through.
+//   - The known chunk loss (envoyproxy/envoy#46841, fixed by #46842 and its backports; the
+//     reason Kuadrant turned allow_on_headers_stop_iteration off, Kuadrant/wasm-shim#388,
+//     Kuadrant/kuadrant-operator#2101) needs the opposite: a stream resumed by
+//     proxy_continue_stream while the last body callback had paused. buffering_request_body_
+//     then stays set, the next chunk is moved into the buffer and the Continue forwards
+//     an empty frame instead. This filter never calls proxy_continue_stream
+//     (ResumeHttpRequest); keep it that way, or finish the body first.
 func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
 	if !h.routable || h.decided {
 		return types.ActionContinue
 	}
-	if bodySize > h.p.cfg.MaxBodyBytes {
-		// Stop buffering: route on what is known without the prompt.
+	limit := h.p.cfg.MaxBodyBytes
+	h.largestChunk = max(h.largestChunk, bodySize-h.seen)
+	h.seen = bodySize
+	if bodySize > limit || (!endOfStream && bodySize+h.nextChunk(bodySize) > limit) {
+		// Route on what is known without the prompt, and let the body stream on.
 		h.p.metrics.oversized.Increment(1)
 		h.decided = true
-		h.routeWithoutPrompt(h.modelHeader, float64(bodySize))
+		h.routeWithoutPrompt(h.modelHeader, float64(bodySize)/4)
 		return types.ActionContinue
 	}
 	if !endOfStream {
@@ -86,6 +139,21 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	h.decide(body)
 	return types.ActionContinue
+}
+
+// minHeadroom bounds the next chunk from below when predicting it: 16 KiB is HTTP/2's
+// default maximum DATA frame; limit/16 keeps small limits usable.
+const minHeadroom = 16 << 10
+
+// nextChunk is how large the next body chunk may be: the largest so far, at least
+// min(minHeadroom, max_body_bytes/16), and never more than an honest content-length
+// leaves (Envoy's codecs enforce it), so a body declared within the limit is always read.
+func (h *httpContext) nextChunk(bodySize int) int {
+	n := max(h.largestChunk, min(minHeadroom, h.p.cfg.MaxBodyBytes/16))
+	if h.contentLength >= 0 && int64(bodySize) <= h.contentLength {
+		n = int(min(int64(n), h.contentLength-int64(bodySize)))
+	}
+	return n
 }
 
 // OnHttpRequestTrailers: with HTTP/2 trailers the body callback never sees end of
