@@ -193,12 +193,12 @@ type CompletionRequest struct {
 	Model            string          `json:"model"`
 	Prompt           json.RawMessage `json:"prompt"`
 	MaxTokens        *int            `json:"max_tokens"`
-	N                *int            `json:"n"`
 	Stream           bool            `json:"stream"`
 	StreamOptions    *StreamOptions  `json:"stream_options"`
 	CacheSalt        *string         `json:"cache_salt"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
 	User             string          `json:"user"`
+	Sampling
 }
 
 // ChatMessage is one message; content is a string or a list of parts.
@@ -214,13 +214,13 @@ type ChatRequest struct {
 	Tools                json.RawMessage `json:"tools"`
 	MaxTokens            *int            `json:"max_tokens"` // deprecated by OpenAI, still honoured
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
-	N                    *int            `json:"n"`
 	Stream               bool            `json:"stream"`
 	StreamOptions        *StreamOptions  `json:"stream_options"`
 	CacheSalt            *string         `json:"cache_salt"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	User                 string          `json:"user"`
+	Sampling
 }
 
 // TokenizeRequest is the body of POST /tokenize: the completion form (prompt) or the

@@ -20,8 +20,9 @@ import (
 type job struct {
 	id        string
 	chat      bool
-	model     string // echoed in responses
-	prompts   [][]uint32
+	model     string     // echoed in responses
+	prompts   [][]uint32 // each prompt n times in a row: choice i is prompts[i]
+	n         int        // sequences per prompt (vLLM's n)
 	maxTokens int
 	stream    bool
 	usage     bool // stream_options.include_usage
@@ -32,7 +33,7 @@ type job struct {
 }
 
 // common validates the fields completions and chat share.
-func (s *Server) common(j *job, model string, n *int, stream bool, so *openai.StreamOptions, salt *string) *openai.Error {
+func (s *Server) common(j *job, model string, stream bool, so *openai.StreamOptions, salt *string) *openai.Error {
 	lora, loraID, e := s.model(model)
 	if e != nil {
 		return e
@@ -41,9 +42,6 @@ func (s *Server) common(j *job, model string, n *int, stream bool, so *openai.St
 	j.model = model
 	if j.model == "" {
 		j.model = s.cfg.ModelName
-	}
-	if n != nil && *n != 1 {
-		return &openai.Error{Status: 400, Type: "BadRequestError", Param: "n", Message: "n must be 1: the engine simulator generates one sequence per prompt"}
 	}
 	if so != nil && !stream {
 		return openai.BadRequest("Stream options can only be defined when `stream=True`.")
@@ -79,16 +77,27 @@ func (s *Server) checkLength(prompt []uint32, maxTokens int) *openai.Error {
 	return nil
 }
 
-func (s *Server) maxTokens(vals ...*int) (int, *openai.Error) {
+// maxTokens is the first of vals that is set, else the default; SamplingParams
+// validates it (openai.Sampling.Verify).
+func (s *Server) maxTokens(vals ...*int) int {
 	for _, v := range vals {
 		if v != nil {
-			if *v < 1 {
-				return 0, &openai.Error{Status: 400, Type: "BadRequestError", Param: "max_tokens", Message: fmt.Sprintf("max_tokens must be at least 1, got %d.", *v)}
-			}
-			return *v, nil
+			return *v
 		}
 	}
-	return s.cfg.DefaultMaxTokens, nil
+	return s.cfg.DefaultMaxTokens
+}
+
+// sampling validates the sampling fields as vLLM's SamplingParams does and sets j.n.
+func (s *Server) sampling(j *job, p *openai.Sampling) *openai.Error {
+	if e := p.Verify(j.maxTokens); e != nil {
+		return e
+	}
+	j.n = 1
+	if p.N != nil {
+		j.n = *p.N
+	}
+	return nil
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -102,14 +111,15 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	j := &job{id: fmt.Sprintf("cmpl-%016x%016x", time.Now().UnixNano(), s.ids.Add(1))}
 	if e == nil {
-		e = s.common(j, req.Model, req.N, req.Stream, req.StreamOptions, req.CacheSalt)
+		e = s.common(j, req.Model, req.Stream, req.StreamOptions, req.CacheSalt)
 	}
 	var prompts []openai.Prompt
 	if e == nil {
 		prompts, e = openai.ParsePrompts(req.Prompt, s.cfg.VocabSize)
 	}
 	if e == nil {
-		j.maxTokens, e = s.maxTokens(req.MaxTokens)
+		j.maxTokens = s.maxTokens(req.MaxTokens)
+		e = s.sampling(j, &req.Sampling)
 	}
 	addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
 	for _, p := range prompts {
@@ -121,7 +131,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			toks = tokenizer.Encode(p.Text, addSpecial)
 		}
 		if e = s.checkLength(toks, j.maxTokens); e == nil {
-			j.prompts = append(j.prompts, toks)
+			for range j.n {
+				j.prompts = append(j.prompts, toks)
+			}
 		}
 	}
 	if e != nil {
@@ -142,10 +154,11 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	j := &job{id: fmt.Sprintf("chatcmpl-%016x%016x", time.Now().UnixNano(), s.ids.Add(1)), chat: true}
 	if e == nil {
-		e = s.common(j, req.Model, req.N, req.Stream, req.StreamOptions, req.CacheSalt)
+		e = s.common(j, req.Model, req.Stream, req.StreamOptions, req.CacheSalt)
 	}
 	if e == nil {
-		j.maxTokens, e = s.maxTokens(req.MaxCompletionTokens, req.MaxTokens)
+		j.maxTokens = s.maxTokens(req.MaxCompletionTokens, req.MaxTokens)
+		e = s.sampling(j, &req.Sampling)
 	}
 	var toks []uint32
 	if e == nil {
@@ -158,7 +171,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	j.prompts = [][]uint32{toks}
+	for range j.n {
+		j.prompts = append(j.prompts, toks)
+	}
 	s.generate(w, r, j)
 }
 
@@ -260,12 +275,17 @@ func outputText(toks []uint32) string {
 	return b.String()
 }
 
-func usageOf(ps ...replica.Progress) *openai.Usage {
+// usageOf sums the usage of choices; ps[i] is choice first+i. With n > 1 a prompt's
+// tokens (and its cache hit) count once, as vLLM's serving layer sums them per prompt
+// output and completion tokens per choice.
+func usageOf(n, first int, ps ...replica.Progress) *openai.Usage {
 	u := &openai.Usage{PromptTokensDetails: &openai.PromptTokensDetails{}}
-	for _, p := range ps {
-		u.PromptTokens += p.PromptTokens
+	for i, p := range ps {
+		if (first+i)%max(n, 1) == 0 {
+			u.PromptTokens += p.PromptTokens
+			u.PromptTokensDetails.CachedTokens += max(p.CachedTokens, 0)
+		}
 		u.CompletionTokens += len(p.Tokens)
-		u.PromptTokensDetails.CachedTokens += max(p.CachedTokens, 0)
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u
@@ -293,14 +313,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job, handle
 		}
 	}
 	created := time.Now().Unix()
-	usage := usageOf(results...)
+	usage := usageOf(j.n, 0, results...)
 	s.logDone(j, usage)
 	if j.chat {
-		p := results[0]
-		fr := p.FinishReason
-		writeJSON(w, http.StatusOK, openai.ChatResponse{ID: j.id, Object: "chat.completion", Created: created, Model: j.model,
-			Choices: []openai.ChatChoice{{Message: openai.ChatResponseMessage{Role: "assistant", Content: outputText(p.Tokens), ToolCalls: []any{}}, FinishReason: &fr}},
-			Usage:   usage})
+		resp := openai.ChatResponse{ID: j.id, Object: "chat.completion", Created: created, Model: j.model, Usage: usage}
+		for i, p := range results {
+			fr := p.FinishReason
+			resp.Choices = append(resp.Choices, openai.ChatChoice{Index: i,
+				Message: openai.ChatResponseMessage{Role: "assistant", Content: outputText(p.Tokens), ToolCalls: []any{}}, FinishReason: &fr})
+		}
+		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 	resp := openai.CompletionResponse{ID: j.id, Object: "text_completion", Created: created, Model: j.model, Usage: usage}
@@ -385,7 +407,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 		}
 		var usage *openai.Usage
 		if j.contUsage {
-			usage = usageOf(p)
+			usage = usageOf(1, 0, p)
 		}
 		var chunk any
 		if j.chat {
@@ -410,7 +432,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 			return
 		}
 	}
-	usage := usageOf(final...)
+	usage := usageOf(j.n, 0, final...)
 	s.logDone(j, usage)
 	if j.usage {
 		var chunk any

@@ -345,7 +345,10 @@ func TestErrorsAreVLLMStyle(t *testing.T) {
 		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,999999]}`, 400, "BadRequestError", "Token id 999999 is out of vocabulary"},
 		{"empty token prompt", "/v1/completions", `{"prompt":[]}`, 400, "BadRequestError", "empty"},
 		{"empty text prompt", "/v1/completions", `{"prompt":"","add_special_tokens":false}`, 400, "BadRequestError", "The decoder prompt cannot be empty"},
-		{"n > 1", "/v1/completions", `{"prompt":"x","n":2}`, 400, "BadRequestError", "n must be 1"},
+		{"n < 1", "/v1/completions", `{"prompt":"x","n":0}`, 400, "BadRequestError", "n must be at least 1, got 0."},
+		{"temperature < 0", "/v1/completions", `{"prompt":"x","temperature":-1}`, 400, "BadRequestError", "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)"},
+		{"top_p > 1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"top_p":2}`, 400, "BadRequestError", "top_p must be in (0, 1], got 2.0."},
+		{"presence_penalty", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"presence_penalty":2.5}`, 400, "BadRequestError", "presence_penalty must be in [-2, 2], got 2.5."},
 		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, "BadRequestError", "at least one message"},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "BadRequestError", "text only"},
 		{"generation prompt and continue", "/tokenize", `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, 400, "BadRequestError", "Cannot set both"},
@@ -372,6 +375,52 @@ func TestErrorsAreVLLMStyle(t *testing.T) {
 	}
 	_, b := post(t, s, "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`)
 	assert.Equal(t, `{"error":{"message":"Stream options can only be defined when `+"`stream=True`"+`.","type":"BadRequestError","param":null,"code":400}}`, string(b))
+}
+
+// Sampling parameters are validated as vLLM's SamplingParams._verify_args does
+// (vllm/sampling_params.py @00388f65), with its messages. Before, temperature -1,
+// top_p 2, top_k -2 and the penalties out of range were all answered 200, and n > 1
+// was refused with a message vLLM never gives.
+func TestSamplingParamsValidated(t *testing.T) {
+	s := start(t, false)
+	for body, want := range map[string]string{
+		`{"prompt":"x","temperature":-1}`:       `{"error":{"message":"temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)","type":"BadRequestError","param":"temperature","code":400}}`,
+		`{"prompt":"x","top_p":2}`:              `{"error":{"message":"top_p must be in (0, 1], got 2.0. (parameter=top_p, value=2.0)","type":"BadRequestError","param":"top_p","code":400}}`,
+		`{"prompt":"x","top_k":-2}`:             `{"error":{"message":"top_k must be 0 (disable), or at least 1, got -2.","type":"BadRequestError","param":null,"code":400}}`,
+		`{"prompt":"x","max_tokens":0}`:         `{"error":{"message":"max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)","type":"BadRequestError","param":"max_tokens","code":400}}`,
+		`{"prompt":"x","frequency_penalty":-3}`: `{"error":{"message":"frequency_penalty must be in [-2, 2], got -3.0.","type":"BadRequestError","param":null,"code":400}}`,
+	} {
+		code, b := post(t, s, "/v1/completions", body)
+		assert.Equal(t, 400, code, body)
+		assert.Equal(t, want, string(b), body)
+	}
+	code, _ := post(t, s, "/v1/completions", `{"prompt":"x","temperature":0,"top_p":1,"top_k":-1,"max_tokens":2}`)
+	assert.Equal(t, 200, code, "greedy, top_k -1 (quietly accepted as disabled)")
+}
+
+// n > 1 is served as vLLM serves it: n choices per prompt (prompt-major indexes), the
+// prompt's tokens counted once in usage, completion tokens per choice.
+func TestNChoices(t *testing.T) {
+	s := start(t, false)
+	code, b := post(t, s, "/v1/completions", `{"prompt":[[1,2,3],[4,5]],"n":3,"max_tokens":2}`)
+	require.Equal(t, 200, code, string(b))
+	var c struct {
+		Choices []struct{ Index int } `json:"choices"`
+		Usage   usage                 `json:"usage"`
+	}
+	require.NoError(t, json.Unmarshal(b, &c))
+	require.Len(t, c.Choices, 6)
+	for i, ch := range c.Choices {
+		assert.Equal(t, i, ch.Index)
+	}
+	assert.Equal(t, 5, c.Usage.PromptTokens, "each prompt once")
+	assert.Equal(t, 12, c.Usage.CompletionTokens)
+	code, b = post(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":2,"max_tokens":3}`)
+	require.Equal(t, 200, code, string(b))
+	require.NoError(t, json.Unmarshal(b, &c))
+	require.Len(t, c.Choices, 2)
+	assert.Equal(t, 1, c.Choices[1].Index)
+	assert.Equal(t, 6, c.Usage.CompletionTokens)
 }
 
 func startVersion(t *testing.T, v string) *Server {
