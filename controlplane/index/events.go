@@ -159,9 +159,15 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 			pos++
 		}
 		if old, ok := rk.blocks[h]; ok {
-			ix.unrefBlock(r, rk, h, old) // stored again (e.g. after a replay)
+			if old.key == key && old.pos == uint32(pos-1) {
+				old.copies++ // another physical copy (a recomputed block-aligned tail)
+				rk.blocks[h] = old
+				rk.stored++
+				continue
+			}
+			ix.unrefBlock(r, rk, h, old) // the hash now stands for another chain
 		}
-		rk.blocks[h] = blockRef{key: key, pos: uint32(pos - 1)}
+		rk.blocks[h] = blockRef{key: key, pos: uint32(pos - 1), copies: 1}
 		if mult > 1 && len(ck) > 0 {
 			if rk.multi == nil {
 				rk.multi = map[uint64][]uint64{}
@@ -181,7 +187,10 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 		return
 	}
 	for _, h := range ev.Hashes {
-		if ref, ok := rk.blocks[h]; ok {
+		if ref, ok := rk.blocks[h]; ok && ref.copies > 1 {
+			ref.copies-- // another copy of the block is still cached
+			rk.blocks[h] = ref
+		} else if ok {
 			ix.unrefBlock(r, rk, h, ref)
 		}
 		rk.removed++

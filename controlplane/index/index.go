@@ -203,10 +203,16 @@ type rank struct {
 	everConnected, hasBatches bool
 }
 
-// blockRef is the key of an engine block's last (our-size) block and its chain position.
+// blockRef is the key of an engine block's last (our-size) block and its chain position,
+// and how many physical copies of the block the engine holds. vLLM caches a recomputed
+// block whose hash is already cached as a second copy and publishes BlockStored for it;
+// each copy's eviction publishes its own BlockRemoved (vllm/v1/core/block_pool.py
+// @c59cb794, cache_full_blocks and _maybe_evict_cached_block), so the block stays
+// cached until every copy is removed.
 type blockRef struct {
-	key uint64
-	pos uint32
+	key    uint64
+	pos    uint32
+	copies int32
 }
 
 type specItem struct {

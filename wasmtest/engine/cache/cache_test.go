@@ -190,7 +190,11 @@ func TestPoolPinnedBlocksSurvive(t *testing.T) {
 	assert.Equal(t, 8, p.NumFree())
 }
 
-func TestPoolCommitDuplicateMovesHash(t *testing.T) {
+// Two physical copies of one hash, as vLLM keeps them (block_pool.py @c59cb794):
+// each is stored and each eviction is reported, the hash stays cached while a copy
+// does, and lookups find the first copy. Before, the second Commit moved the hash
+// and reported it as not new, and evicting the first copy reported nothing.
+func TestPoolCommitDuplicateKeepsBothCopies(t *testing.T) {
 	h := hasher(t)
 	p, err := NewPool(9)
 	require.NoError(t, err)
@@ -200,17 +204,25 @@ func TestPoolCommitDuplicateMovesHash(t *testing.T) {
 	t1, _ := p.Allocate(1, nil)
 	t2, _ := p.Allocate(1, nil)
 	assert.True(t, p.Commit(t1[0], c.Hashes[0]))
-	assert.False(t, p.Commit(t2[0], c.Hashes[0]), "second copy: not new")
+	assert.True(t, p.Commit(t2[0], c.Hashes[0]), "second physical copy: cached (and stored) too")
+	assert.False(t, p.Commit(t2[0], c.Hashes[0]), "same block again: nothing new")
+	assert.Equal(t, 2, p.Copies(c.Hashes[0]))
+	assert.Equal(t, 1, p.NumCached(), "one hash")
+	hit, _ := p.Match(c.Hashes, 1, nil)
+	assert.Equal(t, t1, hit, "lookups find the copy cached first")
 	p.Release(t1)
 	p.Release(t2)
-	// Evicting the stale copy publishes nothing; the hash is removed once, with its last copy.
+	// The free queue holds 6 empty blocks, then t1's copy, then t2's.
 	_, ok := p.Allocate(7, nil)
 	require.True(t, ok)
-	assert.Empty(t, removed)
-	assert.True(t, p.Cached(c.Hashes[0]))
+	assert.Equal(t, []uint64{c.Hashes[0]}, removed, "first copy evicted: BlockRemoved")
+	assert.True(t, p.Cached(c.Hashes[0]), "the second copy is still cached")
+	hit, _ = p.Match(c.Hashes, 1, nil)
+	assert.Equal(t, t2, hit)
 	_, ok = p.Allocate(1, nil)
 	require.True(t, ok)
-	assert.Equal(t, []uint64{c.Hashes[0]}, removed)
+	assert.Equal(t, []uint64{c.Hashes[0], c.Hashes[0]}, removed, "a second BlockRemoved for the same hash")
+	assert.False(t, p.Cached(c.Hashes[0]))
 }
 
 func TestNewPoolRejectsTinyPools(t *testing.T) {

@@ -14,11 +14,18 @@
 // in one slice, the free queue is an intrusive doubly linked list of indexes, and the
 // hash index is an open-addressing table sized for the pool up front (index.go).
 //
-// One deviation from vLLM: when a block becomes full with a hash that is already
-// cached (a request recomputes a block it could not hit, e.g. the last block of a
-// repeated block-aligned prompt), vLLM caches both copies and publishes BlockStored
-// twice; here the hash moves to the fresh copy and no event is published, so each hash
-// is stored and removed exactly once on the wire.
+// Duplicates, as vLLM: when a block becomes full with a hash that is already cached (a
+// request recomputes a block it could not hit, e.g. the last block of a repeated
+// block-aligned prompt, whose hit get_computed_blocks caps at num_tokens - 1), the new
+// physical block is cached too, under the same hash, and BlockStored is published for
+// it again; evicting either copy publishes its own BlockRemoved, so a hash can be
+// removed once while another copy stays cached. Lookups return the copy cached first.
+// (vllm/v1/core/block_pool.py @c59cb794: BlockHashToBlockMap keeps {block_id: block}
+// per hash, "We currently don't de-duplicate the blocks in the cache";
+// cache_full_blocks inserts and reports every newly full block;
+// _maybe_evict_cached_block pops one block id and emits one BlockRemoved;
+// get_one_block returns the first. vllm/v1/core/kv_cache_manager.py @ace980e6:
+// max_cache_hit_length = request.num_tokens - 1.)
 package cache
 
 import "fmt"
@@ -27,6 +34,7 @@ type block struct {
 	hash       uint64
 	ref        int32
 	prev, next int32 // free queue links; -1 when not queued
+	dup        int32 // next cached copy of the same hash, in caching order; -1 = none
 	cached     bool
 }
 
@@ -64,7 +72,7 @@ func (p *Pool) Clear() {
 	s := p.sentinel()
 	p.blocks[s] = block{prev: s, next: s}
 	for i := range s {
-		p.blocks[i] = block{prev: -1, next: -1}
+		p.blocks[i] = block{prev: -1, next: -1, dup: -1}
 	}
 	p.numFree = 0
 	for i := int32(1); i < s; i++ { // block 0 is the null block
@@ -150,8 +158,7 @@ func (p *Pool) Allocate(n int, table []int32) ([]int32, bool) {
 		p.unlink(id)
 		b := &p.blocks[id]
 		if b.cached {
-			p.index.del(b.hash)
-			b.cached = false
+			p.uncache(id)
 			if p.OnRemove != nil {
 				p.OnRemove(b.hash)
 			}
@@ -164,21 +171,60 @@ func (p *Pool) Allocate(n int, table []int32) ([]int32, bool) {
 }
 
 // Commit caches block id (full, referenced by the caller) under hash and reports
-// whether the hash is new to the cache. If another block already holds hash, the hash
-// moves to id (the fresher copy) and the old block silently becomes uncached: from
-// outside, the hash simply stays cached, so no event is due.
+// whether it is newly cached (false only if id already holds hash). A hash that other
+// blocks already hold gets one more copy, as in vLLM (see the package comment): the
+// caller publishes BlockStored for it.
 func (p *Pool) Commit(id int32, hash uint64) (isNew bool) {
-	old, dup := p.index.get(hash)
-	if dup && old == id {
+	b := &p.blocks[id]
+	if b.cached && b.hash == hash {
 		return false
 	}
-	if dup {
-		p.blocks[old].hash, p.blocks[old].cached = 0, false
+	if b.cached {
+		p.uncache(id)
 	}
+	b.hash, b.cached, b.dup = hash, true, -1
+	head, ok := p.index.get(hash)
+	if !ok {
+		p.index.put(hash, id)
+		return true
+	}
+	for p.blocks[head].dup >= 0 {
+		head = p.blocks[head].dup
+	}
+	p.blocks[head].dup = id
+	return true
+}
+
+// uncache takes cached block id out of its hash's copies (the hash stays cached while
+// another copy holds it).
+func (p *Pool) uncache(id int32) {
 	b := &p.blocks[id]
-	b.hash, b.cached = hash, true
-	p.index.put(hash, id)
-	return !dup
+	head, _ := p.index.get(b.hash)
+	switch {
+	case head == id && b.dup >= 0:
+		p.index.put(b.hash, b.dup)
+	case head == id:
+		p.index.del(b.hash)
+	default:
+		for p.blocks[head].dup != id {
+			head = p.blocks[head].dup
+		}
+		p.blocks[head].dup = b.dup
+	}
+	b.cached, b.dup = false, -1
+}
+
+// Copies returns how many blocks hold hash.
+func (p *Pool) Copies(hash uint64) int {
+	id, ok := p.index.get(hash)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for ; id >= 0; id = p.blocks[id].dup {
+		n++
+	}
+	return n
 }
 
 // Release drops one reference on every block in table, last block first, so that a
@@ -205,7 +251,7 @@ func (p *Pool) Reset() bool {
 	}
 	p.index.clear()
 	for i := range p.blocks[:p.sentinel()] {
-		p.blocks[i].hash, p.blocks[i].cached = 0, false
+		p.blocks[i].hash, p.blocks[i].cached, p.blocks[i].dup = 0, false, -1
 	}
 	return true
 }

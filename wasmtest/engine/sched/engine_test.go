@@ -211,6 +211,43 @@ func TestEvictionPublishesOneBlockRemovedPerBlock(t *testing.T) {
 	assert.Equal(t, kvevents.BlockStored, last[len(last)-1].Kind)
 }
 
+// A block-aligned prompt seen twice: the hit is capped one token short
+// (kv_cache_manager.py @ace980e6, max_cache_hit_length = num_tokens - 1), so the last
+// block is recomputed into a new physical block with the same hash, stored (and
+// published) again, and each copy's eviction publishes its own BlockRemoved
+// (block_pool.py @c59cb794). Before: b's recompute published nothing and h1 was
+// removed once.
+func TestBlockAlignedRepeatStoresAndRemovesTwice(t *testing.T) {
+	h := newHarness(t, timing.Fast(), 9) // 8 usable blocks
+	a := &Request{ID: "a", Prompt: tokens(0, 32), MaxTokens: 1}
+	require.NoError(t, h.Submit(0, a))
+	h.run()
+	b := &Request{ID: "b", Prompt: tokens(0, 32), MaxTokens: 1}
+	require.NoError(t, h.Submit(time.Second, b))
+	h.run()
+	assert.Equal(t, 16, b.CachedTokens, "hit capped at 31 tokens: one whole block")
+	h0, h1 := a.chain.Hashes[0], a.chain.Hashes[1]
+	stored := h.events(kvevents.BlockStored)
+	require.Len(t, stored, 2)
+	assert.Equal(t, []uint64{h0, h1}, stored[0].BlockHashes)
+	assert.Equal(t, []uint64{h1}, stored[1].BlockHashes, "the recomputed last block is stored again")
+	assert.True(t, stored[1].HasParent)
+	assert.Equal(t, h0, stored[1].ParentBlockHash)
+	assert.Equal(t, tokens(16, 16), stored[1].TokenIDs)
+	assert.Equal(t, 2, h.pool.Copies(h1))
+
+	c := &Request{ID: "c", Prompt: tokens(1000, 112), MaxTokens: 1} // 7 of the 8 blocks
+	require.NoError(t, h.Submit(2*time.Second, c))
+	h.run()
+	var removed []uint64
+	for _, ev := range h.events(kvevents.BlockRemoved) {
+		removed = append(removed, ev.BlockHashes...)
+	}
+	assert.Equal(t, []uint64{h1, h1}, removed, "h1 removed once per copy; h0, hit by b, is evicted last")
+	assert.False(t, h.pool.Cached(h1))
+	assert.True(t, h.pool.Cached(h0))
+}
+
 func TestContinuousBatchingLimits(t *testing.T) {
 	p := timing.Fast()
 	p.MaxNumSeqs = 4
