@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/wasmtest/host"
@@ -42,6 +43,30 @@ type Config struct {
 	BodyLimit int
 	// DialTimeout bounds a connection attempt to one endpoint; default 1s.
 	DialTimeout time.Duration
+	// Routes are the request paths forwarded upstream (exact match, query aside); others
+	// get the router's 404. Default DefaultRoutes.
+	Routes []string
+	// Timeouts (edge.go gives the defaults and their sources); zero takes the default, a
+	// negative value disables one.
+	//
+	// RequestHeadersTimeout: from a request's first byte to the end of its headers; 408.
+	RequestHeadersTimeout time.Duration
+	// RequestTimeout: the whole request must arrive (or the response start) in time; 408.
+	RequestTimeout time.Duration
+	// StreamIdleTimeout: a request with no bytes moving either way; 408 before the
+	// response starts, a reset after.
+	StreamIdleTimeout time.Duration
+	// IdleTimeout: a connection with no request in flight is closed.
+	IdleTimeout time.Duration
+}
+
+type timeouts struct{ headers, request, streamIdle, idle time.Duration }
+
+func pick(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return max(v, 0)
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -50,6 +75,8 @@ type Proxy struct {
 	header    string
 	limit     int
 	transport *http.Transport
+	routes    map[string]bool
+	timeouts  timeouts
 
 	mu        sync.RWMutex
 	endpoints []*endpoint
@@ -82,7 +109,20 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = time.Second
 	}
-	p := &Proxy{host: cfg.Host, header: strings.ToLower(cfg.RoutingHeader), limit: cfg.BodyLimit}
+	p := &Proxy{host: cfg.Host, header: strings.ToLower(cfg.RoutingHeader), limit: cfg.BodyLimit,
+		routes: map[string]bool{},
+		timeouts: timeouts{
+			headers:    pick(cfg.RequestHeadersTimeout, DefaultRequestHeadersTimeout),
+			request:    pick(cfg.RequestTimeout, DefaultRequestTimeout),
+			streamIdle: pick(cfg.StreamIdleTimeout, DefaultStreamIdleTimeout),
+			idle:       pick(cfg.IdleTimeout, DefaultIdleTimeout),
+		}}
+	if cfg.Routes == nil {
+		cfg.Routes = DefaultRoutes
+	}
+	for _, r := range cfg.Routes {
+		p.routes[r] = true
+	}
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
 	p.transport = &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -142,9 +182,23 @@ func (e *dialError) Unwrap() error { return e.err }
 
 // ServeHTTP runs one request through a VM and forwards it.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if st, ok := r.Context().Value(connKey{}).(*connTimers); ok && !st.serving() {
+		return // the request-headers timeout answered first
+	}
 	p.stats.requests.Add(1)
+	tgt, ok := parseTarget(r)
+	if !ok || !validMethod(r.Method) {
+		// An HTTP/1 codec error in Envoy: 400, and the connection is not reused.
+		p.stats.badRequests.Add(1)
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", "11")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, "Bad Request")
+		return
+	}
 	ex := &exchange{p: p, w: w, r: r, rc: http.NewResponseController(w), start: time.Now(),
-		events: newEventQueue(), body: newBodyBuffer()}
+		events: newEventQueue(), body: newBodyBuffer(), target: tgt}
 	// Envoy streams both ways at once; net/http's HTTP/1 server needs this to read the
 	// request body after the response started.
 	_ = ex.rc.EnableFullDuplex()
@@ -161,6 +215,12 @@ type exchange struct {
 	start  time.Time
 	events *eventQueue
 	body   *bodyBuffer
+	target target
+
+	wroteHeaders bool        // the handler wrote the response status
+	respStarted  atomic.Bool // the filter released response headers
+	lastActive   atomic.Int64
+	timers       []*time.Timer
 
 	upstreamCtx    context.Context
 	cancelUpstream context.CancelFunc
@@ -181,6 +241,7 @@ const (
 	evResponseTrailers
 	evLocalReply
 	evReset
+	evEdgeReply // a timeout or a framing error: the proxy answers (or resets) itself
 )
 
 type event struct {
@@ -207,8 +268,11 @@ func (ex *exchange) hooks() host.StreamHooks {
 				ex.body.finish(nil)
 			}
 		},
-		RequestTrailers:  func(t host.Headers) { ex.body.finish(t) },
-		ResponseHeaders:  func(h host.Headers, eos bool) { q.push(event{kind: evResponseHeaders, headers: h, eos: eos}) },
+		RequestTrailers: func(t host.Headers) { ex.body.finish(t) },
+		ResponseHeaders: func(h host.Headers, eos bool) {
+			ex.respStarted.Store(true)
+			q.push(event{kind: evResponseHeaders, headers: h, eos: eos})
+		},
 		ResponseData:     func(b []byte, eos bool) { q.push(event{kind: evResponseData, data: b, eos: eos}) },
 		ResponseTrailers: func(t host.Headers) { q.push(event{kind: evResponseTrailers, headers: t}) },
 		LocalReply: func(status int) {
@@ -239,7 +303,9 @@ func (ex *exchange) run() {
 	defer ex.finish()
 
 	noBody := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && len(r.Trailer) == 0)
-	if _, err := ex.s.SendRequestHeaders(requestHeaders(r), noBody); err != nil && !errors.Is(err, host.ErrStreamEnded) {
+	ex.startTimers(noBody)
+	defer ex.stopTimers()
+	if _, err := ex.s.SendRequestHeaders(requestHeaders(r, ex.target), noBody); err != nil && !errors.Is(err, host.ErrStreamEnded) {
 		http.Error(ex.w, err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -262,7 +328,12 @@ func (ex *exchange) run() {
 				_ = ex.rc.SetReadDeadline(time.Now())
 			}
 			<-pumped
-			if reading {
+			if !ex.pumpEnded.Load() {
+				// The body did not arrive whole and the connection closes (writeHeaders
+				// said so): keep the deadline in the past, or net/http would wait to
+				// discard the rest of a body the client may trickle forever.
+				_ = ex.rc.SetReadDeadline(time.Now())
+			} else if reading {
 				_ = ex.rc.SetReadDeadline(time.Time{})
 			}
 		}()
@@ -312,6 +383,7 @@ func (ex *exchange) handle(ev event) bool {
 			ex.finish()
 		}
 		ex.writeHeaders(ev.headers)
+		ex.touch()
 		if ev.eos {
 			return true
 		}
@@ -326,6 +398,7 @@ func (ex *exchange) handle(ev event) bool {
 				return true
 			}
 			_ = ex.rc.Flush() // SSE: every chunk leaves as it comes
+			ex.touch()
 		}
 		return ev.eos
 	case evResponseTrailers:
@@ -338,8 +411,78 @@ func (ex *exchange) handle(ev event) bool {
 		ex.cancelUpstream()
 		// Envoy resets the downstream stream: abort the connection, no clean response.
 		panic(http.ErrAbortHandler)
+	case evEdgeReply:
+		ex.cancelUpstream()
+		if ex.wroteHeaders || ex.respStarted.Load() {
+			// Envoy's sendLocalReply on a stream whose response started resets it.
+			panic(http.ErrAbortHandler)
+		}
+		ex.body.fail(errLocalReply) // an upstream attempt reading the body stops
+		// Like Envoy's sendLocalReply, the answer passes the filter's response callbacks;
+		// its events come back through the queue.
+		if err := ex.localReply(ev.status, ev.reason); err != nil && !ex.respStarted.Load() {
+			ex.writeDirect(ev.status, ev.reason)
+			return true
+		}
 	}
 	return false
+}
+
+// writeDirect answers without the filter (its stream cannot take a response any more).
+func (ex *exchange) writeDirect(status int, body string) {
+	ex.finish()
+	h := ex.w.Header()
+	h.Set("Content-Type", "text/plain")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if !ex.pumpEnded.Load() {
+		h.Set("Connection", "close")
+	}
+	ex.wroteHeaders = true
+	ex.w.WriteHeader(status)
+	_, _ = io.WriteString(ex.w, body)
+}
+
+// touch records activity for the stream idle timeout.
+func (ex *exchange) touch() { ex.lastActive.Store(time.Now().UnixNano()) }
+
+// startTimers arms the stream's timeouts (Envoy's ActiveStream timers in
+// source/common/http/conn_manager_impl.cc; the answers are onRequestTimeout's and
+// onIdleTimeout's).
+func (ex *exchange) startTimers(noBody bool) {
+	t := ex.p.timeouts
+	if t.request > 0 && !noBody {
+		ex.timers = append(ex.timers, time.AfterFunc(t.request, func() {
+			if ex.pumpEnded.Load() || ex.respStarted.Load() {
+				return // the request arrived, or the response began: disarmed
+			}
+			ex.p.stats.requestTimeouts.Add(1)
+			ex.events.push(event{kind: evEdgeReply, status: http.StatusRequestTimeout, reason: "request timeout"})
+		}))
+	}
+	if t.streamIdle > 0 {
+		ex.touch()
+		var idle *time.Timer
+		idle = time.AfterFunc(t.streamIdle, func() {
+			if since := time.Since(time.Unix(0, ex.lastActive.Load())); since < t.streamIdle {
+				idle.Reset(t.streamIdle - since)
+				return
+			}
+			ex.p.stats.streamIdleTimeouts.Add(1)
+			if ex.respStarted.Load() {
+				// A reset; a handler stuck writing to a client that stopped reading
+				// must see it too.
+				_ = ex.rc.SetWriteDeadline(time.Now())
+			}
+			ex.events.push(event{kind: evEdgeReply, status: http.StatusRequestTimeout, reason: "stream timeout"})
+		})
+		ex.timers = append(ex.timers, idle)
+	}
+}
+
+func (ex *exchange) stopTimers() {
+	for _, t := range ex.timers {
+		t.Stop()
+	}
 }
 
 // hopByHop are connection-level headers a proxy does not pass on (RFC 9110 7.6.1).
@@ -363,16 +506,14 @@ func (ex *exchange) writeHeaders(h host.Headers) {
 		// do not reuse a connection whose request body was not read to its end.
 		out.Set("Connection", "close")
 	}
+	ex.wroteHeaders = true
 	ex.w.WriteHeader(status)
 }
 
 // requestHeaders is what Envoy's connection manager hands the filter chain: pseudo-headers,
 // lower-case names, no hop-by-hop headers, x-request-id and x-forwarded-proto added.
-func requestHeaders(r *http.Request) host.Headers {
-	h := host.Headers{{":method", r.Method}, {":path", r.RequestURI}, {":authority", r.Host}, {":scheme", "http"}}
-	if r.RequestURI == "" {
-		h[1][1] = r.URL.RequestURI()
-	}
+func requestHeaders(r *http.Request, t target) host.Headers {
+	h := host.Headers{{":method", r.Method}, {":path", t.path}, {":authority", t.authority}, {":scheme", "http"}}
 	hasID := false
 	for _, kv := range host.HeadersFromHTTP(r.Header) {
 		if hopByHop[kv[0]] || kv[0] == "x-forwarded-proto" {
@@ -415,8 +556,18 @@ func (ex *exchange) pumpRequestBody() {
 		ex.pumpReading = false
 		ex.pumpMu.Unlock()
 		total += int64(n)
+		if n > 0 {
+			ex.touch()
+		}
 		end := err == io.EOF || (r.ContentLength > 0 && total >= r.ContentLength)
 		if err != nil && err != io.EOF {
+			if framingError(err) {
+				// Envoy's codec: a malformed chunk size is a protocol error, answered
+				// 400 (HPE_INVALID_CHUNK_SIZE in source/common/http/http1/balsa_parser.cc).
+				ex.p.stats.framingErrors.Add(1)
+				ex.events.push(event{kind: evEdgeReply, status: http.StatusBadRequest, reason: "Bad Request"})
+				return
+			}
 			ex.s.Reset("downstream request body: " + err.Error())
 			return
 		}
@@ -441,6 +592,18 @@ func (ex *exchange) pumpRequestBody() {
 			}
 		}
 	}
+}
+
+// framingError tells a malformed request body (bad chunk framing) from a client that went
+// away or a read cut short by the proxy itself.
+func framingError(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.As(err, &ne),
+		errors.Is(err, http.ErrBodyReadAfterClose), errors.Is(err, syscall.ECONNRESET):
+		return false
+	}
+	return true
 }
 
 func nonEmpty(t host.Headers) bool {

@@ -165,7 +165,7 @@ func TestSkipsEndpointsThatRefuseOrAreNotMembers(t *testing.T) {
 	b := newUpstream(t, "b", nil)
 	dead := deadAddr(t)
 	s := startProxy(t, proxy.Config{Endpoints: []string{dead, b.addr}}, host.Config{})
-	resp, got := send(t, "GET", s.URL+"/", "", "x-route", "10.255.255.1:9,"+dead+","+b.addr)
+	resp, got := send(t, "GET", s.URL+"/v1/completions", "", "x-route", "10.255.255.1:9,"+dead+","+b.addr)
 	if resp.StatusCode != 200 || got != "hello from b" {
 		t.Fatalf("%d %q", resp.StatusCode, got)
 	}
@@ -239,12 +239,12 @@ func TestFallbackIsLeastOutstandingRequests(t *testing.T) {
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr, b.addr}}, host.Config{})
 	held := make(chan string)
 	go func() {
-		_, got := send(t, "GET", s.URL+"/", "", "x-route", a.addr, "x-hold", "1")
+		_, got := send(t, "GET", s.URL+"/v1/completions", "", "x-route", a.addr, "x-hold", "1")
 		held <- got
 	}()
 	<-arrived // a now has one request in flight
 	for i := range 3 {
-		if _, got := send(t, "GET", s.URL+"/", ""); got != "hello from b" {
+		if _, got := send(t, "GET", s.URL+"/v1/completions", ""); got != "hello from b" {
 			t.Fatalf("request %d without a routing header went to %q, want b (a is busy)", i, got)
 		}
 	}
@@ -255,7 +255,7 @@ func TestFallbackIsLeastOutstandingRequests(t *testing.T) {
 	// Every listed endpoint refuses: the fallback takes over.
 	dead := deadAddr(t)
 	s.SetEndpoints([]string{a.addr, b.addr, dead})
-	if resp, _ := send(t, "GET", s.URL+"/", "", "x-route", dead); resp.StatusCode != 200 {
+	if resp, _ := send(t, "GET", s.URL+"/v1/completions", "", "x-route", dead); resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	st := s.Stats()
@@ -267,7 +267,7 @@ func TestFallbackIsLeastOutstandingRequests(t *testing.T) {
 func TestNoEndpointAccepts503(t *testing.T) {
 	dead := deadAddr(t)
 	s := startProxy(t, proxy.Config{Endpoints: []string{dead}}, host.Config{})
-	resp, body := send(t, "GET", s.URL+"/", "", "x-route", dead)
+	resp, body := send(t, "GET", s.URL+"/v1/completions", "", "x-route", dead)
 	if resp.StatusCode != 503 || !strings.Contains(body, "upstream connect error") || resp.Header.Get("x-test-filter") == "" {
 		t.Fatalf("%d %q %v: want Envoy's 503, through the filter", resp.StatusCode, body, resp.Header)
 	}
@@ -326,7 +326,7 @@ func TestSSEChunksPassAsTheyCome(t *testing.T) {
 func TestBodyLimit(t *testing.T) {
 	a := newUpstream(t, "a", nil)
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}, BodyLimit: 1024}, host.Config{})
-	resp, body := send(t, "POST", s.URL+"/", strings.Repeat("x", 4096))
+	resp, body := send(t, "POST", s.URL+"/v1/completions", strings.Repeat("x", 4096))
 	if resp.StatusCode != 413 || body != "Payload Too Large" {
 		t.Fatalf("%d %q, want 413", resp.StatusCode, body)
 	}
@@ -334,7 +334,7 @@ func TestBodyLimit(t *testing.T) {
 		t.Fatalf("upstream got %d requests", n)
 	}
 	payload := fmt.Sprintf(`{"route":%q,"pad":%q}`, a.addr, strings.Repeat("y", 900))
-	if resp, _ := send(t, "POST", s.URL+"/", payload); resp.StatusCode != 200 {
+	if resp, _ := send(t, "POST", s.URL+"/v1/completions", payload); resp.StatusCode != 200 {
 		t.Fatalf("body under the limit: %d", resp.StatusCode)
 	}
 	if seen := a.requests(); len(seen) != 1 || seen[0].body != payload {
@@ -351,11 +351,11 @@ func TestFilterLocalReplyAndAsyncRelease(t *testing.T) {
 	defer ctl.Close()
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}},
 		host.Config{Clusters: map[string]host.Cluster{"control": {URL: ctl.URL}}})
-	resp, body := send(t, "GET", s.URL+"/", "", "x-local-reply", "1")
+	resp, body := send(t, "GET", s.URL+"/v1/completions", "", "x-local-reply", "1")
 	if resp.StatusCode != 418 || body != "teapot" || resp.Header.Get("x-test-local") != "1" {
 		t.Fatalf("local reply %d %q", resp.StatusCode, body)
 	}
-	resp, _ = send(t, "POST", s.URL+"/", fmt.Sprintf(`{"route":%q}`, a.addr), "x-async", "1")
+	resp, _ = send(t, "POST", s.URL+"/v1/completions", fmt.Sprintf(`{"route":%q}`, a.addr), "x-async", "1")
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
@@ -368,7 +368,7 @@ func TestTrapFailsOpenThroughTheProxy(t *testing.T) {
 	a := newUpstream(t, "a", nil)
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}}, host.Config{VMs: 1})
 	for i, hdr := range []string{"x-panic", "x-anything"} {
-		resp, body := send(t, "GET", s.URL+"/", "", hdr, "1")
+		resp, body := send(t, "GET", s.URL+"/v1/completions", "", hdr, "1")
 		if resp.StatusCode != 200 || body != "hello from a" {
 			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
 		}
@@ -390,7 +390,7 @@ func TestResponseTrailersPassThrough(t *testing.T) {
 		w.Header().Set("X-Upstream-Trailer", "7")
 	})
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}}, host.Config{})
-	resp, body := send(t, "GET", s.URL+"/", "", "x-route", a.addr)
+	resp, body := send(t, "GET", s.URL+"/v1/completions", "", "x-route", a.addr)
 	if body != "body" || resp.Trailer.Get("x-upstream-trailer") != "7" || resp.Trailer.Get("x-test-trailer") != "1" {
 		t.Fatalf("%q trailers %v", body, resp.Trailer)
 	}
@@ -400,7 +400,7 @@ func TestFilterRewritesTheBody(t *testing.T) {
 	a := newUpstream(t, "a", nil)
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}}, host.Config{})
 	body := fmt.Sprintf(`{"route":%q}`, a.addr)
-	if resp, _ := send(t, "POST", s.URL+"/", body, "x-rewrite-body", "1"); resp.StatusCode != 200 {
+	if resp, _ := send(t, "POST", s.URL+"/v1/completions", body, "x-rewrite-body", "1"); resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	seen := a.requests()
@@ -413,7 +413,7 @@ func TestRequestTrailersReachTheFilterAndTheUpstream(t *testing.T) {
 	a := newUpstream(t, "a", nil)
 	s := startProxy(t, proxy.Config{Endpoints: []string{a.addr}}, host.Config{})
 	body := fmt.Sprintf(`{"route":%q}`, a.addr)
-	req, _ := http.NewRequest("POST", s.URL+"/", nil)
+	req, _ := http.NewRequest("POST", s.URL+"/v1/completions", nil)
 	req.Trailer = http.Header{"X-Client-Trailer": nil}
 	req.ContentLength = -1 // chunked, the only way HTTP/1.1 carries trailers
 	req.Body = io.NopCloser(&trailerSetter{r: strings.NewReader(body), trailer: req.Trailer})

@@ -29,6 +29,17 @@ type Stats struct {
 	LocalReplies int64
 	// FailOpen counts requests that bypassed the filter because its VM had failed.
 	FailOpen int64
+	// BadRequests counts requests refused at the edge with 400 (a method or request
+	// target Envoy's HTTP/1 codec rejects); FramingErrors those whose body framing was
+	// malformed (400, or a reset once the response had started).
+	BadRequests, FramingErrors int64
+	// NoRoute counts requests whose path is not a route (404).
+	NoRoute int64
+	// HeaderTimeouts, RequestTimeouts and StreamIdleTimeouts count requests cut by each
+	// timeout; IdleClosed counts connections closed by the idle timeout.
+	HeaderTimeouts, RequestTimeouts, StreamIdleTimeouts, IdleClosed int64
+	// OpenConnections is the number of client connections open now.
+	OpenConnections int64
 	// Filter is the time spent inside the filter's callbacks, per request.
 	Filter Latency
 	// Upstream is the time from the first connection attempt to the end of the upstream
@@ -54,24 +65,34 @@ func (l Latency) Mean() time.Duration {
 
 type counters struct {
 	requests, retries, resets, fallbacks, unknownEndpoints, upstreamFailures, localReplies, failOpen atomic.Int64
+	badRequests, framingErrors, noRoute, headerTimeouts, requestTimeouts, streamIdleTimeouts         atomic.Int64
+	idleClosed, openConns                                                                            atomic.Int64
 	filter, upstream, total                                                                          samples
 }
 
 // Stats returns the counters.
 func (p *Proxy) Stats() Stats {
 	s := Stats{
-		Requests:         p.stats.requests.Load(),
-		Retries:          p.stats.retries.Load(),
-		Resets:           p.stats.resets.Load(),
-		Fallbacks:        p.stats.fallbacks.Load(),
-		UnknownEndpoints: p.stats.unknownEndpoints.Load(),
-		UpstreamFailures: p.stats.upstreamFailures.Load(),
-		LocalReplies:     p.stats.localReplies.Load(),
-		FailOpen:         p.stats.failOpen.Load(),
-		Filter:           p.stats.filter.summary(),
-		Upstream:         p.stats.upstream.summary(),
-		Total:            p.stats.total.summary(),
-		Forwards:         map[string]int64{},
+		Requests:           p.stats.requests.Load(),
+		Retries:            p.stats.retries.Load(),
+		Resets:             p.stats.resets.Load(),
+		Fallbacks:          p.stats.fallbacks.Load(),
+		UnknownEndpoints:   p.stats.unknownEndpoints.Load(),
+		UpstreamFailures:   p.stats.upstreamFailures.Load(),
+		LocalReplies:       p.stats.localReplies.Load(),
+		FailOpen:           p.stats.failOpen.Load(),
+		BadRequests:        p.stats.badRequests.Load(),
+		FramingErrors:      p.stats.framingErrors.Load(),
+		NoRoute:            p.stats.noRoute.Load(),
+		HeaderTimeouts:     p.stats.headerTimeouts.Load(),
+		RequestTimeouts:    p.stats.requestTimeouts.Load(),
+		StreamIdleTimeouts: p.stats.streamIdleTimeouts.Load(),
+		IdleClosed:         p.stats.idleClosed.Load(),
+		OpenConnections:    p.stats.openConns.Load(),
+		Filter:             p.stats.filter.summary(),
+		Upstream:           p.stats.upstream.summary(),
+		Total:              p.stats.total.summary(),
+		Forwards:           map[string]int64{},
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()

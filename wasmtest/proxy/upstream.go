@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,13 @@ const MaxResetRetries = 2
 // the least_request fallback over the members not tried yet.
 func (ex *exchange) forward(h host.Headers, noBody bool) {
 	p := ex.p
+	// The router matches the path the filter released against the route table.
+	route, query, ok := p.routeOf(h.Get(":path"))
+	if !ok || !validPathChars(query) {
+		p.stats.noRoute.Add(1)
+		_ = ex.localReply(http.StatusNotFound, "")
+		return
+	}
 	start := time.Now()
 	tried := map[*endpoint]bool{}
 	attempts, resets := 0, 0
@@ -41,7 +49,7 @@ func (ex *exchange) forward(h host.Headers, noBody bool) {
 			p.stats.retries.Add(1)
 		}
 		attempts++
-		switch ex.attempt(ep, h, noBody, start) {
+		switch ex.attempt(ep, route, query, h, noBody, start) {
 		case refused:
 			failure = connectFailure
 			return false
@@ -165,12 +173,14 @@ const (
 	reset                         // the endpoint closed or reset the connection before any response header
 )
 
-// attempt sends the request to one endpoint.
-func (ex *exchange) attempt(ep *endpoint, h host.Headers, noBody bool, start time.Time) attemptResult {
+// attempt sends the request to one endpoint. The URL is built from the endpoint's address
+// and the matched route and query alone: nothing the client sent can name another host.
+func (ex *exchange) attempt(ep *endpoint, route, query string, h host.Headers, noBody bool, start time.Time) attemptResult {
 	p := ex.p
 	body := ex.body.reader()
-	req, err := http.NewRequestWithContext(ex.upstreamCtx, h.Get(":method"), "http://"+ep.addr+h.Get(":path"), nil)
-	if err != nil {
+	u := &url.URL{Scheme: "http", Host: ep.addr, Path: route, RawQuery: query}
+	req, err := http.NewRequestWithContext(ex.upstreamCtx, h.Get(":method"), u.String(), nil)
+	if err != nil || req.URL.Host != ep.addr {
 		ex.localUpstreamReply(resetBeforeHeader)
 		return answered
 	}
@@ -291,10 +301,23 @@ func (ex *exchange) relayResponse(resp *http.Response, done func()) {
 // localUpstreamReply is the router's own answer when no upstream could take the request;
 // like any response it goes through the filter.
 func (ex *exchange) localUpstreamReply(msg string) {
-	h := host.Headers{{":status", "503"}, {"content-length", strconv.Itoa(len(msg))}, {"content-type", "text/plain"}}
-	if _, err := ex.s.SendResponseHeaders(h, false); err == nil {
-		_, _ = ex.s.SendResponseBody([]byte(msg), true)
+	_ = ex.localReply(http.StatusServiceUnavailable, msg)
+}
+
+// localReply is a response the proxy makes itself (Envoy's sendLocalReply), passed through
+// the filter's response callbacks like any other.
+func (ex *exchange) localReply(status int, msg string) error {
+	h := host.Headers{{":status", strconv.Itoa(status)}, {"content-length", strconv.Itoa(len(msg))}}
+	if msg == "" {
+		_, err := ex.s.SendResponseHeaders(h, true)
+		return err
 	}
+	h = append(h, [2]string{"content-type", "text/plain"})
+	if _, err := ex.s.SendResponseHeaders(h, false); err != nil {
+		return err
+	}
+	_, err := ex.s.SendResponseBody([]byte(msg), true)
+	return err
 }
 
 // bodyBuffer holds the request body as the filter released it, so an attempt that was
