@@ -36,7 +36,7 @@ in vLLM's wire format. Prompts are tokenized by a deterministic stand-in tokeniz
 wall seconds per simulated second; latencies in responses and metrics are simulated.
 
 Fault switches (loopback clients only, with --enable-admin):
-  POST /admin/restart                      cache cleared, AllBlocksCleared, event seq back to 0
+  POST /admin/restart                      a process restart: cache empty, event seq from 0, no AllBlocksCleared
   POST /admin/pause-events[?on=false]      stop (or resume) sending KV events; seqs keep counting
   POST /admin/resume-events
   POST /admin/slow-metrics?ms=N            delay GET /metrics by N ms (0 = off)

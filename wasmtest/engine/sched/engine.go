@@ -538,8 +538,11 @@ func (e *Engine) Abort(at time.Duration, r *Request) {
 }
 
 // Restart simulates an engine process restart at time at: every request is aborted,
-// the cache is emptied, counters are zeroed, and an AllBlocksCleared event is
-// published.
+// the cache is emptied and counters are zeroed. No event is published: a new vLLM
+// process starts with an empty pool and says nothing about the old one's blocks;
+// AllBlocksCleared comes only from reset_prefix_cache (vllm/v1/core/block_pool.py
+// @c59cb794, the only place that queues it). Subscribers learn of the restart from
+// the event sequence starting over (package publisher).
 func (e *Engine) Restart(at time.Duration) {
 	at = max(at, e.clock)
 	var all []*Request
@@ -560,7 +563,6 @@ func (e *Engine) Restart(at time.Duration) {
 		e.done(r, at, "abort")
 	}
 	e.stats = Stats{}
-	e.cleared(at)
 }
 
 // ResetPrefixCache drops every cached block, as vLLM's reset_prefix_cache: it refuses
