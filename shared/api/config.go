@@ -47,8 +47,10 @@ type Config struct {
 	BlockBytes  int `json:"block_bytes,omitempty"`
 	BlockTokens int `json:"block_tokens,omitempty"`
 	// MaxBodyBytes: larger request bodies are not parsed; they route by least queued.
-	// Keep it at or below Envoy's buffer limit (per_connection_buffer_limit_bytes, 1 MiB
-	// by default): the filter then stops buffering before Envoy would answer 413.
+	// Keep it below Envoy's buffer limit (per_connection_buffer_limit_bytes, 1 MiB by
+	// default) by at least one read: Envoy adds each chunk to a paused filter's buffer
+	// before the filter sees it and answers 413 past the limit (Context::decodeData,
+	// FilterManager requestDataTooLarge), so the default leaves 64 KiB of margin.
 	MaxBodyBytes int `json:"max_body_bytes,omitempty"`
 	// MaxJSONDepth bounds nesting in request bodies.
 	MaxJSONDepth int    `json:"max_json_depth,omitempty"`
@@ -141,7 +143,7 @@ func (c *Config) fillDefaults() {
 	def(&c.ControlPlane.MaxReportBatch, 512)
 	def(&c.BlockBytes, prefix.DefaultBlockBytes)
 	def(&c.BlockTokens, prefix.DefaultBlockTokens)
-	def(&c.MaxBodyBytes, 1<<20)
+	def(&c.MaxBodyBytes, 1<<20-64<<10)
 	def(&c.MaxJSONDepth, 64)
 	def(&c.LedgerTimeoutMs, 30000)
 	p := rule.DefaultParams()

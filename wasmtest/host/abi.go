@@ -91,6 +91,7 @@ func (h *Host) instantiateABI(ctx context.Context) (api.Module, error) {
 	b := h.runtime.NewHostModuleBuilder(abiModule)
 	for _, f := range hostFuncs() {
 		call, types := f.call, f.params
+		qualified := abiModule + "." + f.name
 		b.NewFunctionBuilder().
 			WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, stack []uint64) {
 				// The upper half of an i32 on wazero's stack is undefined: clear it once here.
@@ -100,6 +101,7 @@ func (h *Host) instantiateABI(ctx context.Context) (api.Module, error) {
 					}
 				}
 				vm := ctx.Value(vmKey{}).(*VM)
+				vm.checkRestricted(qualified)
 				stack[0] = uint64(call(vm, stack))
 			}), f.params, []api.ValueType{i32}).
 			WithName(f.name).
@@ -169,7 +171,14 @@ func (vm *VM) copyOut(data []byte, ptrPtr, sizePtr uint64) status {
 	var addr uint32
 	if len(data) > 0 {
 		vm.allocStack[0] = uint64(len(data))
-		if err := vm.fn.malloc.CallWithStack(vm.ctx, vm.allocStack[:]); err != nil {
+		// cpp-host include/proxy-wasm/wasm.h allocMemory: malloc runs with restricted
+		// callbacks; a trap in it fails the VM (the Go allocator may run a GC cycle here).
+		outer := vm.allowed
+		vm.allowed = vm.host.profile.allocAllow
+		err := vm.fn.malloc.CallWithStack(vm.ctx, vm.allocStack[:])
+		vm.allowed = outer
+		if err != nil {
+			vm.fail(fmt.Errorf("%s: %w", vm.fn.malloc.Definition().Name(), err))
 			return statusInvalidMemoryAccess
 		}
 		addr = uint32(vm.allocStack[0])

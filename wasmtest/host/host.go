@@ -20,7 +20,6 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
-	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
 	"github.com/kvroute/kvroute/wasmtest/host/clock"
 )
@@ -49,6 +48,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Env is the guest's WASI environment (Istio vmConfig.env), e.g. GOMEMLIMIT.
 	Env map[string]string
+	// CountCalls names guest functions (as the module's name section has them, e.g.
+	// "runtime.gcMarkTermination", once per Go GC cycle) whose calls Host.Calls counts.
+	CountCalls []string
+	// Profile is the proxy-wasm-cpp-host behaviour to reproduce. Default: the strictest,
+	// CppHostC4d7bb0 (the oldest Envoy the manifests support).
+	Profile *Profile
 	// Rand returns the random source of VM i (WASI random_get). Default crypto/rand.
 	Rand func(vm int) io.Reader
 	// Interpreter forces wazero's interpreter even where its compiler is available.
@@ -78,6 +83,8 @@ type Cluster struct {
 // Host is a set of worker VMs running one plugin, with the state Envoy shares between them.
 type Host struct {
 	cfg      Config
+	profile  *Profile
+	env      []string // "KEY=value", sorted
 	clock    clock.Clock
 	start    time.Time // origin of the guest's monotonic clock
 	runtime  wazero.Runtime
@@ -92,6 +99,7 @@ type Host struct {
 	clusters sync.Map // name -> Cluster
 	closed   atomic.Bool
 	stats    hostStats
+	calls    map[string]*atomic.Int64 // Config.CountCalls
 }
 
 type hostStats struct {
@@ -141,8 +149,13 @@ func New(ctx context.Context, wasm []byte, cfg Config) (*Host, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = func(int) io.Reader { return rand.Reader }
 	}
+	if cfg.Profile == nil {
+		cfg.Profile = CppHostC4d7bb0
+	}
 	h := &Host{
 		cfg:     cfg,
+		profile: cfg.Profile,
+		env:     environ(cfg.Env),
 		clock:   cfg.Clock,
 		start:   cfg.Clock.Now(),
 		store:   newStore(),
@@ -165,20 +178,21 @@ func New(ctx context.Context, wasm []byte, cfg Config) (*Host, error) {
 		_ = h.runtime.Close(ctx)
 		return nil, err
 	}
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.runtime); err != nil {
+	wasi, err := h.instantiateWASI(ctx)
+	if err != nil {
 		return fail(fmt.Errorf("instantiate WASI: %w", err))
 	}
 	env, err := h.instantiateABI(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("instantiate proxy-wasm ABI: %w", err))
 	}
-	compiled, err := h.runtime.CompileModule(ctx, wasm)
+	compiled, err := h.runtime.CompileModule(h.withCallCounters(ctx), wasm)
 	if err != nil {
 		return fail(fmt.Errorf("compile plugin: %w", err))
 	}
 	if err := checkImports(compiled, map[string]api.Module{
-		abiModule: env, wasi_snapshot_preview1.ModuleName: h.runtime.Module(wasi_snapshot_preview1.ModuleName)}); err != nil {
-		return fail(err)
+		abiModule: env, wasiModule: wasi[0], wasiUnstableModule: wasi[1]}); err != nil {
+		return fail(fmt.Errorf("%w (host profile %s)", err, h.profile))
 	}
 	if err := checkABIVersion(compiled); err != nil {
 		return fail(err)
@@ -209,6 +223,22 @@ func New(ctx context.Context, wasm []byte, cfg Config) (*Host, error) {
 	}
 	return h, nil
 }
+
+// environ renders the guest environment as cpp-host's environ_get does: KEY=value, in a
+// stable order.
+func environ(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (h *Host) environ() []string { return h.env }
+
+// Profile returns the cpp-host behaviour the host reproduces.
+func (h *Host) Profile() *Profile { return h.profile }
 
 // checkImports lists every function the module imports that no host module exports, so a
 // module built against a newer SDK fails here, at load, like Envoy's "missing import".

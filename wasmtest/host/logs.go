@@ -137,8 +137,10 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		}
 	}
 	w.mu.Unlock()
-	for _, l := range lines {
-		w.emit(l)
+	if w.emit != nil {
+		for _, l := range lines {
+			w.emit(l)
+		}
 	}
 	return len(p), nil
 }

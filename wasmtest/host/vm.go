@@ -3,7 +3,7 @@ package host
 import (
 	"context"
 	"fmt"
-	"sort"
+	"io"
 	"sync"
 	"time"
 
@@ -24,6 +24,7 @@ type VM struct {
 	fn    guestFuncs
 	out   *lineWriter // guest stdout
 	err   *lineWriter // guest stderr
+	rand  io.Reader   // WASI random_get
 
 	mu          sync.Mutex // one callback at a time; guards everything below
 	stack       [8]uint64
@@ -46,6 +47,7 @@ type VM struct {
 	callouts    map[uint32]func() // pending HTTP calls -> cancel
 	metricIDs   map[uint32]*metric
 	metricSeq   uint32
+	allowed     map[string]bool // host calls allowed in a restricted callback; nil: all
 }
 
 type vmKey struct{}
@@ -79,31 +81,14 @@ func (h *Host) newVM(ctx context.Context, compiled wazero.CompiledModule, i int)
 		metricIDs: map[uint32]*metric{},
 	}
 	vm.ctx = context.WithValue(context.Background(), vmKey{}, vm)
-	vm.out = &lineWriter{emit: func(line string) { h.logs.add(h.clock.Now(), i, LevelInfo, "stdout: "+line) }}
-	vm.err = &lineWriter{emit: func(line string) { h.logs.add(h.clock.Now(), i, LevelError, "stderr: "+line) }, keepTail: true}
+	// fd_write logs each call itself (wasi.go); these only keep what the guest last wrote.
+	vm.out = &lineWriter{}
+	vm.err = &lineWriter{keepTail: true}
+	vm.rand = h.cfg.Rand(i)
 
 	mc := wazero.NewModuleConfig().
 		WithName(fmt.Sprintf("vm-%d", i)).
-		WithStartFunctions(). // _initialize runs below, under the VM lock, with failures reported
-		WithStdout(vm.out).
-		WithStderr(vm.err).
-		WithWalltime(h.walltime, 1).
-		WithNanotime(h.nanotime, 1).
-		WithRandSource(h.cfg.Rand(i))
-	if h.clock == clock.Wall() {
-		mc = mc.WithSysNanosleep()
-	} else {
-		// Virtual time only moves in Advance: a guest that sleeps must not block the host.
-		mc = mc.WithNanosleep(func(int64) {})
-	}
-	keys := make([]string, 0, len(h.cfg.Env))
-	for k := range h.cfg.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		mc = mc.WithEnv(k, h.cfg.Env[k])
-	}
+		WithStartFunctions() // _initialize runs below, under the VM lock, with failures reported
 	mod, err := h.runtime.InstantiateModule(ctx, compiled, mc)
 	if err != nil {
 		return nil, fmt.Errorf("vm %d: instantiate: %w", i, err)
@@ -141,26 +126,41 @@ func (h *Host) newVM(ctx context.Context, compiled wazero.CompiledModule, i int)
 	}
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
-	if _, err := vm.invoke(vm.fn.initialize, 0); err != nil {
+	// cpp-host src/wasm.cc startVm: _initialize runs with restricted callbacks.
+	vm.allowed = h.profile.startAllow
+	_, err = vm.invoke(vm.fn.initialize, 0)
+	vm.allowed = nil
+	if err != nil {
 		return nil, fmt.Errorf("vm %d: _initialize: %w", i, vm.failed)
 	}
 	return vm, nil
 }
 
-// start runs the plugin lifecycle Envoy runs on each worker when the plugin is configured.
+// checkRestricted traps a host call that the current restricted callback does not allow,
+// as cpp-host's V8 integration does (src/v8/v8.cc: trap("restricted_callback")).
+func (vm *VM) checkRestricted(qualified string) {
+	if vm.allowed != nil && !vm.allowed[qualified] {
+		panic(fmt.Sprintf("restricted_callback: %s is not allowed here (host profile %s)", qualified, vm.host.profile))
+	}
+}
+
+// start runs the plugin lifecycle Envoy runs on each worker when the plugin is configured:
+// proxy_on_context_create for the root context, then proxy_on_vm_start with the root
+// context's id (cpp-host src/context.cc ContextBase::onStart), then proxy_on_configure
+// (ContextBase::onConfigure).
 func (vm *VM) start() error {
 	h := vm.host
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
-	ok, err := vm.invoke(vm.fn.vmStart, 0, 0, uint64(len(h.cfg.VMConfig)))
+	if _, err := vm.invoke(vm.fn.contextCreate, vm.rootID, uint64(vm.rootID), 0); err != nil {
+		return fmt.Errorf("vm %d: proxy_on_context_create (root): %w", vm.index, vm.failed)
+	}
+	ok, err := vm.invoke(vm.fn.vmStart, vm.rootID, uint64(vm.rootID), uint64(len(h.cfg.VMConfig)))
 	if err != nil {
 		return fmt.Errorf("vm %d: proxy_on_vm_start: %w", vm.index, vm.failed)
 	}
 	if vm.fn.vmStart != nil && uint32(ok) == 0 {
 		return fmt.Errorf("vm %d: proxy_on_vm_start returned false%s", vm.index, vm.logTail())
-	}
-	if _, err := vm.invoke(vm.fn.contextCreate, vm.rootID, uint64(vm.rootID), 0); err != nil {
-		return fmt.Errorf("vm %d: proxy_on_context_create (root): %w", vm.index, vm.failed)
 	}
 	vm.configuring = true
 	ok, err = vm.invoke(vm.fn.configure, vm.rootID, uint64(vm.rootID), uint64(len(h.cfg.PluginConfig)))
@@ -361,11 +361,6 @@ func (vm *VM) effectiveStream() *Stream {
 		return nil
 	}
 	return vm.streams[vm.effective]
-}
-
-func (h *Host) walltime() (int64, int32) {
-	t := h.clock.Now()
-	return t.Unix(), int32(t.Nanosecond())
 }
 
 // nanotime is the guest's monotonic clock: host-clock time since the host started, plus

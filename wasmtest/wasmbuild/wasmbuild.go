@@ -1,9 +1,11 @@
 // Package wasmbuild compiles Go packages into proxy-wasm modules the way `make wasm` does
-// (GOOS=wasip1 GOARCH=wasm -buildmode=c-shared), so a test always loads the module built
-// from the code it sits next to. The Go build cache makes repeated builds cheap.
+// (GOOS=wasip1 GOARCH=wasm -buildmode=c-shared, then filter/wasmpatch's poll_oneoff shim),
+// so a test always loads the module built from the code it sits next to. The Go build
+// cache makes repeated builds cheap.
 package wasmbuild
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -12,10 +14,33 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+
+	"github.com/kvroute/kvroute/filter/wasmpatch"
 )
 
-// Build compiles the main package in directory dir into the module file out.
+// Build compiles the main package in directory dir into the module file out and applies
+// the poll_oneoff shim, as `make wasm` does for the filter.
 func Build(dir, out string) error {
+	if err := BuildUnpatched(dir, out); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		return err
+	}
+	patched, _, err := wasmpatch.PollOneoffShim(b)
+	if errors.Is(err, wasmpatch.ErrNoPollOneoff) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("patch %s: %w", dir, err)
+	}
+	return os.WriteFile(out, patched, 0o644)
+}
+
+// BuildUnpatched compiles the main package in directory dir into the module file out as
+// go build alone writes it: what proxy-wasm-cpp-host before 94091cd cannot keep alive.
+func BuildUnpatched(dir, out string) error {
 	abs, err := filepath.Abs(out)
 	if err != nil {
 		return err
@@ -45,29 +70,40 @@ func BuildTemp(dir string) (path string, cleanup func(), err error) {
 	return path, cleanup, nil
 }
 
-var (
-	filterOnce sync.Once
-	filterPath string
-	filterErr  error
-)
+type once struct {
+	sync.Once
+	path string
+	err  error
+}
 
-// Filter returns the path of kvroute.wasm built from this checkout's filter/, once per
-// process. Set KVROUTE_WASM to use a given module instead.
+var filter, filterUnpatched once
+
+// Filter returns the path of kvroute.wasm built from this checkout's filter/ as `make
+// wasm` ships it, once per process. Set KVROUTE_WASM to use a given module instead.
 func Filter() (string, error) {
-	filterOnce.Do(func() {
+	filter.Do(func() {
 		if p := os.Getenv("KVROUTE_WASM"); p != "" {
-			filterPath = p
+			filter.path = p
 			return
 		}
-		filterPath, filterErr = buildFilter()
+		filter.path, filter.err = buildFilter("kvroute.wasm", Build)
 	})
-	return filterPath, filterErr
+	return filter.path, filter.err
+}
+
+// FilterWithoutPollShim returns the path of the filter as go build alone writes it, once
+// per process: the module that dies on hosts whose poll_oneoff fails.
+func FilterWithoutPollShim() (string, error) {
+	filterUnpatched.Do(func() {
+		filterUnpatched.path, filterUnpatched.err = buildFilter("kvroute.go.wasm", BuildUnpatched)
+	})
+	return filterUnpatched.path, filterUnpatched.err
 }
 
 // buildFilter writes to one fixed place per checkout, so test runs do not pile up
 // modules in /tmp; each build lands under a temporary name and is renamed into place, so
 // test binaries running in parallel never read a half-written module.
-func buildFilter() (string, error) {
+func buildFilter(name string, build func(dir, out string) error) (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
@@ -82,10 +118,10 @@ func buildFilter() (string, error) {
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	if err := Build(filepath.Join(root, "filter"), tmp.Name()); err != nil {
+	if err := build(filepath.Join(root, "filter"), tmp.Name()); err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "kvroute.wasm")
+	out := filepath.Join(dir, name)
 	if err := os.Rename(tmp.Name(), out); err != nil {
 		return "", err
 	}

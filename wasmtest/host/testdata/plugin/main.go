@@ -53,14 +53,16 @@ func (v *vm) OnVMStart(size int) types.OnVMStartStatus {
 	return types.OnVMStartStatusOK
 }
 
+// NewPluginContext runs before OnVMStart: cpp-host creates the root context first
+// (src/context.cc ContextBase::onStart), so the root reads the VM configuration later.
 func (v *vm) NewPluginContext(id uint32) types.PluginContext {
-	return &root{id: id, vmConfig: v.vmConfig}
+	return &root{id: id, vm: v}
 }
 
 type root struct {
 	types.DefaultPluginContext
 	id       uint32
-	vmConfig string
+	vm       *vm
 	token    string
 	cfg      config
 	leader   bool
@@ -142,7 +144,7 @@ func (r *root) OnPluginStart(size int) types.OnPluginStartStatus {
 	rootID, _ := proxywasm.GetProperty([]string{"plugin_root_id"})
 	node, _ := proxywasm.GetProperty([]string{"node", "id"})
 	_ = proxywasm.SetSharedData("test/root_props", []byte(fmt.Sprintf("plugin_name=%s root_id=%s node=%s vm_config=%s",
-		name, rootID, node, r.vmConfig)), 0)
+		name, rootID, node, r.vm.vmConfig)), 0)
 	_ = proxywasm.SetSharedData("test/start/"+r.token, []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), 0)
 
 	if r.cfg.TickMs > 0 {
