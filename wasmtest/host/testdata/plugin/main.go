@@ -61,12 +61,12 @@ func (v *vm) NewPluginContext(id uint32) types.PluginContext {
 
 type root struct {
 	types.DefaultPluginContext
-	id       uint32
-	vm       *vm
-	token    string
-	cfg      config
-	leader   bool
-	queueID  uint32
+	id      uint32
+	vm      *vm
+	token   string
+	cfg     config
+	leader  bool
+	queueID uint32
 
 	requests, ticks, polls, pollFailures, dequeued, posted, dropped, chunks, casRetries proxywasm.MetricCounter
 	inflight, leaders                                                                   proxywasm.MetricGauge
