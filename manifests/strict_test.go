@@ -107,6 +107,10 @@ var istioTypes = map[string]func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, p
 		o := &securityv1.PeerAuthentication{}
 		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
 	},
+	"security.istio.io/v1/AuthorizationPolicy": func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, proto.Message) {
+		o := &securityv1.AuthorizationPolicy{}
+		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
+	},
 }
 
 // envoyTypes maps an EnvoyFilter applyTo to the Envoy message its patch value is.
