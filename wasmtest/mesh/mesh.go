@@ -17,6 +17,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane"
@@ -63,6 +64,34 @@ type Options struct {
 	// PublishInterval and ScrapeInterval of the control plane (50 ms, 50 ms).
 	PublishInterval, ScrapeInterval int
 	Logger                          *slog.Logger
+	// OnListen, if set, runs once the proxy's and the control plane's ports are held,
+	// before anything else starts (a command prints its progress there).
+	OnListen func()
+}
+
+// PortInUseError is a listening address that another process holds.
+type PortInUseError struct {
+	Part string // "proxy" or "control plane"
+	Addr string
+	Err  error
+}
+
+func (e *PortInUseError) Error() string {
+	return fmt.Sprintf("%s address %s is already in use", e.Part, e.Addr)
+}
+
+func (e *PortInUseError) Unwrap() error { return e.Err }
+
+// listen holds addr for part, naming the part when the port is taken.
+func listen(part, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, &PortInUseError{Part: part, Addr: addr, Err: err}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: %w", part, addr, err)
+	}
+	return ln, nil
 }
 
 func (o *Options) defaults() {
@@ -114,19 +143,41 @@ type Mesh struct {
 	cpAddr string
 }
 
-// Start brings the mesh up: engines, control plane, filter host and proxy.
-func Start(ctx context.Context, o Options) (m *Mesh, err error) {
+// Start brings the mesh up: engines, control plane, filter host and proxy. The proxy's
+// and the control plane's ports are taken first, so a busy port (a *PortInUseError) fails
+// before any engine starts; on any error everything started so far is stopped.
+func Start(ctx context.Context, o Options) (*Mesh, error) {
 	o.defaults()
-	m = &Mesh{opts: o}
-	defer func() {
-		if err != nil {
-			m.Close()
-		}
-	}()
 	prof, err := timing.ByName(o.Profile)
 	if err != nil {
 		return nil, err
 	}
+	proxyLn, err := listen("proxy", o.ProxyAddr)
+	if err != nil {
+		return nil, err
+	}
+	// The control plane gets a fixed port, so it can be stopped and started again at the
+	// same address (the fault tests do): the port is checked here, then released for it.
+	cpLn, err := listen("control plane", o.ControlPlaneAddr)
+	if err != nil {
+		proxyLn.Close()
+		return nil, err
+	}
+	m := &Mesh{opts: o, cpAddr: cpLn.Addr().String()}
+	cpLn.Close()
+	if o.OnListen != nil {
+		o.OnListen()
+	}
+	if err := m.start(ctx, prof, proxyLn); err != nil {
+		proxyLn.Close() // a no-op once the proxy owns it
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Listener) error {
+	o := m.opts
 	if o.MaxNumSeqs > 0 {
 		prof.MaxNumSeqs = o.MaxNumSeqs
 	}
@@ -146,54 +197,50 @@ func Start(ctx context.Context, o Options) (m *Mesh, err error) {
 			},
 		})
 		if err != nil {
-			return nil, fmt.Errorf("engine %d: %w", i, err)
+			return fmt.Errorf("engine %d: %w", i, err)
 		}
 		m.Engines = append(m.Engines, s)
 	}
-
-	// The control plane gets a fixed port, so it can be stopped and started again at the
-	// same address (the fault tests do).
-	ln, err := net.Listen("tcp", o.ControlPlaneAddr)
-	if err != nil {
-		return nil, err
-	}
-	m.cpAddr = ln.Addr().String()
-	ln.Close()
 	if err := m.startControlPlane(m.engineList()); err != nil {
-		return nil, err
+		if errors.Is(err, syscall.EADDRINUSE) { // taken between the check and now
+			return &PortInUseError{Part: "control plane", Addr: m.cpAddr, Err: err}
+		}
+		return err
 	}
 
 	m.Reports = newReportTap(m.cpAddr)
 	cfg, err := json.Marshal(o.Filter)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := api.ParseConfig(cfg); err != nil {
-		return nil, fmt.Errorf("filter configuration: %w", err)
+		return fmt.Errorf("filter configuration: %w", err)
 	}
 	wasm := o.WasmPath
 	if wasm == "" {
 		if wasm, err = wasmbuild.Filter(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	m.Host, err = host.Load(ctx, wasm, host.Config{
+	h, err := host.Load(ctx, wasm, host.Config{
 		VMs: o.VMs, PluginConfig: cfg, PluginName: "kvroute", Node: host.Node{ID: "kvroute-mesh"},
 		Clusters: map[string]host.Cluster{Cluster: {Handler: m.Reports}},
 		Logger:   o.Logger.With("part", "filter"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", wasm, err)
+		return fmt.Errorf("load %s: %w", wasm, err)
 	}
+	m.Host = h
 	var addrs []string
 	for _, s := range m.Engines {
 		addrs = append(addrs, s.Addr())
 	}
-	m.Proxy, err = proxy.Listen(o.ProxyAddr, proxy.Config{Host: m.Host, Endpoints: addrs})
+	p, err := proxy.Serve(proxyLn, proxy.Config{Host: m.Host, Endpoints: addrs})
 	if err != nil {
-		return nil, fmt.Errorf("proxy on %s: %w", o.ProxyAddr, err)
+		return fmt.Errorf("proxy on %s: %w", o.ProxyAddr, err)
 	}
-	return m, nil
+	m.Proxy = p
+	return nil
 }
 
 // engineList is the control plane's static engine list: every replica with its KV-event

@@ -55,6 +55,18 @@ func parse(args []string, out io.Writer) (options, error) {
 	if o.replicas < 1 || o.vms < 1 || o.timeScale <= 0 || o.every <= 0 {
 		return o, errors.New("--replicas, --vms, --time-scale and --summary-every must be positive")
 	}
+	if o.demo {
+		// The demo runs and exits: unless told otherwise it takes free ports, so it can
+		// run next to a `make run` holding the default ones.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["proxy"] {
+			o.proxyAddr = "127.0.0.1:0"
+		}
+		if !set["controlplane"] {
+			o.cpAddr = "127.0.0.1:0"
+		}
+	}
 	return o, nil
 }
 
@@ -66,8 +78,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&o.replicas, "replicas", 4, "simulated vLLM replicas")
-	fs.StringVar(&o.proxyAddr, "proxy", "127.0.0.1:10000", "address of the proxy clients send OpenAI requests to")
-	fs.StringVar(&o.cpAddr, "controlplane", "127.0.0.1:18080", "address of the control plane (GET /debug/state, /metrics, /v1/table)")
+	fs.StringVar(&o.proxyAddr, "proxy", "127.0.0.1:10000", "address of the proxy clients send OpenAI requests to (--demo: a free port unless set)")
+	fs.StringVar(&o.cpAddr, "controlplane", "127.0.0.1:18080", "address of the control plane (GET /debug/state, /metrics, /v1/table; --demo: a free port unless set)")
 	fs.StringVar(&o.wasm, "wasm", "bin/kvroute.wasm", "the filter module (make wasm builds it); empty builds it from this checkout")
 	fs.IntVar(&o.vms, "vms", 2, "proxy worker VMs (Envoy worker threads)")
 	fs.StringVar(&o.model, "model", "llama", "served model name")
@@ -89,22 +101,35 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	return fs
 }
 
-func main() {
-	o, err := parse(os.Args[1:], os.Stderr)
+func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// realMain is the command: it returns the exit status, and every error is one line on
+// stderr.
+func realMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return
+		return 0
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvroute-mesh:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "kvroute-mesh:", err)
+		return 2
 	}
-	if err := run(o); err != nil {
-		fmt.Fprintln(os.Stderr, "kvroute-mesh:", err)
-		os.Exit(1)
+	if err := run(o, stdout); err != nil {
+		var busy *mesh.PortInUseError
+		if errors.As(err, &busy) {
+			flagName := "--proxy"
+			if busy.Part != "proxy" {
+				flagName = "--controlplane"
+			}
+			err = fmt.Errorf("%s (another kvroute-mesh running?); %s ADDR moves the %s", busy, flagName, busy.Part)
+		}
+		fmt.Fprintln(stderr, "kvroute-mesh:", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return 1
 	}
+	return 0
 }
 
-func run(o options) error {
+func run(o options, stdout io.Writer) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -116,24 +141,26 @@ func run(o options) error {
 			return fmt.Errorf("%s: %w (run `make wasm`, or pass --wasm \"\" to build it)", o.wasm, err)
 		}
 	}
-	fmt.Println("kvroute-mesh: starting", o.replicas, "replicas, the control plane and the proxy ...")
 	m, err := mesh.Start(ctx, mesh.Options{
 		Replicas: o.replicas, Model: o.model, Profile: o.profile, TimeScale: o.timeScale,
 		KVBlocks: o.kvBlocks, MaxNumSeqs: o.maxSeqs, ProxyAddr: o.proxyAddr, ControlPlaneAddr: o.cpAddr,
 		VMs: o.vms, WasmPath: o.wasm,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		OnListen: func() {
+			fmt.Fprintln(stdout, "kvroute-mesh: starting", o.replicas, "replicas, the control plane and the proxy ...")
+		},
 	})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	printBanner(m, o)
+	printBanner(stdout, m, o)
 
 	if o.demo {
-		fmt.Printf("\ndemo: two runs of %s each (round robin, then kvroute) ...\n", o.demoLoad.Duration)
+		fmt.Fprintf(stdout, "\ndemo: two runs of %s each (round robin, then kvroute) ...\n", o.demoLoad.Duration)
 		c := m.Compare(ctx, o.demoLoad)
-		fmt.Println()
-		fmt.Print(c.Table())
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, c.Table())
 		return nil
 	}
 	t := time.NewTicker(o.every)
@@ -141,23 +168,23 @@ func run(o options) error {
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Println("\nkvroute-mesh: stopping")
+			fmt.Fprintln(stdout, "\nkvroute-mesh: stopping")
 			return nil
 		case <-t.C:
-			fmt.Println(time.Now().Format("15:04:05"), m.Summary())
+			fmt.Fprintln(stdout, time.Now().Format("15:04:05"), m.Summary())
 		}
 	}
 }
 
-func printBanner(m *mesh.Mesh, o options) {
-	fmt.Println()
-	fmt.Printf("  proxy (kvroute.wasm, %d VMs)  %s\n", o.vms, m.URL())
-	fmt.Printf("  control plane                %s  (/debug/state, /metrics, /v1/table)\n", m.ControlPlaneURL())
+func printBanner(out io.Writer, m *mesh.Mesh, o options) {
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "  proxy (kvroute.wasm, %d VMs)  %s\n", o.vms, m.URL())
+	fmt.Fprintf(out, "  control plane                %s  (/debug/state, /metrics, /v1/table)\n", m.ControlPlaneURL())
 	for i, e := range m.Engines {
-		fmt.Printf("  vllm-%d (simulated)           %s  (/metrics; KV events %s)\n", i, e.URL(), e.EventsEndpoint())
+		fmt.Fprintf(out, "  vllm-%d (simulated)           %s  (/metrics; KV events %s)\n", i, e.URL(), e.EventsEndpoint())
 	}
 	system := strings.ReplaceAll(mesh.SystemPrompt(7, 200), `"`, ``)
-	fmt.Printf(`
+	fmt.Fprintf(out, `
 Send a request (repeat it: the second one finds its prefix cached):
 
   curl -s %s/v1/chat/completions -H 'content-type: application/json' -d '{

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"net"
 	"strings"
 	"testing"
 )
@@ -35,5 +36,50 @@ func TestBadFlagsAreErrors(t *testing.T) {
 		if _, err := parse(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%q: no error", args)
 		}
+	}
+}
+
+// `make run` with a port taken prints one line naming the port and the flag that moves
+// it, and exits non-zero. Before (45b9077) mesh.Start panicked on a nil *Mesh in its
+// deferred Close, after the engines had started.
+func TestTakenPortIsOneLineAndExit1(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	addr := taken.Addr().String()
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--proxy", addr, "--controlplane", "127.0.0.1:0"}, "--proxy"},
+		{[]string{"--proxy", "127.0.0.1:0", "--controlplane", addr}, "--controlplane"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := realMain(append(c.args, "--wasm", "", "--replicas", "1"), &stdout, &stderr)
+		out := stderr.String()
+		if code == 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, addr) || !strings.Contains(out, c.flag) {
+			t.Errorf("%v: exit %d, stderr %q: want one line naming %s and %s, exit non-zero", c.args, code, out, addr, c.flag)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%v: stdout %q, want nothing", c.args, stdout.String())
+		}
+		t.Logf("exit %d: %s", code, strings.TrimSpace(out))
+	}
+}
+
+// The demo takes free ports unless told otherwise, so it runs next to `make run`.
+func TestDemoPicksFreePorts(t *testing.T) {
+	o, err := parse([]string{"--demo"}, &bytes.Buffer{})
+	if err != nil || o.proxyAddr != "127.0.0.1:0" || o.cpAddr != "127.0.0.1:0" {
+		t.Fatalf("--demo: %q %q %v", o.proxyAddr, o.cpAddr, err)
+	}
+	o, err = parse([]string{"--demo", "--proxy", "127.0.0.1:10001"}, &bytes.Buffer{})
+	if err != nil || o.proxyAddr != "127.0.0.1:10001" || o.cpAddr != "127.0.0.1:0" {
+		t.Fatalf("--demo --proxy: %q %q %v", o.proxyAddr, o.cpAddr, err)
+	}
+	if o, _ := parse(nil, &bytes.Buffer{}); o.proxyAddr != "127.0.0.1:10000" || o.cpAddr != "127.0.0.1:18080" {
+		t.Fatalf("defaults: %q %q", o.proxyAddr, o.cpAddr)
 	}
 }
