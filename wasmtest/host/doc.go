@@ -2,12 +2,37 @@
 // wazero, so kvroute's real .wasm can be tested and simulated without Envoy.
 //
 // A Host compiles the module once and starts N worker VMs, each a module instance with its
-// root context: _initialize, proxy_on_vm_start, proxy_on_context_create (root) and
-// proxy_on_configure run at load, and a false return or a trap fails New. A VM runs one
-// callback at a time; VMs run in parallel. All VMs of a host share one shared-data store
-// and one set of shared queues (one Envoy, one vm_id).
+// root context: _initialize, proxy_on_context_create (root), proxy_on_vm_start and
+// proxy_on_configure run at load, in that order (proxy-wasm-cpp-host src/wasm.cc startVm,
+// src/context.cc onStart and onConfigure, at 3930b7b), and a false return or a trap fails
+// New. A VM runs one callback at a time; VMs run in parallel. All VMs of a host share one
+// shared-data store and one set of shared queues (one Envoy, one vm_id).
+//
+// # Host profiles
+//
+// Envoy embeds proxy-wasm-cpp-host, and what a plugin may call depends on the cpp-host
+// commit each Envoy release pins. A Profile (profile.go) reproduces one range of commits;
+// Config.Profile picks it and the default is the strictest, CppHostC4d7bb0 (Envoy 1.35 to
+// 1.38). A profile fixes:
+//
+//   - the WASI surface (wasi.go): cpp-host's function list and signatures
+//     (include/proxy-wasm/exports.h, FOR_ALL_WASI_FUNCTIONS) under both wasi_snapshot_preview1
+//     and wasi_unstable, and cpp-host's answers (src/exports.cc): fd_write to stdout and
+//     stderr is one info or error log entry per call, other descriptors EBADF; environ from
+//     Config.Env; no arguments; realtime and monotonic clocks, others ENOTSUP; random_get
+//     up to 64 KiB; proc_exit logs and returns; poll_oneoff ENOSYS before 94091cd, no
+//     events and success from 94091cd on; files and sockets are stubs;
+//   - restricted callbacks: while _initialize runs and while proxy_on_memory_allocate runs
+//     only the host calls on the profile's lists are allowed (src/wasm.cc startVm,
+//     include/proxy-wasm/wasm.h allocMemory); any other traps with "restricted_callback"
+//     (src/v8/v8.cc), and a trap in proxy_on_memory_allocate fails the VM;
+//   - imports: a function outside the surface fails New (V8's link fails the same way).
 //
 // # Envoy semantics kept
+//
+// Sources: proxy-wasm-cpp-host at 3930b7b (src/shared_data.cc, src/shared_queue.cc,
+// src/context.cc, src/exports.cc) and Envoy's embedding of it
+// (source/extensions/common/wasm/context.cc and wasm.cc, envoyproxy/envoy at b40935a).
 //
 //   - Shared data: cas 0 writes unconditionally, a stale cas is CasMismatch, a missing key
 //     is NotFound on get and is written whatever the cas on set (cpp-host SharedData::set).
