@@ -72,6 +72,8 @@ type Snapshot struct {
 	Success map[string]int64
 
 	TTFT, E2E *Histogram
+	// Request holds the other request-level histograms (request.go); nil: not shown.
+	Request *RequestHistograms
 	// CacheConfig are vllm:cache_config_info's labels (engine is appended).
 	CacheConfig []Label
 }
@@ -89,11 +91,20 @@ func Write(w io.Writer, s Snapshot) error {
 	p.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", float64(s.PromptTokens))
 	p.counter("vllm:generation_tokens", "Number of generation tokens processed.", float64(s.GenerationTokens))
 	p.success(s.Success)
+	if s.Request != nil {
+		p.histogramsBeforeTTFT(s.Request)
+	}
 	if s.TTFT != nil {
 		p.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.TTFT)
 	}
+	if s.Request != nil {
+		p.latencyHistograms(s.Request)
+	}
 	if s.E2E != nil {
 		p.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.E2E)
+	}
+	if s.Request != nil {
+		p.phaseHistograms(s.Request)
 	}
 	p.header("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge")
 	p.sample("vllm:cache_config_info", append(append([]Label{}, s.CacheConfig...), Label{"engine", s.Engine}), 1)

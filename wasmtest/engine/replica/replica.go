@@ -36,7 +36,10 @@ type Config struct {
 	// !Events.Enabled().
 	Events        publisher.Config
 	EventsOptions publisher.Options
-	Logger        *slog.Logger
+	// TPOT picks the per-token latency histogram's name(s) (vLLM version dependent;
+	// zero: vllm:inter_token_latency_seconds alone, as vLLM >= 0.12).
+	TPOT   metrics.TPOTMode
+	Logger *slog.Logger
 }
 
 // Replica is one running simulated engine. Its methods are safe for concurrent use.
@@ -51,6 +54,7 @@ type Replica struct {
 	eng        *sched.Engine
 	ttft       *metrics.Histogram
 	e2e        *metrics.Histogram
+	reqHist    *metrics.RequestHistograms
 	success    map[string]int64
 	created    time.Time
 	pubErrs    int64
@@ -73,7 +77,7 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Engine.OnEvents != nil || cfg.Engine.OnToken != nil || cfg.Engine.OnFinish != nil {
+	if cfg.Engine.OnEvents != nil || cfg.Engine.OnToken != nil || cfg.Engine.OnFinish != nil || cfg.Engine.OnStep != nil {
 		return nil, errors.New("replica: engine hooks are reserved for the replica")
 	}
 	r := &Replica{cfg: cfg, log: cfg.Logger, scale: cfg.TimeScale, start: time.Now(),
@@ -82,6 +86,7 @@ func New(cfg Config) (*Replica, error) {
 	ec.OnEvents = r.onEvents
 	ec.OnToken = r.onToken
 	ec.OnFinish = r.onFinish
+	ec.OnStep = r.onStep
 	eng, err := sched.New(ec)
 	if err != nil {
 		return nil, err
@@ -104,6 +109,7 @@ func New(cfg Config) (*Replica, error) {
 func (r *Replica) resetMetrics() {
 	r.ttft = metrics.NewHistogram(metrics.TTFTBuckets)
 	r.e2e = metrics.NewHistogram(metrics.E2EBuckets)
+	r.reqHist = metrics.NewRequestHistograms(r.eng.Profile().MaxModelLen, r.cfg.TPOT)
 	r.success = map[string]int64{}
 	r.created = time.Now()
 }
@@ -200,6 +206,7 @@ type Handle struct {
 	err      error
 	promptN  int
 	finished time.Duration
+	lastAt   time.Duration // simulated time of the latest token (engine-owned: under r.mu)
 }
 
 // Submit queues a request at the current simulated time.
@@ -273,7 +280,12 @@ func (r *Replica) onToken(sr *sched.Request, at time.Duration) {
 	if len(h.tokens) == 1 {
 		h.cached, h.ttft = sr.CachedTokens, sr.TTFT()
 		r.ttft.Observe(sr.TTFT().Seconds())
+	} else {
+		// vLLM's inter-token latency: this output's time - the previous one's
+		// (vllm/v1/metrics/stats.py @28ed1fb8, update_from_output).
+		r.reqHist.ITL.Observe((at - h.lastAt).Seconds())
 	}
+	h.lastAt = at
 	h.mu.Unlock()
 	h.signal()
 }
@@ -283,6 +295,18 @@ func (r *Replica) onFinish(sr *sched.Request, at time.Duration) {
 	r.success[sr.FinishReason]++
 	if sr.FinishReason != "abort" {
 		r.e2e.Observe((at - sr.Arrival).Seconds())
+		// FinishedRequestStats (vllm/v1/metrics/stats.py @28ed1fb8): queued = first
+		// scheduled - queued, prefill = first token - first scheduled, decode = last
+		// token - first token, inference = last token - first scheduled.
+		r.reqHist.ObserveFinished(metrics.FinishedRequest{
+			Queue:            (sr.ScheduledAt - sr.Arrival).Seconds(),
+			Prefill:          (sr.FirstTokenAt - sr.ScheduledAt).Seconds(),
+			Decode:           (h.lastAt - sr.FirstTokenAt).Seconds(),
+			Inference:        (h.lastAt - sr.ScheduledAt).Seconds(),
+			PromptTokens:     len(sr.Prompt),
+			GenerationTokens: len(sr.Output),
+			MaxTokens:        sr.MaxTokens,
+		})
 	}
 	h.mu.Lock()
 	h.done, h.reason, h.finished = true, sr.FinishReason, at
@@ -296,6 +320,11 @@ func (r *Replica) onFinish(sr *sched.Request, at time.Duration) {
 	h.signal()
 	r.log.Debug("request finished", "id", sr.ID, "reason", sr.FinishReason, "prompt_tokens", len(sr.Prompt),
 		"cached_tokens", sr.CachedTokens, "output_tokens", len(sr.Output), "ttft_s", sr.TTFT().Seconds())
+}
+
+// onStep records vllm:iteration_tokens_total for a step that produced outputs.
+func (r *Replica) onStep(at time.Duration, promptTokens, generationTokens int) {
+	r.reqHist.IterationTokens.Observe(float64(promptTokens + generationTokens))
 }
 
 func (r *Replica) onEvents(at time.Duration, evs []kvevents.Event) {
@@ -375,7 +404,7 @@ func (r *Replica) Metrics() metrics.Snapshot {
 		Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage, QueuedPrefillTokens: st.QueuedPrefillTokens,
 		PrefixQueries: stats.PrefixQueries, PrefixHits: stats.PrefixHits, Preemptions: stats.Preemptions,
 		PromptTokens: stats.PromptTokens, GenerationTokens: stats.GenerationTokens, Success: success,
-		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(),
+		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(), Request: r.reqHist.Clone(),
 	}
 	r.mu.Unlock()
 	p := r.eng.Profile()

@@ -56,6 +56,14 @@ type Config struct {
 	OnToken func(r *Request, at time.Duration)
 	// OnFinish is called once per request, when it finished or was aborted.
 	OnFinish func(r *Request, at time.Duration)
+	// OnStep is called at the end of every step that sampled a token, after its
+	// OnToken and OnFinish calls, with the prompt lengths of the requests that sampled
+	// their first token in it and the number of tokens it sampled: vLLM's
+	// IterationStats.num_prompt_tokens and num_generation_tokens. Steps that only
+	// advanced a chunked prefill are not reported, as vLLM builds IterationStats only
+	// for an EngineCoreOutputs batch with outputs (vllm/v1/engine/async_llm.py
+	// @8ef0b5f5, output_handler: IterationStats() if (log_stats and num_outputs)).
+	OnStep func(at time.Duration, promptTokens, generationTokens int)
 }
 
 // Stats are the engine's cumulative counters (vLLM's Prometheus counters).
@@ -457,6 +465,7 @@ func (e *Engine) finishStep() {
 	e.inflight = false
 	e.lastEnd = at
 	finished := false
+	stepPrompt, stepGen := 0, 0
 	for _, r := range e.batch {
 		if r.state != stateRunning {
 			continue // aborted during the step
@@ -471,9 +480,11 @@ func (e *Engine) finishStep() {
 		}
 		r.Output = append(r.Output, tokenizer.OutputToken(r.seed, len(r.Output)))
 		e.stats.GenerationTokens++
+		stepGen++
 		if len(r.Output) == 1 {
 			r.FirstTokenAt = at
 			e.stats.PromptTokens += int64(len(r.Prompt))
+			stepPrompt += len(r.Prompt)
 		}
 		if e.cfg.OnToken != nil {
 			e.cfg.OnToken(r, at)
@@ -489,6 +500,9 @@ func (e *Engine) finishStep() {
 	e.batch = e.batch[:0]
 	if finished {
 		e.compactRunning()
+	}
+	if stepGen > 0 && e.cfg.OnStep != nil {
+		e.cfg.OnStep(at, stepPrompt, stepGen)
 	}
 }
 

@@ -93,6 +93,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	cfg.Version = cfg.Version.OrDefault()
 	cfg.Replica.ModelName = cfg.ModelName
+	cfg.Replica.TPOT = cfg.Version.TPOT()
 	if cfg.Replica.Logger == nil {
 		cfg.Replica.Logger = cfg.Logger
 	}

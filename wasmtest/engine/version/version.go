@@ -13,6 +13,9 @@
 //     modelled, so they are refused unless --kv-events-encoding names one.
 //   - Replay reply shape: [seq, payload] and end [END_SEQ, ""] up to 0.25; the live
 //     shape [topic, seq, payload] and end ["", END_SEQ, ""] from 0.26.0 (PR #45177).
+//   - Per-token latency metric: vllm:time_per_output_token_seconds before 0.11, both
+//     it (deprecated) and vllm:inter_token_latency_seconds in 0.11, the latter alone
+//     from 0.12 (PR #24110; see [Version.TPOT]).
 package version
 
 import (
@@ -21,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
 // Default is the newest release the README's matrix lists; GET /version reports it.
@@ -96,4 +100,19 @@ func (v Version) EventEncoding() (kvevents.Encoding, error) {
 		return kvevents.ArrayV09, nil
 	}
 	return "", fmt.Errorf("vllm %s: its KV event layout is not modelled (0.9.0, 0.10.x, 0.23.x and >= 0.24 are); pass --kv-events-encoding", v)
+}
+
+// TPOT says how the release shows vllm:time_per_output_token_seconds: the only
+// per-token latency histogram before 0.11; next to vllm:inter_token_latency_seconds,
+// marked deprecated, in 0.11 (PR #24110); hidden from 0.12 (loggers.py: "Deprecated in
+// 0.11 ... With 0.12.x you can enable with --show-hidden-metrics-for-version=0.11")
+// and later removed (PR #32661).
+func (v Version) TPOT() metrics.TPOTMode {
+	switch {
+	case !v.AtLeast(Version{0, 11, 0}):
+		return metrics.TPOTOnly
+	case !v.AtLeast(Version{0, 12, 0}):
+		return metrics.TPOTDeprecated
+	}
+	return metrics.TPOTHidden
 }

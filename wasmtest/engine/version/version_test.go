@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
 func TestBehavioursByRelease(t *testing.T) {
@@ -37,4 +38,11 @@ func TestBehavioursByRelease(t *testing.T) {
 	_, err = Parse("0.x")
 	assert.Error(t, err)
 	assert.Equal(t, Default, Version{}.OrDefault().String())
+}
+
+func TestTPOTMode(t *testing.T) {
+	assert.Equal(t, metrics.TPOTOnly, MustParse("0.10.2").TPOT())
+	assert.Equal(t, metrics.TPOTDeprecated, MustParse("0.11.1").TPOT())
+	assert.Equal(t, metrics.TPOTHidden, MustParse("0.12.0").TPOT())
+	assert.Equal(t, metrics.TPOTHidden, MustParse(Default).TPOT())
 }
