@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -48,6 +49,7 @@ type VM struct {
 	metricIDs   map[uint32]*metric
 	metricSeq   uint32
 	allowed     map[string]bool // host calls allowed in a restricted callback; nil: all
+	ticks       atomic.Uint64   // proxy_on_tick calls delivered
 }
 
 type vmKey struct{}
@@ -204,6 +206,10 @@ func (vm *VM) stopTimers() {
 	}
 }
 
+// Ticks returns how many proxy_on_tick callbacks the VM has run, so a test can wait for
+// every VM's next tick instead of sleeping through a tick period.
+func (vm *VM) Ticks() uint64 { return vm.ticks.Load() }
+
 // Index returns the VM's position in the host.
 func (vm *VM) Index() int { return vm.index }
 
@@ -321,6 +327,7 @@ func (vm *VM) onTick(gen uint64) {
 		}
 		vm.tickTimer = nil
 		_, _ = vm.invoke(vm.fn.tick, vm.rootID, uint64(vm.rootID))
+		vm.ticks.Add(1)
 		if vm.failed == nil && !vm.stopped && gen == vm.tickGen && vm.tickPeriod > 0 {
 			vm.armTick()
 		}

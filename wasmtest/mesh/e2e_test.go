@@ -123,7 +123,25 @@ func known(t *testing.T, m *mesh.Mesh, addr string) {
 		return rs[addr].TextKeys > 0
 	})
 	waitFor(t, "the filter's leader has that version", func() bool { return metric(m, "kvroute_table_version") >= v })
-	time.Sleep(250 * time.Millisecond) // the other VMs' next tick
+	nextTicks(t, m)
+}
+
+// nextTicks waits until every proxy VM has ticked (read the shared table) since the call.
+func nextTicks(t *testing.T, m *mesh.Mesh) {
+	t.Helper()
+	vms := m.Host.VMs()
+	seen := make([]uint64, len(vms))
+	for i, vm := range vms {
+		seen[i] = vm.Ticks()
+	}
+	waitFor(t, "every proxy VM ticks again", func() bool {
+		for i, vm := range vms {
+			if vm.Ticks() <= seen[i] {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func engineAt(t *testing.T, m *mesh.Mesh, addr string) int {
@@ -274,14 +292,24 @@ func TestReplicaRestartClearsItsEntries(t *testing.T) {
 	known(t, m, owner)
 	i := engineAt(t, m, owner)
 
-	restarted := time.Now()
+	// A process restart: the control plane learns of it from the new process's first
+	// KV-event batch (its sequence starts at 0 again), so the new process serves one small
+	// request of its own first (TestProcessRestartSeenAsSequenceReset has the details).
 	m.Engines[i].Restart()
+	restarted := time.Now()
+	resp, err := http.Post(m.Engines[i].URL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"llama","prompt":[`+strings.Repeat("7,", 63)+`7],"max_tokens":1}`)) // 4 full blocks
+	require.NoError(t, err)
+	resp.Body.Close()
+	var version int64
 	waitFor(t, "its entries leave the table", func() bool {
-		d := debugState(t, m)[owner]
-		return d.TextKeys == 0 && d.TokenKeys == 0
+		v, rs := debugStateAt(t, m)
+		version = v
+		return rs[owner].TextKeys == 0 && rs[owner].TokenKeys == 1 // the new process's own 4 blocks
 	})
-	t.Logf("entries gone %s after the restart (publish interval 50 ms)", time.Since(restarted).Round(time.Millisecond))
-	time.Sleep(300 * time.Millisecond) // the filter polls the new version
+	t.Logf("entries gone %s after the restart's first batch (publish interval 50 ms)", time.Since(restarted).Round(time.Millisecond))
+	waitFor(t, "the filter's leader has that version", func() bool { return metric(m, "kvroute_table_version") >= version })
+	nextTicks(t, m)
 	r := send(t, m, system, "q1")
 	assert.Zero(t, r.CachedTokens, "nobody holds the prefix any more: rebuilt wherever it went")
 }
