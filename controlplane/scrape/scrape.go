@@ -67,6 +67,9 @@ func namesFor(kind string) *names {
 		n = names{
 			waiting: "sglang:num_queue_reqs", running: "sglang:num_running_reqs",
 			usage: []string{"sglang:token_usage"}, capacityTokens: "sglang:max_total_num_tokens",
+			// Lifetime hit rate from TokenizerMetricsCollector's counters (SGLang
+			// python/sglang/srt/metrics/collector.py @93d04878).
+			hits: "sglang:cached_tokens", queries: "sglang:prompt_tokens",
 		}
 	} else {
 		n = names{

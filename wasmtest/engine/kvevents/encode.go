@@ -29,12 +29,15 @@ var Encodings = []Encoding{Map, Array, ArrayV010, ArrayV09}
 
 // ParseEncoding checks an encoding name.
 func ParseEncoding(s string) (Encoding, error) {
+	if s == string(SGLang) {
+		return SGLang, nil // sglang.go: one event per page, so not in Encodings' round trips
+	}
 	for _, e := range Encodings {
 		if string(e) == s {
 			return e, nil
 		}
 	}
-	return "", fmt.Errorf("unknown KV event encoding %q (want map, array, array-v0.10 or array-v0.9)", s)
+	return "", fmt.Errorf("unknown KV event encoding %q (want map, array, array-v0.10, array-v0.9 or sglang)", s)
 }
 
 // The structs below reproduce msgspec's output: array structs need the field named
@@ -207,6 +210,9 @@ func (e *Encoder) Encoding() Encoding { return e.enc }
 
 // Encode returns the msgpack EventBatch (a fresh slice the caller owns).
 func (e *Encoder) Encode(b Batch) ([]byte, error) {
+	if e.enc == SGLang {
+		return e.encodeSGLang(b) // sglang.go
+	}
 	e.buf.Reset()
 	m := e.menc
 	n := 3

@@ -1,0 +1,52 @@
+package scrape
+
+import (
+	"testing"
+)
+
+// SGLang's /metrics as SGLang @93d04878 exposes it (python/sglang/srt/metrics/
+// collector.py: SchedulerMetricsCollector gauges sglang:num_running_reqs,
+// num_queue_reqs, token_usage; TokenizerMetricsCollector counters
+// sglang:prompt_tokens_total and sglang:cached_tokens_total, which prometheus_client
+// renders as family "sglang:prompt_tokens" with _total and _created samples). That
+// revision has no sglang:max_total_num_tokens gauge, so capacity stays unknown. The
+// lifetime prefix hit rate is cached / prompt tokens: before this, Parse left HitRate
+// at 0 for SGLang ("HitRate: got 0, want 0.25").
+func TestParseSGLangCollectorExposition(t *testing.T) {
+	const l = `{engine_type="unified",model_name="q",tp_rank="0",pp_rank="0"}`
+	text := `# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs` + l + ` 7.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage` + l + ` 0.42
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs` + l + ` 5.0
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="q"} 4000.0
+# HELP sglang:prompt_tokens_created Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_created gauge
+sglang:prompt_tokens_created{model_name="q"} 1.7e+09
+# HELP sglang:cached_tokens_total Number of cached prompt tokens.
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="q"} 1000.0
+# HELP sglang:cached_tokens_created Number of cached prompt tokens.
+# TYPE sglang:cached_tokens_created gauge
+sglang:cached_tokens_created{model_name="q"} 1.7e+09
+`
+	s, err := Parse([]byte(text), SGLang)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting != 5 || s.Running != 7 || !s.HasKVUsage || s.KVUsage != 0.42 {
+		t.Fatalf("queue/usage: %+v", s)
+	}
+	if s.CapacityTokens != 0 || s.BlockSize != 0 {
+		t.Fatalf("capacity: got %d tokens, block %d; SGLang @93d04878 exports neither", s.CapacityTokens, s.BlockSize)
+	}
+	if s.HitRate != 0.25 {
+		t.Fatalf("HitRate: got %v, want 0.25", s.HitRate)
+	}
+}
