@@ -51,7 +51,7 @@ test: build vet fmt-check unit fuzz
 # the strictest cpp-host included; make test runs 20,000. About 5 minutes.
 soak: wasm testdeps
 	KVROUTE_SOAK_REQUESTS=100000 KVROUTE_V8_REQUESTS=100000 KVROUTE_REQUIRE_NODE=1 \
-		$(GO) test -count=1 -timeout 30m -run 'TestFilterSurvives|TestV8' -v ./wasmtest/host/ ./wasmtest/v8host/
+		$(GO) test -count=1 -timeout 30m -run 'TestFilterSurvives|TestFilterOnCppHost' -v ./wasmtest/host/ ./wasmtest/v8host/
 
 run: build
 	@if [ -x $(BIN)/kvroute-mesh ]; then exec $(BIN)/kvroute-mesh $(ARGS); \

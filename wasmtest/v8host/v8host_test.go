@@ -51,6 +51,14 @@ func TestFilterOnCppHost3930b7b(t *testing.T) {
 	assert.Zero(t, r.Logs["critical"])
 	t.Logf("V8 host (cpp-host 3930b7b), %d requests on %d VMs: guest time per request p50 %.1f µs, p99 %.1f µs (p99.9 %.1f, mean %.1f, max %.1f); CPU p50 %.0f µs, p99 %.0f µs; start %d ms, run %d ms",
 		r.Requests, r.VMs, r.P50, r.P99, r.P999, r.Mean, r.Max, r.CPUP50, r.CPUP99, r.StartMs, r.RunMs)
+
+	// The same workload on wazero, in the same run, so the two engines are compared side by
+	// side on one (noisy) machine.
+	tablePath, promptsPath := writeFixtures(t)
+	w := wazeroRun(t, module, tablePath, promptsPath, min(n, 20000))
+	wp50, wp99 := percentile(w, 0.50), percentile(w, 0.99)
+	t.Logf("side by side, guest time per 32 KB request: V8 p50 %.0f µs p99 %.0f µs; wazero p50 %.0f µs p99 %.0f µs (%d requests); wazero/V8 p50 %.2fx",
+		r.P50, r.P99, wp50, wp99, len(w), wp50/r.P50)
 }
 
 // TestUnpatchedFilterDiesOnCppHost3930b7b proves the V8 host is as strict as Envoy 1.36-1.38:
