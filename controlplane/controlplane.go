@@ -53,13 +53,22 @@ type Options struct {
 	// History is how many versions deltas can start from (default 600).
 	History int
 	// Token, when set, is required as a bearer token on the table, reports and debug.
-	Token        string
-	MaxBodyBytes int64
+	Token string
+	// InsecureNoToken allows listening on a non-loopback address without a Token
+	// (anyone who reaches the port could then post reports and read the state).
+	InsecureNoToken bool
+	MaxBodyBytes    int64
+	// MaxReportBytesInFlight bounds the report bodies being read and applied at once
+	// (default 2 x MaxBodyBytes); a batch beyond it is refused with 429 and counted.
+	MaxReportBytesInFlight int64
 	// ReplayTimeout bounds one KV-event replay request (default 2 s).
 	ReplayTimeout time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
+	// Now is the index's clock (speculative TTLs, state ages); default time.Now. Tests
+	// move it forward instead of waiting.
+	Now func() time.Time
 }
 
 // ControlPlane is one running control plane.
@@ -115,6 +124,9 @@ func New(o Options) (*ControlPlane, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	for i := range o.Engines {
 		if err := o.Engines[i].Validate(); err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
@@ -123,10 +135,13 @@ func New(o Options) (*ControlPlane, error) {
 	if o.Kubernetes == nil && len(o.Engines) == 0 {
 		return nil, errors.New("no engines: give --engines-file, --engine or --k8s-selector")
 	}
+	if err := checkExposure(o.Listen, o.Token, o.InsecureNoToken); err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ix := index.New(o.Index)
-	reg.MustRegister(ix.Collector())
+	reg.MustRegister(ix.Collector(), ix.BudgetCollector())
 	c := &ControlPlane{
 		o: o, Index: ix, Registry: reg, log: o.Logger,
 		Publisher:  publish.New(publish.Options{MaxHistory: o.History}),
@@ -184,7 +199,8 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 
 	srv := &server.Server{
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
-		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry),
+		MaxBytesInFlight: c.o.MaxReportBytesInFlight,
+		Gatherer:         c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms.
@@ -269,7 +285,7 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 			}
 		}
 	}
-	c.Index.SetReplicas(specs, time.Now())
+	c.Index.SetReplicas(specs, c.o.Now())
 	for k, stop := range c.workers {
 		if _, ok := want[k]; !ok {
 			stop()
@@ -326,7 +342,7 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 		if ctx.Err() != nil {
 			return
 		}
-		c.Index.ApplyScrape(r.ID, s, err, time.Now())
+		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
 		select {
 		case <-ctx.Done():
 			return
@@ -355,12 +371,13 @@ func (c *ControlPlane) publishLoop(ctx context.Context) {
 func (c *ControlPlane) PublishNow(force bool) uint64 {
 	c.pubMu.Lock() // flush and publish in one order
 	defer c.pubMu.Unlock()
-	now := time.Now()
+	now := c.o.Now()
 	if !c.Index.Ready() {
 		return c.Publisher.Version()
 	}
 	start := time.Now()
 	ups := c.Index.Flush(now, force || c.Publisher.Version() == 0)
+	c.Index.Reclaim(now) // the budget's recount; memory back from what shrank or expired
 	if ups == nil {
 		return c.Publisher.Version()
 	}
@@ -373,4 +390,24 @@ func (c *ControlPlane) PublishNow(force bool) uint64 {
 	c.versions.Inc()
 	c.publishTime.Observe(time.Since(start).Seconds())
 	return v
+}
+
+// checkExposure refuses a listen address other hosts can reach when no token guards the
+// API, unless insecure says so: without one, anyone who reaches the port can post
+// reports (state the control plane must hold) and read /debug/state.
+func checkExposure(listen, token string, insecure bool) error {
+	if token != "" || insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("refusing to listen on %s without a token: set --token-file (or $KVROUTE_CONTROLPLANE_TOKEN), or pass --insecure-no-token", listen)
 }

@@ -23,6 +23,10 @@ type ReplicaState struct {
 	TextKeys       int      `json:"text_keys"`
 	TokenKeys      int      `json:"token_keys"`
 	KVEvents       KVEvents `json:"kv_events"`
+	// Budget (budget.go): keys held (all sources), the replica's limit, speculative ones.
+	Keys            int `json:"keys"`
+	KeyLimit        int `json:"key_limit"`
+	SpeculativeKeys int `json:"speculative_keys"`
 
 	spec       int
 	scrapeErrs uint64
@@ -62,6 +66,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			scrapeErrs: r.scrapeErrs,
 			hasEvents:  r.spec.Events,
 		}
+		ix.replicaBudget(r, &rs)
 		ranks := make([]int, 0, len(r.ranks))
 		for n := range r.ranks {
 			ranks = append(ranks, n)

@@ -123,6 +123,9 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 		rk.skipped += n // offload-origin events carry no tokens; other sizes cannot chain
 		return
 	}
+	if !ix.admitBlocks(r, rk, ev) { // budget.go: counted there
+		return
+	}
 	rk.blockSize = bs
 	mult := bs / bt
 	var key uint64

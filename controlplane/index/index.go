@@ -47,6 +47,8 @@ type Config struct {
 	// RefreshInterval: while scrapes succeed, a version is published at least this
 	// often even when no value changed, so the state age filters see stays small.
 	RefreshInterval time.Duration
+	// Budget bounds the state every input can create (budget.go).
+	Budget Budget
 }
 
 func (c Config) withDefaults() Config {
@@ -72,6 +74,7 @@ func (c Config) withDefaults() Config {
 	if c.RefreshInterval <= 0 {
 		c.RefreshInterval = 100 * time.Millisecond
 	}
+	c.Budget = c.Budget.withDefaults()
 	return c
 }
 
@@ -104,6 +107,7 @@ type Index struct {
 	scraped   bool
 	scratch   []byte
 	seeds     map[seedKey]uint64
+	budget    budgetState // budget.go
 }
 
 // Stats are global counters (the per-replica ones are in DebugState).
@@ -264,6 +268,7 @@ func (ix *Index) SetReplicas(specs []Spec, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.ready = true
+	specs = ix.admitReplicas(specs) // budget.go
 	want := map[string]Spec{}
 	for _, s := range specs {
 		if s.ID == "" || s.Model == "" || s.Addr == "" {
@@ -758,7 +763,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			}
 			u.Upserts.Add(k, slots...)
 		}
-		clear(m.dirty)
+		clearDirty(m) // budget.go
 		m.created, m.members = false, false
 		m.free = append(m.free, m.freeNext...)
 		m.freeNext = m.freeNext[:0]

@@ -78,8 +78,12 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 		// entries expire after SpecTTL unless an outcome confirms them.
 		ix.stats.Placements++
 		until := now.Add(ix.cfg.SpecTTL).UnixMilli()
-		for _, k := range rep.Keys {
+		keys, why := ix.admitKeys(r, rep, false) // budget.go: what does not fit is counted and dropped
+		for _, k := range keys {
 			ix.setSpec(r, k, until)
+		}
+		if res := overBudget(rep, keys, why); res != "" {
+			return res
 		}
 	case api.KindOutcome:
 		if met != nil && rep.CachedTokens >= 0 && rep.PromptTokens > 0 {
@@ -109,8 +113,12 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 		// live in the replica's LRU until engine evictions or capacity age them out.
 		ix.stats.Confirms++
 		ix.learn(m, rep)
-		for j := len(rep.Keys) - 1; j >= 0; j-- {
-			k := rep.Keys[j]
+		keys, why := rep.Keys, ""
+		if !eventsOwn {
+			keys, why = ix.admitKeys(r, rep, true) // budget.go
+		}
+		for j := len(keys) - 1; j >= 0; j-- {
+			k := keys[j]
 			if eventsOwn {
 				ix.clearSpec(r, k)
 				continue
@@ -129,6 +137,9 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 			ix.settle(r, i, was)
 		}
 		ix.fitCapacity(r)
+		if res := overBudget(rep, keys, why); res != "" {
+			return res
+		}
 	}
 	return "accepted"
 }

@@ -22,6 +22,7 @@ type Publisher struct {
 	mu      sync.RWMutex
 	t       *table.Table
 	hist    []version // oldest first
+	histN   int       // keys in hist
 	maxHist int
 	maxKeys int
 	first   uint64
@@ -37,6 +38,14 @@ type Publisher struct {
 type version struct {
 	v, base uint64
 	models  map[string]*change
+}
+
+func (v version) keys() int {
+	n := 0
+	for _, ch := range v.models {
+		n += len(ch.keys)
+	}
+	return n
 }
 
 type change struct {
@@ -109,8 +118,17 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		return 0, fmt.Errorf("publish v%d: %w", f.Version, err)
 	}
 	p.hist = append(p.hist, rec)
-	if len(p.hist) > p.maxHist {
-		p.hist = slices.Delete(p.hist, 0, len(p.hist)-p.maxHist)
+	p.histN += rec.keys()
+	// Versions beyond MaxHistory, or whose keys a delta could not carry anyway (more
+	// than MaxDeltaKeys in all: compose answers a full frame), are forgotten, so the
+	// history's memory is bounded by keys as well as by versions.
+	drop := 0
+	for n := len(p.hist); drop < n-1 && (n-drop > p.maxHist || p.histN > p.maxKeys); drop++ {
+		p.histN -= p.hist[drop].keys()
+	}
+	if drop > 0 {
+		clear(p.hist[:drop])
+		p.hist = append(p.hist[:0:0], p.hist[drop:]...)
 	}
 	// The frame just applied is the delta from the previous version for all models,
 	// the one most pollers want.
@@ -178,8 +196,11 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}
 		if f := p.compose(have, model); f != nil {
-			b := table.Encode(f)
 			p.mu.RUnlock()
+			// f holds copies (Entries copy the slots; replica lists are replaced, never
+			// changed in place), so it is encoded outside the lock a Publish waits for:
+			// polls queued behind that Publish do not wait for this encoding too.
+			b := table.Encode(f)
 			p.store(cur, frameKey{have, model}, b)
 			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/index"
@@ -37,11 +39,19 @@ type Server struct {
 	Token string
 	// MaxBodyBytes bounds a report batch (default 8 MiB).
 	MaxBodyBytes int64
-	Gatherer     prometheus.Gatherer
-	Metrics      *Metrics
+	// MaxBytesInFlight bounds the report bodies read and applied at once (default
+	// 2 x MaxBodyBytes): a batch that would exceed it is refused with 429 and counted,
+	// so concurrent large posts cannot multiply the memory one batch takes.
+	MaxBytesInFlight int64
+	Gatherer         prometheus.Gatherer
+	Metrics          *Metrics
 	// Ready, when set, is an extra readiness condition (e.g. discovery synced).
 	Ready func() bool
 	Now   func() time.Time
+
+	inflightMu sync.Mutex
+	inflight   int64
+	busy       atomic.Uint64
 }
 
 // Metrics are the API's own Prometheus metrics.
@@ -66,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
 		Report: index.ReportMetrics{
 			Reports: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "kvroute_controlplane_reports_total", Help: "Reports by kind and result (accepted, unknown_model, unknown_replica, config_mismatch)."}, []string{"kind", "result"}),
+				Name: "kvroute_controlplane_reports_total", Help: "Reports by kind and result (accepted, unknown_model, unknown_replica, config_mismatch, oversized, over_budget)."}, []string{"kind", "result"}),
 			FalseHits: prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "kvroute_controlplane_false_hits_total", Help: "Outcomes where the engine had fewer cached tokens than the filter predicted."}),
 		},
@@ -85,6 +95,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (s *Server) Handler() http.Handler {
 	if s.MaxBodyBytes <= 0 {
 		s.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if s.MaxBytesInFlight <= 0 {
+		s.MaxBytesInFlight = 2 * s.MaxBodyBytes
 	}
 	if s.Now == nil {
 		s.Now = time.Now
@@ -260,6 +273,20 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnsupportedMediaType, "content type %q: want application/json", ct)
 		return
 	}
+	// Reserve the body's size (its declared length, else the largest accepted) against
+	// the bytes in flight; refuse rather than queue.
+	need := s.MaxBodyBytes
+	if r.ContentLength >= 0 && r.ContentLength < need {
+		need = r.ContentLength
+	}
+	if !s.reserve(need) {
+		result = "busy"
+		s.busy.Add(1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, "report batches of %d bytes already in flight: retry later", s.MaxBytesInFlight)
+		return
+	}
+	defer s.reserve(-need)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -306,10 +333,23 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 	}{len(b.Reports) + len(rejected), applied, len(rejected), reasons})
 }
 
+// reserve adds n bytes in flight if they fit (n < 0 releases).
+func (s *Server) reserve(n int64) bool {
+	s.inflightMu.Lock()
+	defer s.inflightMu.Unlock()
+	if n > 0 && s.inflight > 0 && s.inflight+n > s.MaxBytesInFlight {
+		return false
+	}
+	s.inflight += n
+	return true
+}
+
 // DebugState is GET /debug/state.
 type DebugState struct {
 	Version  uint64               `json:"version"`
 	Replicas []index.ReplicaState `json:"replicas"`
+	// Budget: the index's limits and drops, plus report batches refused as busy.
+	Budget index.BudgetState `json:"budget"`
 }
 
 func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
@@ -317,7 +357,9 @@ func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
 		return
 	}
-	writeJSON(w, DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now())})
+	b := s.Index.BudgetState()
+	b.Dropped["report_batches"] = map[string]uint64{"busy": s.busy.Load()}
+	writeJSON(w, DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now()), Budget: b})
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {

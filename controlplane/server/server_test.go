@@ -444,18 +444,21 @@ func TestDebugStateFieldsAndReadiness(t *testing.T) {
 		slices.Sort(k)
 		return k
 	}
-	if got := keys(st); !slices.Equal(got, []string{"replicas", "version"}) {
+	if got := keys(st); !slices.Equal(got, []string{"budget", "replicas", "version"}) {
 		t.Fatalf("top level %v", got)
 	}
 	reps := st["replicas"].([]any)
 	rep := reps[0].(map[string]any)
-	want := []string{"address", "capacity_tokens", "healthy", "id", "kv_events", "kv_usage", "model", "queue_tokens", "running", "state_age_ms", "text_keys", "token_keys", "waiting"}
+	want := []string{"address", "capacity_tokens", "healthy", "id", "key_limit", "keys", "kv_events", "kv_usage", "model", "queue_tokens", "running", "speculative_keys", "state_age_ms", "text_keys", "token_keys", "waiting"}
 	if got := keys(rep); !slices.Equal(got, want) {
 		t.Fatalf("replica fields %v, want %v", got, want)
 	}
 	wantKV := []string{"batches", "clears", "connected", "decode_errors", "gaps", "last_seq", "removed_blocks", "stored_blocks"}
 	if got := keys(rep["kv_events"].(map[string]any)); !slices.Equal(got, wantKV) {
 		t.Fatalf("kv_events fields %v", got)
+	}
+	if got := keys(st["budget"].(map[string]any)); !slices.Equal(got, []string{"dropped", "keys", "max_keys", "max_replicas", "reclaims"}) {
+		t.Fatalf("budget fields %v", got)
 	}
 	if len(reps) != 3 || rep["id"] != "a" || rep["model"] != "m" || rep["address"] != "10.0.0.1:8000" {
 		t.Fatalf("replicas %v", reps)

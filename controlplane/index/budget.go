@@ -1,0 +1,469 @@
+package index
+
+import (
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The memory budget (issue 12). Every input that creates state is admitted against two
+// limits before anything is stored:
+//
+//   - per replica: a replica cannot cache more than num_gpu_blocks x block_size tokens
+//     (vLLM's vllm:cache_config_info; DefaultCapacityTokens until a scrape says), so it
+//     holds at most Slack x capacity / (stride x block_tokens) checkpoint keys of all
+//     sources (speculative, confirmed, KV events: the same prefix can be held in both
+//     domains and be speculative meanwhile, hence the slack), and its KV-event streams
+//     track at most Slack x capacity / block_size engine blocks;
+//   - globally: MaxKeys entries (keys held by replicas plus engine blocks tracked), the
+//     --max-keys flag.
+//
+// A report whose chain is longer than the replica's whole KV cache is dropped whole
+// (oversized); otherwise a chain is admitted up to the first key that does not fit (its
+// root is what routing needs) and the rest is dropped. Discovery is capped at
+// MaxReplicas. Every drop is counted (BudgetState, kvroute_controlplane_budget_dropped_total).
+//
+// Go maps never shrink and slices keep their capacity, so memory would stay at a
+// flood's peak after its entries expired; Reclaim rebuilds what shrank to a quarter of
+// its high-water mark.
+
+// Budget configures the limits; zero values take the defaults.
+type Budget struct {
+	// MaxKeys caps the index's entries over all replicas. At the default the control
+	// plane stays under about 300 MB RSS whatever its inputs (TestReportFlood).
+	MaxKeys int
+	// DefaultCapacityTokens is a replica's KV capacity until its metrics give one.
+	DefaultCapacityTokens int64
+	// Slack multiplies the per-replica limits derived from the capacity.
+	Slack float64
+	// MaxReplicas caps the replicas discovery may list.
+	MaxReplicas int
+}
+
+// Defaults of the budget.
+const (
+	DefaultMaxKeys               = 1 << 18
+	DefaultCapacityTokens        = 1 << 21
+	DefaultSlack                 = 4
+	DefaultMaxReplicas           = 4096
+	minReplicaKeys               = 1024 // a replica's limit is never below this
+	reclaimMin                   = 4096 // structures smaller than this are left alone
+	recountEvery                 = 10 * time.Millisecond
+	inputReportKeys, inputBlocks = "report_keys", "kv_blocks"
+	inputReplicas                = "replicas"
+	reasonOversized              = "oversized"
+	reasonReplica                = "replica_budget"
+	reasonGlobal                 = "global_budget"
+	reasonMaxReplicas            = "max_replicas"
+)
+
+func (b Budget) withDefaults() Budget {
+	if b.MaxKeys <= 0 {
+		b.MaxKeys = DefaultMaxKeys
+	}
+	if b.DefaultCapacityTokens <= 0 {
+		b.DefaultCapacityTokens = DefaultCapacityTokens
+	}
+	if b.Slack <= 0 {
+		b.Slack = DefaultSlack
+	}
+	if b.MaxReplicas <= 0 {
+		b.MaxReplicas = DefaultMaxReplicas
+	}
+	return b
+}
+
+// budgetState is the index's accounting; guarded by Index.mu.
+type budgetState struct {
+	used     int // entries at the last recount plus those admitted since
+	counted  time.Time
+	dropped  map[dropKey]uint64
+	hwm      map[hwmKey]int
+	reclaims uint64
+}
+
+type dropKey struct{ input, reason string }
+
+// hwmKey names one structure whose high-water mark is tracked.
+type hwmKey struct {
+	r    *replica
+	m    *model
+	rank int
+	what uint8
+}
+
+const (
+	hwmHold = iota
+	hwmKeys
+	hwmBlocks
+	hwmMulti
+)
+
+func (ix *Index) drop(input, reason string, n int) {
+	if n <= 0 {
+		return
+	}
+	if ix.budget.dropped == nil {
+		ix.budget.dropped = map[dropKey]uint64{}
+	}
+	ix.budget.dropped[dropKey{input, reason}] += uint64(n)
+}
+
+func (ix *Index) noteHWM(k hwmKey, n int) {
+	if n < reclaimMin {
+		return
+	}
+	if ix.budget.hwm == nil {
+		ix.budget.hwm = map[hwmKey]int{}
+	}
+	if n > ix.budget.hwm[k] {
+		ix.budget.hwm[k] = n
+	}
+}
+
+// recount sums the entries the budget covers.
+func (ix *Index) recount(now time.Time) {
+	n := 0
+	for _, r := range ix.replicas {
+		n += len(r.hold)
+		for _, rk := range r.ranks {
+			n += len(rk.blocks)
+		}
+	}
+	ix.budget.used, ix.budget.counted = n, now
+}
+
+// globalRoom is how many new entries the global limit admits. The running count only
+// grows between recounts (removals are not tracked), so a shortfall triggers a recount,
+// at most every recountEvery.
+func (ix *Index) globalRoom(want int) int {
+	max := ix.cfg.Budget.MaxKeys
+	if ix.budget.used+want > max {
+		if now := time.Now(); now.Sub(ix.budget.counted) >= recountEvery {
+			ix.recount(now)
+		}
+	}
+	return max - ix.budget.used
+}
+
+func (ix *Index) capacityTokens(r *replica) int64 {
+	if r.sample.CapacityTokens > 0 {
+		return r.sample.CapacityTokens
+	}
+	return ix.cfg.Budget.DefaultCapacityTokens
+}
+
+// keyLimit is how many keys replica r may hold, all sources together.
+func (ix *Index) keyLimit(r *replica) int {
+	n := int(float64(ix.capacityTokens(r)) / ix.tokenFootprint() * ix.cfg.Budget.Slack)
+	return min(max(n, minReplicaKeys), ix.cfg.MaxKeysPerReplica)
+}
+
+// blockLimit is how many engine blocks the KV-event streams of replica r may track.
+func (ix *Index) blockLimit(r *replica, rk *rank) int {
+	n := int(float64(ix.capacityTokens(r)) / float64(ix.engineBlockSize(r, rk)) * ix.cfg.Budget.Slack)
+	return min(max(n, minReplicaKeys), ix.cfg.Budget.MaxKeys)
+}
+
+// admitKeys returns the prefix of a report's keys that the budget lets replica r hold,
+// counting the rest as dropped (why says for what reason, "" when nothing was).
+// evict, for confirmed keys, may make room in the replica's own LRU of reported keys.
+func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint64, why string) {
+	keys := rep.Keys
+	fp := ix.tokenFootprint()
+	if rep.Domain == prefix.Text {
+		fp = ix.textFootprint(r.m)
+	}
+	if float64(len(keys))*fp > float64(ix.capacityTokens(r)) {
+		ix.drop(inputReportKeys, reasonOversized, len(keys))
+		return nil, reasonOversized
+	}
+	fresh := 0
+	for _, k := range keys {
+		if _, ok := r.hold[k]; !ok {
+			fresh++
+		}
+	}
+	limit := ix.keyLimit(r)
+	for evict && len(r.hold)+fresh > limit && r.tail >= 0 {
+		ix.evictTail(r)
+	}
+	room := limit - len(r.hold)
+	reason := reasonReplica
+	if g := ix.globalRoom(fresh); g < room {
+		room, reason = g, reasonGlobal
+	}
+	if fresh > room {
+		n := 0
+		for i, k := range keys {
+			if _, ok := r.hold[k]; ok {
+				continue
+			}
+			if n == max(room, 0) {
+				ix.drop(inputReportKeys, reason, len(keys)-i)
+				keys, why = keys[:i], reason
+				break
+			}
+			n++
+		}
+		fresh = n
+	}
+	ix.budget.used += fresh
+	ix.noteHWM(hwmKey{r: r, what: hwmHold}, len(r.hold)+fresh)
+	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, len(r.m.keys)+fresh)
+	return keys, why
+}
+
+// admitBlocks says whether a BlockStored event's blocks fit the budget; when they do
+// not, they are counted as dropped and not indexed (their children become orphans).
+func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
+	n := len(ev.Hashes)
+	bt := max(ix.cfg.BlockTokens, 1)
+	keys := (n*max(ev.BlockSize, bt)/bt)/max(ix.cfg.Stride, 1) + 1 // checkpoint keys it can add
+	switch {
+	case len(rk.blocks)+n > ix.blockLimit(r, rk) || len(r.hold)+keys > ix.keyLimit(r):
+		ix.drop(inputBlocks, reasonReplica, n)
+		return false
+	case ix.globalRoom(n+keys) < n+keys:
+		ix.drop(inputBlocks, reasonGlobal, n)
+		return false
+	}
+	ix.budget.used += n + keys
+	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, len(rk.blocks)+n)
+	return true
+}
+
+func rkNum(r *replica, rk *rank) int {
+	for n, x := range r.ranks {
+		if x == rk {
+			return n
+		}
+	}
+	return -1
+}
+
+// admitReplicas caps discovery's list at MaxReplicas (in ID order, so the same ones
+// stay), counting the rest.
+func (ix *Index) admitReplicas(specs []Spec) []Spec {
+	max := ix.cfg.Budget.MaxReplicas
+	if len(specs) <= max {
+		return specs
+	}
+	specs = slices.Clone(specs)
+	slices.SortFunc(specs, func(a, b Spec) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	ix.drop(inputReplicas, reasonMaxReplicas, len(specs)-max)
+	return specs[:max]
+}
+
+// clearDirty empties a model's changed-key set after a Flush; a large one is replaced,
+// since clear keeps a map's size (one flood's worth of changes would stay allocated).
+func clearDirty(m *model) {
+	if len(m.dirty) >= reclaimMin {
+		m.dirty = map[uint64]struct{}{}
+		return
+	}
+	clear(m.dirty)
+}
+
+// Reclaim recounts the budget and gives memory back: every map that shrank to a
+// quarter of its high-water mark is rebuilt (a replica's holdings together with their
+// slab), and the speculative queue's array is cut to what it holds. The control plane
+// calls it after each Flush (which is where speculative entries expire).
+func (ix *Index) Reclaim(now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.recount(now)
+	// Record the current sizes first: the maps grow between calls.
+	for _, m := range ix.models {
+		ix.noteHWM(hwmKey{m: m, what: hwmKeys}, len(m.keys))
+	}
+	for _, r := range ix.replicas {
+		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(len(r.hold), len(r.slab)))
+		for n, rk := range r.ranks {
+			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, len(rk.blocks))
+			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, len(rk.multi))
+		}
+	}
+	for k, peak := range ix.budget.hwm {
+		switch {
+		case k.r != nil && k.r.gone, k.m != nil && ix.models[k.m.name] != k.m:
+			delete(ix.budget.hwm, k)
+			continue
+		}
+		var cur int
+		switch k.what {
+		case hwmHold:
+			cur = len(k.r.hold)
+		case hwmKeys:
+			cur = len(k.m.keys)
+		case hwmBlocks:
+			cur = len(k.r.ranks[k.rank].blocksOrNil())
+		case hwmMulti:
+			cur = len(k.r.ranks[k.rank].multiOrNil())
+		}
+		if cur*4 > peak {
+			continue
+		}
+		switch k.what {
+		case hwmHold:
+			compactHoldings(k.r)
+		case hwmKeys:
+			k.m.keys = rebuilt(k.m.keys)
+		case hwmBlocks:
+			if rk := k.r.ranks[k.rank]; rk != nil && rk.blocks != nil {
+				rk.blocks = rebuilt(rk.blocks)
+			}
+		case hwmMulti:
+			if rk := k.r.ranks[k.rank]; rk != nil && rk.multi != nil {
+				rk.multi = rebuilt(rk.multi)
+			}
+		}
+		ix.budget.reclaims++
+		delete(ix.budget.hwm, k)
+	}
+	if live := len(ix.specQ) - ix.specHead; cap(ix.specQ) >= reclaimMin && live*4 <= cap(ix.specQ) {
+		q := make([]specItem, live, max(live, 64))
+		copy(q, ix.specQ[ix.specHead:])
+		ix.specQ, ix.specHead = q, 0
+		ix.budget.reclaims++
+	}
+}
+
+// rebuilt copies m into a map sized for its entries. (maps.Clone would not do: it
+// copies the table at its old size.)
+func rebuilt[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	maps.Copy(out, m)
+	return out
+}
+
+func (rk *rank) blocksOrNil() map[uint64]blockRef {
+	if rk == nil {
+		return nil
+	}
+	return rk.blocks
+}
+
+func (rk *rank) multiOrNil() map[uint64][]uint64 {
+	if rk == nil {
+		return nil
+	}
+	return rk.multi
+}
+
+// compactHoldings rebuilds r's holdings map and slab with only the live holdings,
+// renumbering the LRU links.
+func compactHoldings(r *replica) {
+	remap := make([]int32, len(r.slab))
+	for i := range remap {
+		remap[i] = -1
+	}
+	slab := make([]holding, 0, len(r.hold))
+	hold := make(map[uint64]int32, len(r.hold))
+	for k, i := range r.hold {
+		remap[i] = int32(len(slab))
+		hold[k] = int32(len(slab))
+		slab = append(slab, r.slab[i])
+	}
+	fix := func(i int32) int32 {
+		if i < 0 {
+			return -1
+		}
+		return remap[i]
+	}
+	for j := range slab {
+		slab[j].prev, slab[j].next = fix(slab[j].prev), fix(slab[j].next)
+	}
+	r.head, r.tail = fix(r.head), fix(r.tail)
+	r.slab, r.hold, r.freeIdx = slab, hold, nil
+}
+
+// BudgetState is the budget part of GET /debug/state.
+type BudgetState struct {
+	MaxKeys     int                          `json:"max_keys"`
+	Keys        int                          `json:"keys"`
+	MaxReplicas int                          `json:"max_replicas"`
+	Reclaims    uint64                       `json:"reclaims"`
+	Dropped     map[string]map[string]uint64 `json:"dropped"`
+}
+
+// BudgetState returns the budget's limits, use and drops (input -> reason -> count).
+func (ix *Index) BudgetState() BudgetState {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.recount(time.Now())
+	st := BudgetState{MaxKeys: ix.cfg.Budget.MaxKeys, Keys: ix.budget.used, MaxReplicas: ix.cfg.Budget.MaxReplicas,
+		Reclaims: ix.budget.reclaims, Dropped: map[string]map[string]uint64{}}
+	for k, n := range ix.budget.dropped {
+		if st.Dropped[k.input] == nil {
+			st.Dropped[k.input] = map[string]uint64{}
+		}
+		st.Dropped[k.input][k.reason] = n
+	}
+	return st
+}
+
+// replicaBudget fills a replica's budget fields of /debug/state.
+func (ix *Index) replicaBudget(r *replica, rs *ReplicaState) {
+	rs.Keys, rs.KeyLimit, rs.SpeculativeKeys = len(r.hold), ix.keyLimit(r), r.specN
+}
+
+// BudgetCollector exports the budget to Prometheus.
+func (ix *Index) BudgetCollector() prometheus.Collector { return (*budgetCollector)(ix) }
+
+type budgetCollector Index
+
+var (
+	dBudgetDropped = prometheus.NewDesc("kvroute_controlplane_budget_dropped_total",
+		"Inputs dropped by the memory budget, never stored: input report_keys|kv_blocks|replicas, reason oversized|replica_budget|global_budget|max_replicas.",
+		[]string{"input", "reason"}, nil)
+	dBudgetKeys = prometheus.NewDesc("kvroute_controlplane_budget_keys",
+		"Entries the budget covers (keys held by replicas plus engine blocks tracked).", nil, nil)
+	dBudgetMax = prometheus.NewDesc("kvroute_controlplane_budget_max_keys", "The global limit on those entries (--max-keys).", nil, nil)
+)
+
+func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- dBudgetDropped
+	ch <- dBudgetKeys
+	ch <- dBudgetMax
+}
+
+func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
+	st := (*Index)(c).BudgetState()
+	// Every reason is exported from the start, so rates work before the first drop.
+	for _, in := range []string{inputReportKeys, inputBlocks} {
+		for _, why := range []string{reasonOversized, reasonReplica, reasonGlobal} {
+			if in == inputBlocks && why == reasonOversized {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(dBudgetDropped, prometheus.CounterValue, float64(st.Dropped[in][why]), in, why)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(dBudgetDropped, prometheus.CounterValue, float64(st.Dropped[inputReplicas][reasonMaxReplicas]), inputReplicas, reasonMaxReplicas)
+	ch <- prometheus.MustNewConstMetric(dBudgetKeys, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(dBudgetMax, prometheus.GaugeValue, float64(st.MaxKeys))
+}
+
+// overBudget is a report's result when the budget dropped all of its keys, else "".
+func overBudget(rep *api.Report, kept []uint64, why string) string {
+	switch {
+	case len(rep.Keys) == 0 || len(kept) > 0 || why == "":
+		return ""
+	case why == reasonOversized:
+		return reasonOversized
+	}
+	return "over_budget"
+}
