@@ -182,3 +182,40 @@ func serveInProcess(ctx context.Context, handler http.Handler, req *http.Request
 func (r callRequest) describe(cluster string) string {
 	return fmt.Sprintf("%s %s%s", r.headers.Get(":method"), cluster, r.headers.Get(":path"))
 }
+
+// HTTP calls.
+
+func hostHTTPCall(vm *VM, a []uint64) status {
+	cluster, ok1 := vm.readString(a[0], a[1])
+	rawHeaders, ok2 := vm.read(a[2], a[3])
+	body, ok3 := vm.read(a[4], a[5])
+	rawTrailers, ok4 := vm.read(a[6], a[7])
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return statusInvalidMemoryAccess
+	}
+	headers, _ := decodePairs(rawHeaders)
+	trailers, _ := decodePairs(rawTrailers)
+	req := callRequest{headers: headers.lower(), body: body, trailers: trailers.lower(),
+		timeout: time.Duration(uint32(a[8])) * time.Millisecond}
+	c, found := vm.host.cluster(cluster)
+	if !found {
+		vm.host.logs.add(vm.host.clock.Now(), vm.index, LevelWarn, "http call to unknown cluster "+req.describe(cluster))
+		return statusBadArgument
+	}
+	for _, h := range []string{":method", ":path", ":authority"} {
+		if req.headers.Get(h) == "" {
+			return statusBadArgument // Envoy requires all three
+		}
+	}
+	if st := vm.writeU32(a[9], 0); st != statusOK {
+		return st
+	}
+	vm.nextCallout++
+	if vm.nextCallout == 0 {
+		vm.nextCallout++
+	}
+	token := vm.nextCallout
+	vm.callouts[token] = vm.host.startCall(vm, token, c, req)
+	vm.host.stats.httpCalls.Add(1)
+	return vm.writeU32(a[9], token)
+}

@@ -150,3 +150,52 @@ func (x *metric) snapshot() MetricValue {
 	}
 	return v
 }
+
+// Metrics: ids carry their type in the low two bits, as Envoy's do.
+
+func hostDefineMetric(vm *VM, a []uint64) status {
+	typ := MetricType(uint32(a[0]))
+	if typ > Histogram {
+		return statusBadArgument
+	}
+	name, ok := vm.readString(a[1], a[2])
+	if !ok {
+		return statusInvalidMemoryAccess
+	}
+	m := vm.host.metrics.define(name, typ)
+	if m == nil {
+		return statusBadArgument
+	}
+	vm.metricSeq++
+	id := vm.metricSeq<<2 | uint32(typ)
+	vm.metricIDs[id] = m
+	return vm.writeU32(a[3], id)
+}
+
+func hostIncrementMetric(vm *VM, a []uint64) status {
+	m, ok := vm.metricIDs[uint32(a[0])]
+	if !ok {
+		return statusNotFound
+	}
+	return vm.host.metrics.increment(m, int64(a[1]))
+}
+
+func hostRecordMetric(vm *VM, a []uint64) status {
+	m, ok := vm.metricIDs[uint32(a[0])]
+	if !ok {
+		return statusNotFound
+	}
+	return vm.host.metrics.record(m, a[1])
+}
+
+func hostGetMetric(vm *VM, a []uint64) status {
+	m, ok := vm.metricIDs[uint32(a[0])]
+	if !ok {
+		return statusNotFound
+	}
+	v, st := vm.host.metrics.read(m)
+	if st != statusOK {
+		return st
+	}
+	return vm.writeU64(a[1], v)
+}

@@ -221,3 +221,36 @@ func combined(h Headers) Headers {
 	}
 	return out
 }
+
+// Properties.
+
+func hostGetProperty(vm *VM, a []uint64) status {
+	raw, ok := vm.readString(a[0], a[1])
+	if !ok {
+		return statusInvalidMemoryAccess
+	}
+	v, st := vm.property(strings.Split(raw, "\x00"))
+	if st != statusOK {
+		return st
+	}
+	return vm.copyOut(v, a[2], a[3])
+}
+
+// hostSetProperty stores a per-stream value (Envoy keeps it as "wasm."-prefixed filter
+// state); the root context has no stream to hold it.
+func hostSetProperty(vm *VM, a []uint64) status {
+	path, ok1 := vm.readString(a[0], a[1])
+	value, ok2 := vm.read(a[2], a[3])
+	if !ok1 || !ok2 {
+		return statusInvalidMemoryAccess
+	}
+	s := vm.effectiveStream()
+	if s == nil {
+		return statusNotFound
+	}
+	if s.props == nil {
+		s.props = map[string][]byte{}
+	}
+	s.props[path] = value
+	return statusOK
+}
