@@ -298,7 +298,14 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	tb.Models["llama"].Replicas[1].Addr = upAddr
 	cp := &fakeControlPlane{frame: table.EncodeFull(tb)}
 	h := loadKvroute(b, host.Config{VMs: 2, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
-	time.Sleep(300 * time.Millisecond) // the leader's first poll (wall clock)
+	// Wall clock: wait for the leader's first poll and every VM's next tick after it.
+	for v, _ := h.Metric("kvroute_table_version"); v.Value < 1; v, _ = h.Metric("kvroute_table_version") {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ticks := []uint64{h.VM(0).Ticks(), h.VM(1).Ticks()}
+	for h.VM(0).Ticks() == ticks[0] || h.VM(1).Ticks() == ticks[1] {
+		time.Sleep(5 * time.Millisecond)
+	}
 	s, err := proxy.Listen("", proxy.Config{Host: h, Endpoints: []string{"127.0.0.1:9001", upAddr, "127.0.0.1:9003"}})
 	require.NoError(b, err)
 	defer s.Close()
