@@ -19,7 +19,6 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
-	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
 )
 
@@ -38,7 +37,6 @@ type plugin struct {
 	cfg     api.Config
 	vmID    uint64
 	now     func() time.Time
-	parser  prompt.Parser
 	router  *route.Router
 	view    view
 	leader  leader
@@ -47,7 +45,6 @@ type plugin struct {
 	queueOK bool // the report queue is registered (ids start at 0 on some hosts)
 	metrics metrics
 	nextReq uint64
-	keys    []uint64
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
@@ -65,6 +62,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.now = time.Now
 	p.vmID = randomID()
 	p.router = route.NewRouter(cfg.RuleParams(), randomID())
+	p.router.Config = cfg
 	p.view = newView()
 	p.metrics = defineMetrics()
 	// Every VM registers the same queue name and gets the same id; only the leader

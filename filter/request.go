@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"strconv"
 	"strings"
 
@@ -9,10 +8,8 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
-	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
-	"github.com/kvroute/kvroute/shared/table"
 )
 
 // httpContext follows one request. The request path: strip any client-sent endpoint
@@ -125,9 +122,7 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	h.seen = bodySize
 	if bodySize > limit || (!endOfStream && bodySize+h.nextChunk(bodySize) > limit) {
 		// Route on what is known without the prompt, and let the body stream on.
-		h.p.metrics.oversized.Increment(1)
-		h.decided = true
-		h.routeWithoutPrompt(h.modelHeader, float64(bodySize)/4)
+		h.route(&route.Request{Oversized: true, Size: bodySize})
 		return types.ActionContinue
 	}
 	if !endOfStream {
@@ -170,125 +165,66 @@ func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
 }
 
 func (h *httpContext) decide(body []byte) {
+	h.route(&route.Request{Body: body})
+}
+
+// route runs the routing sequence (route.Router.Route, the same function the fleet
+// simulator runs) and carries out its result: the endpoint header, the body with the
+// tenant's cache_salt, the counters and the placement report.
+func (h *httpContext) route(req *route.Request) {
 	h.decided = true
 	p := h.p
+	now := p.now()
 	if !p.view.loaded {
 		// A worker that has not loaded a table yet (just started, or a config reload)
 		// reads the one in shared data now instead of failing open until its next tick.
-		p.view.sync(&p.metrics, p.now())
+		p.view.sync(&p.metrics, now)
 	}
-	req, err := p.parser.Parse(h.api, body, prompt.Limits{MaxBytes: p.cfg.MaxBodyBytes, MaxDepth: p.cfg.MaxJSONDepth})
-	model := req.Model
-	if h.modelHeader != "" {
-		model = h.modelHeader
+	req.ID, req.API, req.ModelHeader, req.Tenant = h.reqID, h.api, h.modelHeader, h.tenant
+	d, res := p.router.Route(p.view.t, req, p.view.age(now), now)
+	m := &p.metrics
+	if res.Oversized {
+		m.oversized.Increment(1)
 	}
-	if err != nil {
-		if errors.Is(err, prompt.ErrTooLarge) {
-			p.metrics.oversized.Increment(1)
-		} else if !errors.Is(err, prompt.ErrNoPrompt) {
-			p.metrics.parseErrors.Increment(1)
-			proxywasm.LogDebugf("kvroute: request body not parsed (%d bytes): %v", len(body), err)
+	if res.ParseError != nil {
+		m.parseErrors.Increment(1)
+		proxywasm.LogDebugf("kvroute: request body not parsed (%d bytes): %v", len(req.Body), res.ParseError)
+	}
+	if res.Body != nil {
+		if err := proxywasm.ReplaceHttpRequestBody(res.Body); err != nil {
+			proxywasm.LogWarnf("kvroute: cannot set cache_salt: %v", err)
+		} else {
+			_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(res.Body)))
+			m.saltInjected.Increment(1)
 		}
-		h.routeWithoutPrompt(model, float64(len(body))/4)
-		return
 	}
-	base, lora := p.resolveModel(model)
-	m := p.view.t.Models[base]
-	if m == nil || len(m.Replicas) == 0 {
+	if res.Action == route.Unrouted {
 		// No table yet, or a model the control plane does not know: Envoy decides.
-		p.metrics.unrouted.Increment(1)
-		return
-	}
-
-	salt := h.salt(body, &req)
-	now := p.now()
-	chain := route.NewChain(m.Config, route.Identity{Model: base, LoRA: lora, Salt: salt}, &req, p.keys)
-	p.keys = chain.Keys
-	d := p.router.Decide(m, &chain, p.view.age(now), now)
-	if len(d.Addrs) == 0 {
-		p.metrics.unrouted.Increment(1)
+		m.unrouted.Increment(1)
 		return
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, d.Header()); err != nil {
 		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
+		p.router.Ledger.Done(h.reqID)
+		m.unrouted.Increment(1)
 		return
 	}
-	p.router.Ledger.Add(h.reqID, d.Addrs[0], d.Uncached, now)
-	p.metrics.decisions.Increment(1)
+	if res.Action == route.NoPrompt {
+		m.fallbacks.Increment(1)
+		return
+	}
+	m.decisions.Increment(1)
 	if d.PredictedCached > 0 {
-		p.metrics.predictedHits.Increment(1)
+		m.predictedHits.Increment(1)
 	}
 	if d.Spill {
-		p.metrics.spills.Increment(1)
+		m.spills.Increment(1)
 	}
 	if d.Fallback {
-		p.metrics.fallbacks.Increment(1)
+		m.fallbacks.Increment(1)
 	}
-
-	h.placed, h.first = true, d.Addrs[0]
-	h.report = route.Placement(m, &chain, &d, now)
+	h.placed, h.first, h.report = true, d.Addrs[0], res.Placement
 	p.enqueue(&h.report)
-}
-
-// salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
-// cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
-// cache_salt the client sent separates the engine's cache, so it separates ours.
-func (h *httpContext) salt(body []byte, req *prompt.Request) prefix.Salt {
-	p := h.p
-	salt, isolated := p.cfg.TenantSalt(h.tenant)
-	if !isolated {
-		if req.HasCacheSalt {
-			return prefix.SaltFromCacheSalt(req.CacheSalt)
-		}
-		return prefix.Salt{}
-	}
-	if p.cfg.Tenants.InjectCacheSalt {
-		if cs := salt.CacheSalt(); !req.HasCacheSalt || req.CacheSalt != cs {
-			nb := prompt.WithCacheSalt(body, req, cs)
-			if err := proxywasm.ReplaceHttpRequestBody(nb); err != nil {
-				proxywasm.LogWarnf("kvroute: cannot set cache_salt: %v", err)
-			} else {
-				_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(nb)))
-				p.metrics.saltInjected.Increment(1)
-			}
-		}
-	}
-	return salt
-}
-
-// routeWithoutPrompt orders the model's replicas by queued tokens: a request with no
-// prompt to match (unparsable, oversized) still goes where the least work waits.
-func (h *httpContext) routeWithoutPrompt(model string, estTokens float64) {
-	p := h.p
-	var m *table.Model
-	if model != "" {
-		base, _ := p.resolveModel(model)
-		m = p.view.t.Models[base]
-	} else if len(p.view.t.Models) == 1 {
-		for _, only := range p.view.t.Models {
-			m = only
-		}
-	}
-	if m == nil || len(m.Replicas) == 0 {
-		p.metrics.unrouted.Increment(1)
-		return
-	}
-	now := p.now()
-	d := p.router.LeastQueued(m, now, p.view.age(now))
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, d.Header()); err != nil {
-		p.metrics.unrouted.Increment(1)
-		return
-	}
-	p.router.Ledger.Add(h.reqID, d.Addrs[0], estTokens, now)
-	p.metrics.fallbacks.Increment(1)
-}
-
-// resolveModel maps a LoRA adapter's name to its base model, whose replicas serve it.
-func (p *plugin) resolveModel(model string) (base, lora string) {
-	if b, ok := p.cfg.Adapters[model]; ok {
-		return b, model
-	}
-	return model, ""
 }
 
 // enqueue hands a report to the leader through the shared queue.

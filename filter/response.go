@@ -29,12 +29,16 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 }
 
 func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.Action {
-	if !h.placed || h.finished {
+	if !h.decided || h.finished {
 		return types.ActionContinue
 	}
 	// The first byte of the body means prefill is done: for a stream it is the first
 	// token (vLLM, like most servers, sends the headers before prefill even starts).
+	// Requests routed least-queued have a ledger entry too.
 	h.p.router.Ledger.Done(h.reqID)
+	if !h.placed {
+		return types.ActionContinue
+	}
 	if bodySize > 0 {
 		if chunk, err := proxywasm.GetHttpResponseBody(0, bodySize); err == nil {
 			h.tail = keepTail(h.tail, chunk)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/rule"
@@ -93,21 +94,25 @@ type Decision struct {
 // Header joins the addresses as the endpoint header value: "ip:port,ip:port".
 func (d *Decision) Header() string { return strings.Join(d.Addrs, ",") }
 
-// Router holds one router's scratch space, picker and ledger. Not safe for concurrent
-// use: each proxy-wasm VM (one thread) has its own.
+// Router holds one router's configuration, scratch space, picker and ledger. Not safe
+// for concurrent use: each proxy-wasm VM (one thread) has its own.
 type Router struct {
 	Picker *rule.Picker
 	Ledger *Ledger
+	// Config is the filter's configuration as far as Route reads it: body limits,
+	// adapters, tenants. The zero value has no limits, adapters or isolated tenants.
+	Config api.Config
 
+	parser  prompt.Parser
+	keys    []uint64
 	matched []int
 	cands   []rule.Replica
 	order   []int
-	pending map[string]float64
 }
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
 func NewRouter(p rule.Params, seed uint64) *Router {
-	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), pending: map[string]float64{}}
+	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger()}
 }
 
 // Decide picks replicas of m for chain c. tableAge is how long ago the table was last
@@ -137,7 +142,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 
 // LeastQueued orders m's replicas by queued tokens alone (snapshot plus ledger), healthy
 // first: the route for a request that cannot be parsed, which has no prefix to match.
-func (r *Router) LeastQueued(m *table.Model, now time.Time, tableAge time.Duration) Decision {
+func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Time) Decision {
 	r.cands = r.cands[:0]
 	for _, rep := range m.Replicas {
 		queued, _ := r.queued(rep, tableAge, now)

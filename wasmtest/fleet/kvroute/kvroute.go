@@ -1,6 +1,7 @@
 // Package kvroute is kvroute's own policy in the fleet simulation, built from the real
-// code: each proxy is a shared/route Router (Decide and its Ledger) driven exactly as
-// the filter drives it (filter/request.go, filter/response.go), and the control plane is
+// code: each proxy is a Proxy whose requests go through route.Router.Route, the function
+// the filter calls (filter/request.go; filter/parity_test.go checks both give the same
+// results), with its Ledger ended as filter/response.go ends it, and the control plane is
 // controlplane/index in-process, fed what the real one is fed:
 //
 //   - the proxies' placement and outcome reports (api.Report values, posted in batches
@@ -44,8 +45,9 @@ type Config struct {
 	ScrapeInterval, PublishInterval time.Duration
 	PollInterval, ReportInterval    time.Duration
 	MaxReportBatch                  int
-	// MaxBodyBytes and MaxJSONDepth bound the body parse, as the filter's config does.
-	MaxBodyBytes, MaxJSONDepth int
+	// Filter is the filter's configuration as Route reads it (body limits, adapters,
+	// tenants); the zero value takes the filter's defaults.
+	Filter api.Config
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
 	Seed  uint64
@@ -74,7 +76,7 @@ func DefaultConfig() Config {
 		ScrapeInterval: 100 * time.Millisecond, PublishInterval: 50 * time.Millisecond,
 		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
 		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
-		MaxReportBatch: fc.ControlPlane.MaxReportBatch, MaxBodyBytes: fc.MaxBodyBytes, MaxJSONDepth: fc.MaxJSONDepth,
+		MaxReportBatch: fc.ControlPlane.MaxReportBatch, Filter: fc,
 		AgeFromGeneration: true, Seed: 1,
 	}
 }
@@ -91,10 +93,11 @@ func filterDefaults() api.Config {
 // Epoch is the wall-clock time of simulated time 0 (the filter and index use time.Time).
 var Epoch = time.Unix(1_700_000_000, 0)
 
-// Stats count what the proxies did.
+// Stats count what the proxies did, as the filter's metrics of the same names do.
 type Stats struct {
 	Decisions, Unrouted, Fallbacks, Spills int
-	ParseErrors                            int
+	PredictedHits                          int
+	ParseErrors, Oversized, SaltInjected   int
 	Reports, ReportsApplied                int
 	Versions                               int
 }
@@ -123,22 +126,21 @@ type published struct {
 
 type placement struct {
 	router int
+	placed bool // by the rule: an outcome report follows
 	report api.Report
 }
 
-// router is one proxy: what one Envoy's kvroute filter holds.
+// router is one proxy in the simulation: its Proxy (what one Envoy's kvroute filter
+// holds) and the leader's state.
 type router struct {
+	*Proxy
 	name         string
-	rt           *route.Router
-	t            *table.Table
 	loaded       bool
 	confirmed    time.Duration
 	generated    time.Duration // when the newest applied version was published
 	applied      int           // global number of frames applied
 	poll, report policy.Timer
 	queue        []api.Report
-	parser       prompt.Parser
-	keys         []uint64
 	order        []int
 }
 
@@ -153,11 +155,8 @@ func (cfg *Config) check() error {
 	if cfg.MaxReportBatch <= 0 {
 		cfg.MaxReportBatch = fc.ControlPlane.MaxReportBatch
 	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = fc.MaxBodyBytes
-	}
-	if cfg.MaxJSONDepth <= 0 {
-		cfg.MaxJSONDepth = fc.MaxJSONDepth
+	if cfg.Filter.MaxBodyBytes <= 0 {
+		cfg.Filter = fc
 	}
 	if cfg.Model == "" {
 		cfg.Model = workload.DefaultModel
@@ -175,9 +174,8 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 	p.controlPlane = newControlPlane(f, cfg, rng, p.publishVersion)
 	for k := range cfg.Routers {
 		r := &router{
+			Proxy:  NewProxy(cfg.Filter, cfg.Rule, cfg.Seed*1000003+uint64(k), &p.Stats),
 			name:   fmt.Sprintf("proxy-%d", k),
-			rt:     route.NewRouter(cfg.Rule, cfg.Seed*1000003+uint64(k)),
-			t:      table.New(),
 			poll:   policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PollInterval)), Every: cfg.PollInterval},
 			report: policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.ReportInterval)), Every: cfg.ReportInterval},
 		}
@@ -252,6 +250,7 @@ func (p *Policy) pollTable(r *router, now time.Duration) {
 		if p.cfg.AgeFromGeneration {
 			r.confirmed = r.generated
 		}
+		r.Proxy.confirmed = at(r.confirmed)
 	}
 }
 
@@ -285,7 +284,8 @@ func (p *Policy) postReports(r *router, now time.Duration) {
 
 // ---- proxies ----
 
-// Route is filter/request.go's decide for a chat request.
+// Route is the filter's request path for a chat request (filter/request.go): the proxy
+// the request reaches runs route.Router.Route on its table.
 func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	k := p.routerOf(req)
 	r := p.routers[k]
@@ -293,43 +293,25 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		p.Stats.Unrouted++ // no table yet: the header stays unset and Envoy decides
 		return policy.Choice{}
 	}
-	pr, err := r.parser.Parse(prompt.Chat, req.Body, prompt.Limits{MaxBytes: p.cfg.MaxBodyBytes, MaxDepth: p.cfg.MaxJSONDepth})
-	if err != nil {
-		p.Stats.ParseErrors++
-		return policy.Choice{}
-	}
-	m := r.t.Models[pr.Model]
-	if m == nil || len(m.Replicas) == 0 {
-		p.Stats.Unrouted++
-		return policy.Choice{}
-	}
 	nowT := at(now)
-	chain := route.NewChain(m.Config, route.Identity{Model: pr.Model}, &pr, r.keys)
-	r.keys = chain.Keys
-	d := r.rt.Decide(m, &chain, now-r.confirmed, nowT)
-	if len(d.Addrs) == 0 {
-		p.Stats.Unrouted++
+	d, res := r.Proxy.Route(&route.Request{ID: req.ID, API: prompt.Chat, Body: req.Body}, nowT)
+	if res.Action == route.Unrouted {
 		return policy.Choice{}
 	}
-	r.rt.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, nowT)
-	p.Stats.Decisions++
-	if d.Spill {
-		p.Stats.Spills++
+	pl := &placement{router: k}
+	if res.Action == route.Placed {
+		pl.placed, pl.report = true, res.Placement
+		r.queue = append(r.queue, res.Placement)
+		p.Stats.Reports++
 	}
-	if d.Fallback {
-		p.Stats.Fallbacks++
-	}
-	rep := route.Placement(m, &chain, &d, nowT)
-	r.queue = append(r.queue, rep)
-	p.Stats.Reports++
-	p.placed[req.ID] = &placement{router: k, report: rep}
+	p.placed[req.ID] = pl
 	r.order = r.order[:0]
 	for _, a := range d.Addrs {
 		if i, ok := p.addrIdx[a]; ok {
 			r.order = append(r.order, i)
 		}
 	}
-	return policy.Choice{Order: r.order, Rule: true, Spill: d.Spill}
+	return policy.Choice{Order: r.order, Rule: res.Action == route.Placed, Spill: d.Spill}
 }
 
 // Started is OnHttpResponseHeaders. The ledger entry stays: vLLM sends a stream's
@@ -354,6 +336,9 @@ func (p *Policy) Finished(req *workload.Request, i int, now time.Duration, o pol
 	delete(p.placed, req.ID)
 	r := p.routers[pl.router]
 	r.rt.Ledger.Done(req.ID)
+	if !pl.placed {
+		return
+	}
 	var usage *prompt.Usage
 	if o.CachedTokens >= 0 {
 		usage = &prompt.Usage{PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens}

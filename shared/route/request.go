@@ -1,0 +1,161 @@
+package route
+
+import (
+	"errors"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// Request is one request as a proxy holds it when it routes: the filter fills it from
+// Envoy's callbacks, the fleet simulator from its workload. Route does the rest, so the
+// two cannot drift apart (TestFilterAndSimulatorRouteAlike in filter/ holds them to it).
+type Request struct {
+	// ID keys the request's ledger entry (the filter's context number).
+	ID  uint64
+	API prompt.API
+	// Body is the whole request body (nil when there was none).
+	Body []byte
+	// Oversized: the body was let through unread because it is, or could become,
+	// larger than max_body_bytes; Size is how many bytes of it had arrived.
+	Oversized bool
+	Size      int
+	// ModelHeader is the configured model header's value ("" for none or unset); it
+	// wins over the body's "model".
+	ModelHeader string
+	// Tenant is the configured tenant header's value.
+	Tenant string
+}
+
+// Action is what Route did with a request.
+type Action uint8
+
+const (
+	// Unrouted: no table, or a model the table does not have; the endpoint header stays
+	// unset and Envoy's fallback load balancer decides.
+	Unrouted Action = iota
+	// Placed: the rule picked the replicas; Result.Placement is the placement report.
+	Placed
+	// NoPrompt: nothing to match (unparsable, oversized, no prompt); the replicas are in
+	// least-queued order.
+	NoPrompt
+)
+
+// Result is what a proxy needs besides the decision: what to count, and what to change
+// in the request.
+type Result struct {
+	Action Action
+	// ParseError is set when the body did not parse (not for oversized bodies or bodies
+	// without a prompt). It names no prompt text.
+	ParseError error
+	// Oversized: the body was larger than max_body_bytes (unread, or refused by the parser).
+	Oversized bool
+	// Body, when not nil, replaces the request body: an isolated tenant's request with
+	// vLLM's cache_salt set to the tenant's (tenants.inject_cache_salt).
+	Body []byte
+	// Placement is the placement report (Action == Placed).
+	Placement api.Report
+}
+
+// Route runs one request through the whole sequence: parse the body, resolve the model
+// (LoRA adapters route on their base model's replicas), choose the chain's salt (tenant
+// isolation, or the client's cache_salt), hash the chain, decide on table t, record the
+// pick in the ledger and build the placement report. A request without a prompt to
+// match goes least-queued. tableAge is how long ago t was last confirmed current.
+//
+// The caller sets the endpoint header from the decision's addresses, forwards
+// Result.Body when set, counts the result and queues the placement report; when it
+// cannot set the header it calls r.Ledger.Done(req.ID).
+func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now time.Time) (Decision, Result) {
+	var res Result
+	if req.Oversized {
+		res.Oversized = true
+		return r.routeWithoutPrompt(t, req, req.ModelHeader, float64(req.Size)/4, tableAge, now, res)
+	}
+	cfg := &r.Config
+	pr, err := r.parser.Parse(req.API, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
+	model := pr.Model
+	if req.ModelHeader != "" {
+		model = req.ModelHeader
+	}
+	if err != nil {
+		if errors.Is(err, prompt.ErrTooLarge) {
+			res.Oversized = true
+		} else if !errors.Is(err, prompt.ErrNoPrompt) {
+			res.ParseError = err
+		}
+		return r.routeWithoutPrompt(t, req, model, float64(len(req.Body))/4, tableAge, now, res)
+	}
+	base, lora := r.resolveModel(model)
+	m := t.Models[base]
+	if m == nil || len(m.Replicas) == 0 {
+		return Decision{}, res
+	}
+	salt := r.salt(req, &pr, &res)
+	chain := NewChain(m.Config, Identity{Model: base, LoRA: lora, Salt: salt}, &pr, r.keys)
+	r.keys = chain.Keys
+	d := r.Decide(m, &chain, tableAge, now)
+	if len(d.Addrs) == 0 {
+		return d, res
+	}
+	r.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, now)
+	res.Action = Placed
+	res.Placement = Placement(m, &chain, &d, now)
+	return d, res
+}
+
+// routeWithoutPrompt orders the model's replicas by queued tokens: a request with no
+// prompt to match (unparsable, oversized) still goes where the least work waits. With no
+// model named and one model in the table, that one.
+func (r *Router) routeWithoutPrompt(t *table.Table, req *Request, model string, estTokens float64,
+	tableAge time.Duration, now time.Time, res Result) (Decision, Result) {
+	var m *table.Model
+	if model != "" {
+		base, _ := r.resolveModel(model)
+		m = t.Models[base]
+	} else if len(t.Models) == 1 {
+		for _, only := range t.Models {
+			m = only
+		}
+	}
+	if m == nil || len(m.Replicas) == 0 {
+		return Decision{}, res
+	}
+	d := r.LeastQueued(m, tableAge, now)
+	if len(d.Addrs) == 0 {
+		return d, res
+	}
+	r.Ledger.Add(req.ID, d.Addrs[0], estTokens, now)
+	res.Action = NoPrompt
+	return d, res
+}
+
+// resolveModel maps a LoRA adapter's name to its base model, whose replicas serve it.
+func (r *Router) resolveModel(model string) (base, lora string) {
+	if b, ok := r.Config.Adapters[model]; ok {
+		return b, model
+	}
+	return model, ""
+}
+
+// salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
+// cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
+// cache_salt the client sent separates the engine's cache, so it separates ours.
+func (r *Router) salt(req *Request, pr *prompt.Request, res *Result) prefix.Salt {
+	salt, isolated := r.Config.TenantSalt(req.Tenant)
+	if !isolated {
+		if pr.HasCacheSalt {
+			return prefix.SaltFromCacheSalt(pr.CacheSalt)
+		}
+		return prefix.Salt{}
+	}
+	if r.Config.Tenants.InjectCacheSalt {
+		if cs := salt.CacheSalt(); !pr.HasCacheSalt || pr.CacheSalt != cs {
+			res.Body = prompt.WithCacheSalt(req.Body, pr, cs)
+		}
+	}
+	return salt
+}
