@@ -38,14 +38,17 @@ type ReplicaState struct {
 
 // KVEvents sums a replica's event streams (one per DP rank); last_seq is rank 0's.
 type KVEvents struct {
-	Connected     bool   `json:"connected"`
-	LastSeq       int64  `json:"last_seq"`
-	Batches       uint64 `json:"batches"`
-	StoredBlocks  uint64 `json:"stored_blocks"`
-	RemovedBlocks uint64 `json:"removed_blocks"`
-	Clears        uint64 `json:"clears"`
-	Gaps          uint64 `json:"gaps"`
-	DecodeErrors  uint64 `json:"decode_errors"`
+	Connected bool `json:"connected"`
+	// LastEventAgeMs is the time since the stalest stream's last batch, -1 before
+	// every stream had one.
+	LastEventAgeMs int64  `json:"last_event_age_ms"`
+	LastSeq        int64  `json:"last_seq"`
+	Batches        uint64 `json:"batches"`
+	StoredBlocks   uint64 `json:"stored_blocks"`
+	RemovedBlocks  uint64 `json:"removed_blocks"`
+	Clears         uint64 `json:"clears"`
+	Gaps           uint64 `json:"gaps"`
+	DecodeErrors   uint64 `json:"decode_errors"`
 }
 
 // DebugState lists every replica, sorted by model and id.
@@ -61,7 +64,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
 			CapacityTokens: r.sample.CapacityTokens,
 			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,
-			KVEvents:   KVEvents{LastSeq: -1},
+			KVEvents:   KVEvents{LastSeq: -1, LastEventAgeMs: -1},
 			spec:       r.specN,
 			scrapeErrs: r.scrapeErrs,
 			hasEvents:  r.spec.Events,
@@ -73,8 +76,14 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 		}
 		slices.Sort(ranks)
 		rs.KVEvents.Connected = len(ranks) > 0
-		for _, n := range ranks {
+		for i, n := range ranks {
 			rk := r.ranks[n]
+			switch age := now.Sub(rk.lastEvent).Milliseconds(); {
+			case rk.lastEvent.IsZero():
+				rs.KVEvents.LastEventAgeMs = -1
+			case i == 0 || (rs.KVEvents.LastEventAgeMs >= 0 && age > rs.KVEvents.LastEventAgeMs):
+				rs.KVEvents.LastEventAgeMs = max(age, 0)
+			}
 			if n == ranks[0] {
 				rs.KVEvents.LastSeq = rk.lastSeq
 			}
@@ -118,7 +127,8 @@ var (
 	dText     = desc("replica_text_keys", "Confirmed text-domain checkpoint keys held by the replica.")
 	dToken    = desc("replica_token_keys", "Token-domain checkpoint keys held by the replica.")
 	dSpec     = desc("replica_speculative_keys", "Speculative checkpoint keys (placements not yet confirmed).")
-	dConn     = desc("kv_events_connected", "1 when every KV-event stream of the replica is connected.")
+	dConn     = desc("kv_events_connected", "1 when every KV-event stream of the replica is connected (the subscription's own connection, not a probe).")
+	dEventAge = desc("kv_event_last_age_seconds", "Time since the replica's stalest KV-event stream delivered a batch (absent before every stream had one).")
 	dBatches  = desc("kv_event_batches_total", "KV-event batches applied.")
 	dStored   = desc("kv_event_stored_blocks_total", "Blocks stored by KV events.")
 	dRemoved  = desc("kv_event_removed_blocks_total", "Blocks removed by KV events.")
@@ -129,7 +139,7 @@ var (
 	dOrphans  = desc("kv_event_orphan_blocks_total", "Stored blocks skipped because their parent was unknown.")
 	dSkipped  = desc("kv_event_skipped_blocks_total", "Blocks skipped: other medium or KV group, unnamed LoRA, incompatible block size.")
 	dScrape   = desc("scrape_errors_total", "Failed metrics scrapes.")
-	allDescs  = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dScrape}
+	allDescs  = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dScrape}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -163,6 +173,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		n(dScrape, r.scrapeErrs)
 		if r.hasEvents {
 			g(dConn, b2f(r.KVEvents.Connected))
+			if r.KVEvents.LastEventAgeMs >= 0 {
+				g(dEventAge, float64(r.KVEvents.LastEventAgeMs)/1000)
+			}
 			n(dBatches, r.KVEvents.Batches)
 			n(dStored, r.KVEvents.StoredBlocks)
 			n(dRemoved, r.KVEvents.RemovedBlocks)

@@ -2,6 +2,7 @@ package index
 
 import (
 	"math"
+	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/shared/prefix"
@@ -34,6 +35,7 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 		return
 	}
 	rk.lastSeq = int64(seq)
+	rk.lastEvent = time.Now()
 	rk.batches++
 	rk.hasBatches = true
 	for i := range b.Events {

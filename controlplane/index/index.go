@@ -205,6 +205,7 @@ type rank struct {
 	orphans, uncertainDrops   uint64
 	lastDecodeErr             string
 	everConnected, hasBatches bool
+	lastEvent                 time.Time // when the last batch arrived (live or replayed)
 }
 
 // blockRef is the key of an engine block's last (our-size) block and its chain position,

@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -38,7 +39,9 @@ type Handler interface {
 	Gap(id StreamID, from, to uint64, replayed bool)
 	// DecodeError counts a message that could not be decoded (it is skipped).
 	DecodeError(id StreamID, err error)
-	// Connected reports the transport's state as far as it can be observed.
+	// Connected reports the stream's own state: true once a subscription's ZMTP
+	// handshake completed (or, on a bound socket, a peer's first message arrived),
+	// false when that connection is lost.
 	Connected(id StreamID, up bool)
 }
 
@@ -57,23 +60,34 @@ type Source struct {
 type Options struct {
 	// ReplayTimeout bounds one replay request (until the END marker).
 	ReplayTimeout time.Duration
-	// ProbeInterval: when a connected stream has been silent this long, its endpoint is
-	// probed with a TCP dial to report Connected(false) for dead engines.
-	ProbeInterval time.Duration
-	// RetryInterval between connection attempts.
-	RetryInterval time.Duration
-	Logger        *slog.Logger
+	// RetryInterval is the first wait before reconnecting a lost or failed stream; it
+	// doubles per failed attempt up to MaxRetryInterval (with +-20% jitter), and starts
+	// over once a connection has lived StableAfter.
+	RetryInterval    time.Duration
+	MaxRetryInterval time.Duration
+	StableAfter      time.Duration
+	// HandshakeTimeout bounds a connection's ZMTP greeting and handshake (a peer that
+	// accepts TCP and then says nothing would otherwise hold the dial, or on a bound
+	// socket go-zeromq's accept loop, for good).
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
 	if o.ReplayTimeout <= 0 {
 		o.ReplayTimeout = 2 * time.Second
 	}
-	if o.ProbeInterval <= 0 {
-		o.ProbeInterval = 2 * time.Second
-	}
 	if o.RetryInterval <= 0 {
-		o.RetryInterval = 250 * time.Millisecond
+		o.RetryInterval = 100 * time.Millisecond
+	}
+	if o.MaxRetryInterval <= 0 {
+		o.MaxRetryInterval = 2 * time.Second
+	}
+	if o.StableAfter <= 0 {
+		o.StableAfter = 5 * time.Second
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 5 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -86,12 +100,12 @@ const endSeq = ^uint64(0)
 
 // stream tracks one publisher's sequence numbers.
 type stream struct {
-	src      Source
-	applied  int64 // highest seq applied (live or replayed); -1 before the first
-	live     int64 // highest seq received live; -1 before the first
-	dec      *Decoder
-	batch    Batch
-	lastRecv time.Time
+	src     Source
+	applied int64  // highest seq applied (live or replayed); -1 before the first
+	live    int64  // highest seq received live; -1 before the first
+	lastSum uint64 // FNV-64a of the last applied batch's payload (see catchUp)
+	dec     *Decoder
+	batch   Batch
 }
 
 func newStream(src Source) *stream {
@@ -99,16 +113,23 @@ func newStream(src Source) *stream {
 }
 
 // Subscribe connects a SUB socket to src and feeds h until ctx ends. Bad input is
-// counted and skipped; a lost connection is retried (go-zeromq redials and re-sends the
-// subscription).
+// counted and skipped. A lost stream (the peer closed, the network cut it, a frame
+// above the cap, a failed handshake) is rebuilt with a new socket, after a capped
+// exponential backoff, and the batches published meanwhile are fetched from the replay
+// endpoint before live ones are applied.
+//
+// go-zeromq's own reconnection (WithAutomaticReconnect) is not used: it redials once,
+// from the dying connection's reader, and a redial whose handshake fails is never tried
+// again, so the socket stays without a connection for good (issue 12).
 func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 	o = o.withDefaults()
 	st := newStream(src)
+	wait := o.RetryInterval
 	for ctx.Err() == nil {
-		sub := zmq4.NewSub(ctx,
-			zmq4.WithDialerRetry(o.RetryInterval),
-			zmq4.WithDialerMaxRetries(-1),
-			zmq4.WithAutomaticReconnect(true),
+		sctx := withConnOptions(ctx, connOptions{handshake: o.HandshakeTimeout})
+		sub := zmq4.NewSub(sctx,
+			zmq4.WithDialerMaxRetries(0),
+			zmq4.WithAutomaticReconnect(false),
 			zmq4.WithDialerTimeout(2*time.Second),
 			zmq4.WithLogger(discardLogger()))
 		if err := sub.SetOption(zmq4.OptionSubscribe, src.Topic); err != nil {
@@ -119,20 +140,78 @@ func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 			if ctx.Err() != nil {
 				return
 			}
-			o.Logger.Warn("kv events: dial failed, retrying", "stream", src.ID, "endpoint", src.Endpoint, "err", err)
-			sleep(ctx, o.RetryInterval)
+			o.Logger.Debug("kv events: connect failed, retrying", "stream", src.ID, "endpoint", src.Endpoint, "in", wait, "err", err)
+			sleep(ctx, jitter(wait))
+			wait = min(2*wait, o.MaxRetryInterval)
 			continue
 		}
+		up := time.Now()
 		h.Connected(src.ID, true)
-		run(ctx, sub, o, func(msg zmq4.Msg) { st.handleLive(ctx, msg.Frames, h, o) }, func() { st.probe(h, o) })
+		if st.applied >= 0 {
+			st.catchUp(ctx, h, o) // what was published while the stream was down
+		}
+		err := runStream(ctx, sub, func(msg zmq4.Msg) { st.handleLive(ctx, msg.Frames, h, o) })
 		sub.Close()
 		h.Connected(src.ID, false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(up) >= o.StableAfter {
+			wait = o.RetryInterval
+		}
+		o.Logger.Warn("kv events: stream lost, reconnecting", "stream", src.ID, "endpoint", src.Endpoint, "in", wait, "err", err)
+		sleep(ctx, jitter(wait))
+		wait = min(2*wait, o.MaxRetryInterval)
 	}
 }
 
-// run receives from sock until ctx ends, calling onMsg for each message and idle
-// periodically.
-func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg), idle func()) {
+// jitter spreads d by +-20% so subscriptions that lost one engine do not redial in step.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+// runStream receives from a subscription's socket until ctx ends (nil) or the stream
+// fails (its error). With one connection per socket and no automatic reconnection, a
+// receive error means the connection is gone.
+func runStream(ctx context.Context, sock zmq4.Socket, onMsg func(zmq4.Msg)) error {
+	msgs := make(chan zmq4.Msg, 64)
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			m, err := sock.Recv()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-msgs:
+			onMsg(m)
+		case err := <-failed:
+			for {
+				select {
+				case m := <-msgs: // received before the failure
+					onMsg(m)
+				default:
+					return err
+				}
+			}
+		}
+	}
+}
+
+// run receives from a bound socket (many peers) until ctx ends, calling onMsg for each
+// message. A receive error there is one peer's connection ending; the socket goes on.
+func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg)) {
 	msgs := make(chan zmq4.Msg, 64)
 	done := make(chan struct{})
 	go func() {
@@ -142,7 +221,6 @@ func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg),
 			if err != nil {
 				if ctx.Err() == nil {
 					o.Logger.Debug("kv events: recv", "err", err)
-					sleep(ctx, o.RetryInterval)
 					continue
 				}
 				return
@@ -154,8 +232,6 @@ func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg),
 			}
 		}
 	}()
-	tick := time.NewTicker(o.ProbeInterval)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -164,28 +240,70 @@ func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg),
 			return
 		case m := <-msgs:
 			onMsg(m)
-		case <-tick.C:
-			if idle != nil {
-				idle()
-			}
 		}
 	}
 }
 
-// probe reports whether a silent engine still listens (ZMQ hides connection state).
-func (st *stream) probe(h Handler, o Options) {
-	if time.Since(st.lastRecv) < o.ProbeInterval {
+// catchUp runs after a reconnection: the batches published while the stream was down
+// are replayed now rather than when (if ever) the next live batch reveals the gap. The
+// replay starts at the last batch applied, whose payload must be the one applied: an
+// engine that restarted and has already published past our sequence number would
+// otherwise pass its new batches off as the old stream's.
+func (st *stream) catchUp(ctx context.Context, h Handler, o Options) {
+	if st.src.Replay == "" {
 		return
 	}
-	addr := strings.TrimPrefix(st.src.Endpoint, "tcp://")
-	if addr == st.src.Endpoint {
-		return // ipc/inproc: nothing to probe
+	got := st.replay(ctx, st.applied, o)
+	if len(got) > 0 && got[0].Err == nil && int64(got[0].Seq) == st.applied && fnv64(got[0].Payload) != st.lastSum {
+		h.Restart(st.src.ID)
+		st.applied, st.live = -1, -1
+		got = st.replay(ctx, 0, o)
 	}
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err == nil {
-		c.Close()
+	from := st.applied + 1
+	first := -1
+	for i, r := range got {
+		if r.Err == nil && int64(r.Seq) >= from {
+			first = i
+			break
+		}
 	}
-	h.Connected(st.src.ID, err == nil)
+	if first < 0 {
+		return // nothing was published meanwhile (or a restart that the next live batch shows)
+	}
+	start := int64(got[first].Seq)
+	next := start
+	for _, r := range got[first:] {
+		if r.Err != nil || int64(r.Seq) != next {
+			break
+		}
+		next++
+	}
+	// [from, start) is older than the engine's buffer: lost. [start, next) is replayed.
+	if st.applied >= 0 {
+		h.Gap(st.src.ID, uint64(from), uint64(next), start == from)
+	}
+	for _, r := range got[first:] {
+		if int64(r.Seq) >= next || r.Err != nil {
+			break
+		}
+		st.apply(r.Seq, r.Payload, h)
+	}
+}
+
+func (st *stream) replay(ctx context.Context, from int64, o Options) []Replayed {
+	rctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
+	defer cancel()
+	got, err := Replay(rctx, st.src.Replay, uint64(max(from, 0)))
+	if err != nil {
+		o.Logger.Warn("kv events: catch-up replay failed", "stream", st.src.ID, "from", from, "err", err)
+	}
+	return got
+}
+
+func fnv64(b []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(b)
+	return h.Sum64()
 }
 
 // splitFrames accepts [topic, seq, payload] (live, and replies of vLLM >= 0.26) and
@@ -206,7 +324,6 @@ func splitFrames(frames [][]byte) (topic []byte, seq uint64, payload []byte, err
 
 // handleLive processes one live message: restart and gap detection, replay, apply.
 func (st *stream) handleLive(ctx context.Context, frames [][]byte, h Handler, o Options) {
-	st.lastRecv = time.Now()
 	_, seq, payload, err := splitFrames(frames)
 	if err != nil {
 		h.DecodeError(st.src.ID, err)
@@ -267,6 +384,7 @@ func (st *stream) handleLive(ctx context.Context, frames [][]byte, h Handler, o 
 
 func (st *stream) apply(seq uint64, payload []byte, h Handler) {
 	st.applied = int64(seq)
+	st.lastSum = fnv64(payload)
 	if err := st.dec.Decode(payload, &st.batch); err != nil {
 		h.DecodeError(st.src.ID, err)
 		return
@@ -388,7 +506,7 @@ func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, u
 			}
 			st.src = src
 			st.handleLive(ctx, m.Frames, h, o)
-		}, nil)
+		})
 	}()
 	return sub.Addr(), done, nil
 }

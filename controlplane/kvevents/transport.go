@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -36,12 +37,30 @@ func capped(endpoint string) string {
 
 type cappedTCP struct{ max uint64 }
 
+// connOptions reach the transport through the context a zmq4 socket was made with
+// (zmq4 passes its socket's context to Dial and Listen).
+type connOptions struct {
+	// handshake bounds the peer's greeting and first command (0: no bound).
+	handshake time.Duration
+}
+
+type connOptionsKey struct{}
+
+func withConnOptions(ctx context.Context, o connOptions) context.Context {
+	return context.WithValue(ctx, connOptionsKey{}, o)
+}
+
+func connOptionsFrom(ctx context.Context) connOptions {
+	o, _ := ctx.Value(connOptionsKey{}).(connOptions)
+	return o
+}
+
 func (t cappedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, t.max), nil
+	return newFrameCap(c, t.max, connOptionsFrom(ctx)), nil
 }
 
 func (t cappedTCP) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -49,7 +68,7 @@ func (t cappedTCP) Listen(ctx context.Context, addr string) (net.Listener, error
 	if err != nil {
 		return nil, err
 	}
-	return cappedListener{l, t.max}, nil
+	return cappedListener{l, t.max, connOptionsFrom(ctx)}, nil
 }
 
 func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
@@ -57,6 +76,7 @@ func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").A
 type cappedListener struct {
 	net.Listener
 	max uint64
+	o   connOptions
 }
 
 func (l cappedListener) Accept() (net.Conn, error) {
@@ -64,7 +84,7 @@ func (l cappedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, l.max), nil
+	return newFrameCap(c, l.max, l.o), nil
 }
 
 // ZMTP 3: a 64-byte greeting, then frames of a flags byte, a 1-byte length (or 8 bytes,
@@ -84,10 +104,19 @@ type frameCap struct {
 	hdr      [9]byte // the frame header read so far
 	hdrN     int
 	err      error // sticky: the connection is bad
+	// shaking: the handshake's read deadline is set until the greeting and the peer's
+	// first command (READY, for the NULL mechanism) have passed.
+	shaking bool
+	frames  int // frames completed
 }
 
-func newFrameCap(c net.Conn, max uint64) *frameCap {
-	return &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
+func newFrameCap(c net.Conn, max uint64, o connOptions) *frameCap {
+	f := &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
+	if o.handshake > 0 {
+		f.shaking = true
+		c.SetReadDeadline(time.Now().Add(o.handshake))
+	}
+	return f
 }
 
 // Read passes bytes through after checking them; a chunk that completes an oversized
@@ -101,6 +130,10 @@ func (f *frameCap) Read(p []byte) (int, error) {
 		f.err = cerr
 		f.Conn.Close()
 		return 0, cerr
+	}
+	if f.shaking && f.greeting == 0 && f.frames > 0 {
+		f.shaking = false
+		f.Conn.SetReadDeadline(time.Time{})
 	}
 	return n, err
 }
@@ -116,6 +149,9 @@ func (f *frameCap) scan(b []byte) error {
 			k := min(f.body, uint64(len(b)))
 			f.body -= k
 			b = b[k:]
+			if f.body == 0 {
+				f.frames++
+			}
 		default:
 			f.hdr[f.hdrN] = b[0]
 			f.hdrN++
@@ -135,6 +171,9 @@ func (f *frameCap) scan(b []byte) error {
 				return fmt.Errorf("kv events: ZMTP frame of %d bytes from %s exceeds %d", size, f.RemoteAddr(), f.max)
 			}
 			f.body, f.hdrN = size, 0
+			if size == 0 {
+				f.frames++
+			}
 		}
 	}
 	return nil

@@ -38,7 +38,7 @@ func longHeader(size uint64) []byte {
 func TestFrameCapRefusesAnOversizedFrame(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()
-	fc := newFrameCap(server, 1000)
+	fc := newFrameCap(server, 1000, connOptions{})
 	go func() {
 		client.Write(zmtpGreetingBytes())
 		client.Write([]byte{0x01, 3, 'a', 'b', 'c'})                  // short frame, MORE
