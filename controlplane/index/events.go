@@ -48,6 +48,7 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 		case kvevents.AllBlocksCleared:
 			rk.clears++
 			ix.clearReplica(r)
+			resetSGLang(r)
 		default:
 			rk.skipped++
 		}
@@ -61,6 +62,7 @@ func (s *eventSink) Restart(id kvevents.StreamID) {
 	if r, rk := ix.stream(id); r != nil {
 		rk.restarts++
 		ix.clearReplica(r)
+		resetSGLang(r)
 	}
 }
 
@@ -80,6 +82,7 @@ func (s *eventSink) Gap(id kvevents.StreamID, from, to uint64, replayed bool) {
 		// to blocks the engine may have evicted.
 		rk.uncertainDrops++
 		ix.dropRank(r, rk)
+		ix.dropSGLang(r, rk)
 	}
 }
 
@@ -117,6 +120,10 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 	}
 	if ev.HasLoraID && ev.LoraName == "" {
 		rk.skipped += n // an adapter we cannot name: its chain seed is unknown
+		return
+	}
+	if isSGLang(r) {
+		ix.sglangStored(r, rk, ev) // sglang.go: per-page hashes, any page size
 		return
 	}
 	bt := ix.cfg.BlockTokens
@@ -189,6 +196,10 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 	if !isGPU(ev.Medium) || ev.GroupIdx != 0 {
 		rk.skipped += uint64(len(ev.Hashes))
+		return
+	}
+	if isSGLang(r) {
+		ix.sglangRemoved(r, rk, ev) // sglang.go
 		return
 	}
 	for _, h := range ev.Hashes {

@@ -196,6 +196,7 @@ type rank struct {
 	// multi holds the checkpoint keys of engine blocks larger than our blocks.
 	multi     map[uint64][]uint64
 	blockSize int
+	sg        *sglangRank // SGLang's pages (sglang.go)
 
 	connected                 bool
 	lastSeq                   int64

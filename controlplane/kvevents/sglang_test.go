@@ -11,12 +11,16 @@ import (
 
 // The engine simulator's SGLang layout (SGLang kv_events.py @612d5790 and
 // radix_cache.py @95769b28: 3-element batch ending in attn_dp_rank, one 6-element
-// BlockStored per page chained by parent_block_hash, 2-element BlockRemoved, signed
-// int64 hashes) through the production decoder: every page arrives as its own event
-// with its tokens, page size and parent, hashes normalised to uint64 exactly as the
-// simulator stored them, the DP rank read from attn_dp_rank, medium absent (GPU).
+// BlockStored per page chained by parent_block_hash, 2-element BlockRemoved, hashes
+// CPython's hash() of the page's token tuple, the first page's parent hash(())) through
+// the production decoder: every page arrives as its own event with its tokens, page
+// size and parent, signed hashes reinterpreted as uint64, the DP rank read from
+// attn_dp_rank, medium absent (GPU).
 func TestDecodeSimulatedSGLangBatches(t *testing.T) {
 	enc := sim.NewEncoder(sim.SGLang)
+	if err := enc.SetSGLangPageSize(16); err != nil {
+		t.Fatal(err)
+	}
 	var payloads [][]byte
 	var want []sim.Event
 	eng, err := sched.New(sched.Config{Profile: timing.Fast(), NumGPUBlocks: 9,
@@ -60,21 +64,28 @@ func TestDecodeSimulatedSGLangBatches(t *testing.T) {
 		}
 		got = append(got, b.Events...)
 	}
-	// Expand the simulator's events to SGLang's one-per-page form.
+	// Expand the simulator's events to SGLang's one-per-page form (page = block here).
 	var pages []Event
 	removed := 0
+	pageHash := map[uint64]uint64{} // simulator block hash -> SGLang page hash
 	for _, ev := range want {
 		switch ev.Kind {
 		case sim.BlockStored:
-			parent, has := ev.ParentBlockHash, ev.HasParent
+			parent := uint64(sim.PyEmptyTupleHash)
+			if ev.HasParent {
+				parent = pageHash[ev.ParentBlockHash]
+			}
 			for j, h := range ev.BlockHashes {
-				pages = append(pages, Event{Kind: BlockStored, Hashes: []uint64{h}, Parent: parent, HasParent: has,
-					Tokens: ev.TokenIDs[j*ev.BlockSize : (j+1)*ev.BlockSize], BlockSize: ev.BlockSize})
-				parent, has = h, true
+				toks := ev.TokenIDs[j*ev.BlockSize : (j+1)*ev.BlockSize]
+				ph := uint64(sim.PyTupleHash(toks))
+				pageHash[h] = ph
+				pages = append(pages, Event{Kind: BlockStored, Hashes: []uint64{ph}, Parent: parent, HasParent: true,
+					Tokens: toks, BlockSize: ev.BlockSize})
+				parent = ph
 			}
 		case sim.BlockRemoved:
 			for _, h := range ev.BlockHashes {
-				pages = append(pages, Event{Kind: BlockRemoved, Hashes: []uint64{h}})
+				pages = append(pages, Event{Kind: BlockRemoved, Hashes: []uint64{pageHash[h]}})
 				removed++
 			}
 		}

@@ -30,7 +30,10 @@ type Options struct {
 	// BindHost replaces the "*" host of tcp bind endpoints ("tcp://*:5557"). Default
 	// 127.0.0.1 (loopback only); "0.0.0.0" binds every interface, as vLLM does.
 	BindHost string
-	Logger   *slog.Logger
+	// SGLangPageSize is SGLang's --page-size for the sglang encoding (0: SGLang's
+	// default, kvevents.SGLangPageSize).
+	SGLangPageSize int
+	Logger         *slog.Logger
 }
 
 type entry struct {
@@ -84,9 +87,13 @@ func Open(cfg Config, opt Options) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	enc, err := newEncoder(opt)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, opt: opt, topic: []byte(cfg.Topic), log: opt.Logger, ctx: ctx, cancel: cancel,
-		enc: kvevents.NewEncoder(opt.Encoding)}
+		enc: enc}
 
 	// go-zeromq logs connection trouble (a probing control plane, a subscriber that
 	// went away) to stderr by default; keep it in the engine's log at debug level.
@@ -194,6 +201,18 @@ func (p *Publisher) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq, p.ring, p.next = 0, p.ring[:0], 0
+	p.enc, _ = newEncoder(p.opt) // a new process knows none of the old one's pages (checked in Open)
+}
+
+// newEncoder returns the encoder of opt's layout.
+func newEncoder(opt Options) (*kvevents.Encoder, error) {
+	enc := kvevents.NewEncoder(opt.Encoding)
+	if opt.Encoding == kvevents.SGLang && opt.SGLangPageSize != 0 {
+		if err := enc.SetSGLangPageSize(opt.SGLangPageSize); err != nil {
+			return nil, fmt.Errorf("publisher: %w", err)
+		}
+	}
+	return enc, nil
 }
 
 // SetPaused stops (true) or resumes (false) sending; batches keep their sequence

@@ -1,0 +1,300 @@
+package index
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/controlplane/scrape"
+	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+)
+
+// SGLang's KV events, as SGLang's own source writes them, through the production
+// decoder into the index. Layout: kv_events.py @612d5790 (batch [ts, events,
+// attn_dp_rank], BlockStored [tag, block_hashes, parent_block_hash, token_ids,
+// block_size, lora_id], BlockRemoved [tag, block_hashes]); one event per page and the
+// hash semantics per revision of python/sglang/srt/mem_cache/radix_cache.py:
+//
+//   - @95769b28 (#6824 to #9030, June-August 2025): page hash = CPython hash() of the
+//     page's token tuple; the first page's parent is hash(()), never nil;
+//   - #9030 to #13488 (August-November 2025): the same hashes, first parent nil;
+//   - after #13488 (@006b0e3d today): chained hashes, first parent nil.
+//
+// Pages are --page-size tokens: 1 by default (docs/advanced_features/
+// server_arguments.md @004813e1).
+
+// sgPage is one page's BlockStored; parent nil is the wire's None.
+type sgPage struct {
+	hash   int64
+	parent *int64
+	toks   []uint32
+}
+
+type sgRemoved int64
+
+// sgPayload encodes one SGLang EventBatch by hand (msgspec array_like: every field,
+// nil included; non-negative ints in their smallest unsigned form, negative ones
+// signed).
+func sgPayload(t *testing.T, rank int, evs ...any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(e.EncodeArrayLen(3))
+	must(e.EncodeFloat64(1.7e9))
+	must(e.EncodeArrayLen(len(evs)))
+	for _, ev := range evs {
+		switch ev := ev.(type) {
+		case sgPage:
+			must(e.EncodeArrayLen(6))
+			must(e.EncodeString("BlockStored"))
+			must(e.EncodeArrayLen(1))
+			must(e.EncodeInt(ev.hash))
+			if ev.parent == nil {
+				must(e.EncodeNil())
+			} else {
+				must(e.EncodeInt(*ev.parent))
+			}
+			must(e.EncodeArrayLen(len(ev.toks)))
+			for _, tk := range ev.toks {
+				must(e.EncodeUint(uint64(tk)))
+			}
+			must(e.EncodeInt(int64(len(ev.toks))))
+			must(e.EncodeNil())
+		case sgRemoved:
+			must(e.EncodeArrayLen(2))
+			must(e.EncodeString("BlockRemoved"))
+			must(e.EncodeArrayLen(1))
+			must(e.EncodeInt(int64(ev)))
+		default:
+			must(e.EncodeArrayLen(1))
+			must(e.EncodeString("AllBlocksCleared"))
+		}
+	}
+	must(e.EncodeInt(int64(rank)))
+	return buf.Bytes()
+}
+
+// sgFixture: model "m" with one SGLang replica "s" (slot 0) publishing KV events.
+func sgFixture(t *testing.T, cfg Config) (*Index, *view) {
+	t.Helper()
+	ix := New(cfg)
+	ix.SetReplicas([]Spec{{ID: "s", Model: "m", Addr: "10.0.0.9:30000", Kind: scrape.SGLang, Events: true}}, t0)
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	return ix, w
+}
+
+// sgFeed decodes payloads with the production decoder and hands them to the index.
+func sgFeed(t *testing.T, ix *Index, seq *uint64, payloads ...[]byte) {
+	t.Helper()
+	dec := kvevents.NewDecoder()
+	for _, p := range payloads {
+		var b kvevents.Batch
+		if err := dec.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+		ix.Events().Batch(kvevents.StreamID{Replica: "s", Rank: b.DPRank}, *seq, &b)
+		*seq++
+	}
+}
+
+// sgChain cuts toks into pages of ps tokens with hash(i, page) and chains them:
+// the first page's parent is root.
+func sgChain(toks []uint32, ps int, root *int64, hash func(i int, page []uint32) int64) []any {
+	var out []any
+	parent := root
+	for i := 0; i*ps < len(toks); i++ {
+		page := toks[i*ps : min((i+1)*ps, len(toks))]
+		h := hash(i, page)
+		out = append(out, sgPage{hash: h, parent: parent, toks: page})
+		parent = &h
+	}
+	return out
+}
+
+func pyHash(_ int, page []uint32) int64 { return sim.PyTupleHash(page) }
+
+// (a) SGLang @95769b28 names the root as the first page's parent with hash(())
+// (radix_cache.py _record_store_event: node.parent is the root, whose key is empty, so
+// parent_block_hash = hash(tuple([][-page_size:])) = hash(())). Before the SGLang path
+// the index took every such chain for an orphan: "held [false false false false]".
+func TestSGLangFirstPageParentIsHashOfEmptyTuple(t *testing.T) {
+	ix, w := sgFixture(t, Config{Stride: 1})
+	root := sim.PyEmptyTupleHash
+	toks := tokens(80, 300)
+	var seq uint64
+	sgFeed(t, ix, &seq, sgPayload(t, 0, sgChain(toks[:64], 16, &root, pyHash)...))
+	w.apply(t, ix.Flush(t0, false), t0)
+	keys := expectedKeys("m", "", "", toks, 1)
+	if got := w.held("m", 0, keys[:4]); !all(got) {
+		t.Fatalf("held %v", got)
+	}
+	// A later step extends the chain: its parent is the last page.
+	last := sim.PyTupleHash(toks[48:64])
+	sgFeed(t, ix, &seq, sgPayload(t, 0, sgPage{hash: sim.PyTupleHash(toks[64:]), parent: &last, toks: toks[64:]}))
+	w.apply(t, ix.Flush(t0, false), t0)
+	if got := w.held("m", 0, keys); !all(got) {
+		t.Fatalf("after the extension: held %v", got)
+	}
+}
+
+// (b) Before #13488 a page's hash is hash(tuple(page_tokens)): the same 16 tokens get
+// the same hash after any prefix, at any position. Two cached chains sharing a page,
+// and one chain repeating a page, must all stay indexed; each BlockRemoved takes one
+// copy (a leaf: SGLang evicts leaves; the oldest first, as LRU does without hits).
+// Root parents are nil here (#9030 to #13488), so only (b) is at work. Before: the
+// second chain's page took over the first's hash in the engine-hash map and dropped
+// its key ("chain A: held [true false]").
+func TestSGLangPageHashesIgnorePosition(t *testing.T) {
+	ix, w := sgFixture(t, Config{Stride: 1})
+	x := tokens(16, 5000)
+	y := tokens(16, 7000)
+	a := append(tokens(16, 100), x...)
+	b := append(tokens(16, 200), x...)
+	c := append(slices.Clone(y), y...)
+	var seq uint64
+	sgFeed(t, ix, &seq,
+		sgPayload(t, 0, sgChain(a, 16, nil, pyHash)...),
+		sgPayload(t, 0, sgChain(b, 16, nil, pyHash)...),
+		sgPayload(t, 0, sgChain(c, 16, nil, pyHash)...))
+	w.apply(t, ix.Flush(t0, false), t0)
+	ka, kb, kc := expectedKeys("m", "", "", a, 1), expectedKeys("m", "", "", b, 1), expectedKeys("m", "", "", c, 1)
+	for name, k := range map[string][]uint64{"A": ka, "B": kb, "C": kc} {
+		if got := w.held("m", 0, k); !all(got) {
+			t.Fatalf("chain %s: held %v", name, got)
+		}
+	}
+	hx, hy := sim.PyTupleHash(x), sim.PyTupleHash(y)
+	sgFeed(t, ix, &seq, sgPayload(t, 0, sgRemoved(hx), sgRemoved(hy)))
+	w.apply(t, ix.Flush(t0, false), t0)
+	if ga, gb, gc := w.held("m", 0, ka), w.held("m", 0, kb), w.held("m", 0, kc); !ga[0] || ga[1] || !all(gb) || !gc[0] || gc[1] {
+		t.Fatalf("after one eviction of each shared hash: A %v B %v C %v", ga, gb, gc)
+	}
+	sgFeed(t, ix, &seq, sgPayload(t, 0, sgRemoved(hx), sgRemoved(hy)))
+	w.apply(t, ix.Flush(t0, false), t0)
+	if ga, gb, gc := w.held("m", 0, ka), w.held("m", 0, kb), w.held("m", 0, kc); !ga[0] || gb[1] || !gb[0] || anyHeld(gc) {
+		t.Fatalf("after the second: A %v B %v C %v", ga, gb, gc)
+	}
+}
+
+func anyHeld(b []bool) bool { return slices.Contains(b, true) }
+
+// (c) Pages that are not a multiple of our 16-token block: SGLang's default page size
+// is 1, and 24 does not divide 16 either way. Tokens accumulate along the chain until a
+// 16-token block is complete; that block's key belongs to the page that completed it,
+// so it goes when that page is evicted. Hashes are unique per position here (as after
+// #13488), so only (c) is at work. Before: every page was skipped ("page size 1: held
+// [false false]").
+func TestSGLangPagesSmallerThanOurBlocks(t *testing.T) {
+	for _, ps := range []int{1, 4, 24, 64} {
+		ix, w := sgFixture(t, Config{Stride: 1})
+		toks := tokens(96, 900)
+		uniq := func(i int, _ []uint32) int64 { return int64(1_000_000*ps + i) }
+		pages := sgChain(toks, ps, nil, uniq)
+		firstBatch := (40 + ps - 1) / ps // pages covering at least 40 tokens
+		var seq uint64
+		sgFeed(t, ix, &seq, sgPayload(t, 0, pages[:firstBatch]...))
+		w.apply(t, ix.Flush(t0, false), t0)
+		keys := expectedKeys("m", "", "", toks, 1)
+		n := min(firstBatch*ps, len(toks)) / 16
+		if got := w.held("m", 0, keys); !all(got[:n]) || anyHeld(got[n:]) {
+			t.Fatalf("page size %d: held %v, want the first %d", ps, got, n)
+		}
+		sgFeed(t, ix, &seq, sgPayload(t, 0, pages[firstBatch:]...)) // a later step: parent = last page
+		w.apply(t, ix.Flush(t0, false), t0)
+		if got := w.held("m", 0, keys); !all(got) {
+			t.Fatalf("page size %d: after the rest held %v", ps, got)
+		}
+		// Evict the leaf page: the blocks it completed go, the rest stay.
+		lastPage := pages[len(pages)-1].(sgPage)
+		sgFeed(t, ix, &seq, sgPayload(t, 0, sgRemoved(lastPage.hash)))
+		w.apply(t, ix.Flush(t0, false), t0)
+		keep := (len(toks) - len(lastPage.toks)) / 16
+		if got := w.held("m", 0, keys); !all(got[:keep]) || anyHeld(got[keep:]) {
+			t.Fatalf("page size %d: after evicting the leaf page held %v, want the first %d", ps, got, keep)
+		}
+		// AllBlocksCleared (SGLang sends it at start-up, RadixCache.__init__ -> reset()).
+		sgFeed(t, ix, &seq, sgPayload(t, 0, nil))
+		w.apply(t, ix.Flush(t0, false), t0)
+		if got := w.held("m", 0, keys); anyHeld(got) {
+			t.Fatalf("page size %d: after AllBlocksCleared held %v", ps, got)
+		}
+	}
+}
+
+// The engine simulator's SGLang mode (SGLang @95769b28's hashes and root parent, page
+// size 1 by default) through the production decoder: every prompt the engine has
+// cached is indexed, including two prompts that share a page after different first
+// blocks, and evicted prompts leave the table.
+func TestSGLangSimulatorEventsGiveTheFilterKeys(t *testing.T) {
+	for _, ps := range []int{1, 16} {
+		enc := sim.NewEncoder(sim.SGLang)
+		if err := enc.SetSGLangPageSize(ps); err != nil {
+			t.Fatal(err)
+		}
+		var payloads [][]byte
+		eng, err := sched.New(sched.Config{Profile: timing.Fast(), NumGPUBlocks: 13,
+			OnEvents: func(at time.Duration, evs []sim.Event) {
+				b, err := enc.Encode(sim.Batch{TS: at.Seconds(), Events: evs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				payloads = append(payloads, b)
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared := tokens(32, 40000)
+		p1 := append(tokens(32, 100), shared...)
+		p2 := append(tokens(32, 200), shared...)
+		p3 := tokens(160, 300)
+		ix, w := sgFixture(t, Config{Stride: 1})
+		var seq uint64
+		var now time.Duration
+		fed := 0
+		run := func(id string, p []uint32) {
+			if err := eng.Submit(now, &sched.Request{ID: id, Prompt: p, MaxTokens: 1}); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				at, ok := eng.NextStepAt()
+				if !ok {
+					break
+				}
+				eng.Advance(at)
+				now = at
+			}
+			now += time.Second
+			sgFeed(t, ix, &seq, payloads[fed:]...)
+			fed = len(payloads)
+			w.apply(t, ix.Flush(t0, false), t0)
+		}
+		run("a", p1)
+		run("b", p2)
+		k1, k2 := expectedKeys("m", "", "", p1, 1), expectedKeys("m", "", "", p2, 1)
+		if g1, g2 := w.held("m", 0, k1), w.held("m", 0, k2); !all(g1) || !all(g2) {
+			t.Fatalf("page size %d: p1 %v p2 %v", ps, g1, g2)
+		}
+		run("c", p3) // 10 blocks into 12 usable: p1's blocks (least recently used) go
+		k3 := expectedKeys("m", "", "", p3, 1)
+		if g1, g3 := w.held("m", 0, k1), w.held("m", 0, k3); anyHeld(g1) || !all(g3) {
+			t.Fatalf("page size %d: after eviction p1 %v p3 %v", ps, g1, g3)
+		}
+		st := ix.DebugState(t0)[0]
+		if st.orphans != 0 || st.skipped != 0 {
+			t.Fatalf("page size %d: debug %+v", ps, st)
+		}
+	}
+}
