@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +45,10 @@ type Options struct {
 	// rank r connects to its port + r, so ranks 1..MaxDPRanks-1 bind port + r too.
 	KVBind     string
 	MaxDPRanks int
-	Index      index.Config
+	// KVBindAllow: addresses that may publish any replica's topic on KVBind, besides
+	// each engine's own (kvpeers.go).
+	KVBindAllow []netip.Prefix
+	Index       index.Config
 	// PublishInterval: at most one table version per interval (default 50 ms).
 	PublishInterval time.Duration
 	// ScrapeInterval and ScrapeTimeout of each replica's /metrics (default 100 ms, 1 s).
@@ -99,6 +103,8 @@ type ControlPlane struct {
 	versions    prometheus.Counter
 	publishTime prometheus.Observer
 	unknownTop  prometheus.Counter
+	impostors   prometheus.Counter
+	peers       peerCache
 }
 
 // New validates options and builds the components; nothing runs until Start.
@@ -156,7 +162,8 @@ func New(o Options) (*ControlPlane, error) {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 8)})
 	c.publishTime = pt
 	c.unknownTop = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_kv_event_unknown_topic_total", Help: "KV-event messages on the central socket whose topic names no known replica."})
-	reg.MustRegister(c.versions, pt, c.unknownTop)
+	c.impostors = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_kv_event_impostor_total", Help: "KV-event messages on the central socket dropped because their peer's address is not the engine their topic names (nor in --kv-bind-allow)."})
+	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors)
 	return c, nil
 }
 
@@ -186,7 +193,8 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 				var addr net.Addr
 				rank := r
 				addr, _, err = kvevents.Listen(ctx, ep, func(topic string) (kvevents.Source, bool) { return c.resolveTopic(topic, rank) },
-					c.Index.Events(), func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
+					c.Index.Events(), func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log,
+						PeerCheck: func(topic []byte, remote net.Addr) bool { return c.peerAllowed(topic, rank, remote) }})
 				c.kvAddrs = append(c.kvAddrs, addr)
 			}
 			if err != nil {

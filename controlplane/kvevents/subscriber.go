@@ -70,7 +70,11 @@ type Options struct {
 	// accepts TCP and then says nothing would otherwise hold the dial, or on a bound
 	// socket go-zeromq's accept loop, for good).
 	HandshakeTimeout time.Duration
-	Logger           *slog.Logger
+	// PeerCheck, on a bound socket (Listen), is asked about every message's topic
+	// with the address of the peer that sent it; a false drops the message and the
+	// peer's connection (transport.go). nil accepts every peer.
+	PeerCheck PeerCheck
+	Logger    *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -475,7 +479,7 @@ type Resolver func(topic string) (Source, bool)
 // port 0) and a channel closed when serving stops, after ctx ends.
 func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, unknown func(topic string), o Options) (net.Addr, <-chan struct{}, error) {
 	o = o.withDefaults()
-	sub := zmq4.NewSub(ctx, zmq4.WithLogger(discardLogger()))
+	sub := zmq4.NewSub(withConnOptions(ctx, connOptions{handshake: o.HandshakeTimeout, peer: o.PeerCheck}), zmq4.WithLogger(discardLogger()))
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		return nil, nil, err
 	}

@@ -42,7 +42,20 @@ type cappedTCP struct{ max uint64 }
 type connOptions struct {
 	// handshake bounds the peer's greeting and first command (0: no bound).
 	handshake time.Duration
+	// peer, when set, is asked about the topic (first frame) of every message a peer
+	// sends, with the peer's address; false fails the connection before the message
+	// completes, so zmq4 never delivers it. go-zeromq's Msg carries no peer address
+	// (its SUB merges all connections into one queue), so this is the one place where
+	// a message and the address it came from are both known.
+	peer PeerCheck
 }
+
+// PeerCheck says whether a message with this topic may come from remote.
+type PeerCheck func(topic []byte, remote net.Addr) bool
+
+// maxTopic bounds the topic bytes kept for the check; longer topics are checked by
+// their first maxTopic bytes (no engine's topic is that long, so they resolve to none).
+const maxTopic = 512
 
 type connOptionsKey struct{}
 
@@ -91,7 +104,9 @@ func (l cappedListener) Accept() (net.Conn, error) {
 // big-endian, when flags has the LONG bit) and the body.
 const (
 	zmtpGreeting = 64
+	zmtpMore     = 0x01
 	zmtpLong     = 0x02
+	zmtpCommand  = 0x04
 )
 
 // frameCap is a net.Conn whose reads check every ZMTP frame length as it streams past.
@@ -108,10 +123,16 @@ type frameCap struct {
 	// first command (READY, for the NULL mechanism) have passed.
 	shaking bool
 	frames  int // frames completed
+
+	peer    PeerCheck
+	flags   byte // the current frame's flags
+	inMsg   bool // a data message's later frames are passing
+	topical bool // the current frame is a message's first (its topic)
+	topic   []byte
 }
 
 func newFrameCap(c net.Conn, max uint64, o connOptions) *frameCap {
-	f := &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
+	f := &frameCap{Conn: c, max: max, greeting: zmtpGreeting, peer: o.peer}
 	if o.handshake > 0 {
 		f.shaking = true
 		c.SetReadDeadline(time.Now().Add(o.handshake))
@@ -147,10 +168,15 @@ func (f *frameCap) scan(b []byte) error {
 			b = b[k:]
 		case f.body > 0:
 			k := min(f.body, uint64(len(b)))
+			if f.topical && len(f.topic) < maxTopic {
+				f.topic = append(f.topic, b[:min(k, uint64(maxTopic-len(f.topic)))]...)
+			}
 			f.body -= k
 			b = b[k:]
 			if f.body == 0 {
-				f.frames++
+				if err := f.frameDone(); err != nil {
+					return err
+				}
 			}
 		default:
 			f.hdr[f.hdrN] = b[0]
@@ -170,11 +196,32 @@ func (f *frameCap) scan(b []byte) error {
 			if size > f.max {
 				return fmt.Errorf("kv events: ZMTP frame of %d bytes from %s exceeds %d", size, f.RemoteAddr(), f.max)
 			}
-			f.body, f.hdrN = size, 0
+			f.body, f.hdrN, f.flags = size, 0, f.hdr[0]
+			f.topical = f.peer != nil && !f.inMsg && f.flags&zmtpCommand == 0
+			f.topic = f.topic[:0]
 			if size == 0 {
-				f.frames++
+				if err := f.frameDone(); err != nil {
+					return err
+				}
 			}
 		}
 	}
+	return nil
+}
+
+// frameDone runs when a frame's body has passed: the topic check on a message's first
+// frame, and message boundaries.
+func (f *frameCap) frameDone() error {
+	f.frames++
+	if f.flags&zmtpCommand != 0 {
+		return nil
+	}
+	if f.topical {
+		f.topical = false
+		if !f.peer(f.topic, f.RemoteAddr()) {
+			return fmt.Errorf("kv events: %s sent a topic its address may not publish", f.RemoteAddr())
+		}
+	}
+	f.inMsg = f.flags&zmtpMore != 0
 	return nil
 }

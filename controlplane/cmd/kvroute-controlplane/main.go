@@ -79,6 +79,7 @@ Flags:
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
 	fs.StringVar(&o.KVBind, "kv-bind", "", "bind a SUB socket here (e.g. tcp://0.0.0.0:5557) for engines that connect to the control plane; engines are told apart by topic")
 	fs.IntVar(&o.MaxDPRanks, "kv-bind-ranks", 1, "with --kv-bind: also bind port+1..port+N-1 for data-parallel ranks 1..N-1")
+	kvAllow := fs.String("kv-bind-allow", "", "with --kv-bind: IPs or CIDRs (comma-separated) that may publish any engine's topic; by default a topic is accepted only from the address of the engine it names (its addr, metrics and kv hosts), others are dropped and counted")
 	fs.IntVar(&ic.BlockBytes, "block-bytes", 64, "text-domain block size in bytes (published to filters)")
 	fs.IntVar(&ic.BlockTokens, "block-tokens", 16, "token-domain block size in tokens; the engines' block_size must be a multiple of it")
 	fs.IntVar(&ic.Stride, "stride", 4, "the table keeps every stride-th key of a chain (published to filters)")
@@ -114,6 +115,11 @@ Flags:
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	allow, err := controlplane.ParseAllow(*kvAllow)
+	if err != nil {
+		return fmt.Errorf("--kv-bind-allow: %w", err)
+	}
+	o.KVBindAllow = allow
 	o.Index = ic
 
 	o.Token = *token

@@ -17,6 +17,7 @@ func TestFlagErrors(t *testing.T) {
 		"stray argument":    {"--engine", "model=m,addr=127.0.0.1:1", "extra"},
 		"bad log level":     {"--log-level", "loud", "--engine", "model=m,addr=127.0.0.1:1"},
 		"exposed, no token": {"--listen", "0.0.0.0:0", "--engine", "model=m,addr=127.0.0.1:1"},
+		"bad kv-bind-allow": {"--kv-bind-allow", "10.0.0.0/99", "--engine", "model=m,addr=127.0.0.1:1"},
 	}
 	for name, args := range cases {
 		if err := run(args); err == nil || errors.Is(err, flag.ErrHelp) {
@@ -40,7 +41,7 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	b, _ := os.ReadFile(f.Name())
-	for _, want := range []string{"-listen", "127.0.0.1:8080", "-max-keys", "-insecure-no-token", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
+	for _, want := range []string{"-listen", "127.0.0.1:8080", "-max-keys", "-insecure-no-token", "-kv-bind-allow", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("--help lacks %q", want)
 		}
