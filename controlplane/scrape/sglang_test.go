@@ -1,7 +1,10 @@
 package scrape
 
 import (
+	"bytes"
 	"testing"
+
+	simmetrics "github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
 // SGLang's /metrics as SGLang @93d04878 exposes it (python/sglang/srt/metrics/
@@ -48,5 +51,34 @@ sglang:cached_tokens_created{model_name="q"} 1.7e+09
 	}
 	if s.HitRate != 0.25 {
 		t.Fatalf("HitRate: got %v, want 0.25", s.HitRate)
+	}
+}
+
+// The engine simulator's --engine sglang page (wasmtest/engine/metrics.WriteSGLang,
+// SGLang @93d04878cf's names and labels) through Parse with SGLang's names: queue,
+// running, KV usage, lifetime hit rate, and kvroute's queued-prefill extension; no
+// capacity, as that revision exports none.
+func TestParseSimulatedSGLangPage(t *testing.T) {
+	var buf bytes.Buffer
+	err := simmetrics.WriteSGLang(&buf, simmetrics.Snapshot{ModelName: "m", Created: 1.7e9, Running: 3, Waiting: 4,
+		KVUsage: 0.5, QueuedPrefillTokens: 1200, PrefixQueries: 1000, PrefixHits: 400, PromptTokens: 1000,
+		GenerationTokens: 50, Success: map[string]int64{"length": 2}, CapacityTokens: 4096,
+		TTFT: simmetrics.NewHistogram(simmetrics.SGLangTTFTBuckets), E2E: simmetrics.NewHistogram(simmetrics.SGLangE2EBuckets)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Parse(buf.Bytes(), SGLang)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting != 4 || s.Running != 3 || !s.HasKVUsage || s.KVUsage != 0.5 || !s.HasQueuedTokens || s.QueuedTokens != 1200 {
+		t.Fatalf("sample %+v", s)
+	}
+	if s.HitRate != 0.4 || s.CapacityTokens != 0 {
+		t.Fatalf("hit rate %v, capacity %d", s.HitRate, s.CapacityTokens)
+	}
+	// The same page read with vLLM's names finds nothing of it.
+	if v, err := Parse(buf.Bytes(), VLLM); err != nil || v.Waiting != 0 || v.HasKVUsage || v.HitRate != 0 {
+		t.Fatalf("vLLM names on an SGLang page: %+v %v", v, err)
 	}
 }

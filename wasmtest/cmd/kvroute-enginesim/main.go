@@ -37,6 +37,7 @@ wall seconds per simulated second; latencies in responses and metrics are simula
 
 Fault switches (loopback clients only, with --enable-admin):
   POST /admin/restart                      a process restart: cache empty, event seq from 0, no AllBlocksCleared
+                                           (--engine sglang: AllBlocksCleared first, as SGLang's start-up)
   POST /admin/pause-events[?on=false]      stop (or resume) sending KV events; seqs keep counting
   POST /admin/resume-events
   POST /admin/slow-metrics?ms=N            delay GET /metrics by N ms (0 = off)
@@ -80,6 +81,8 @@ type options struct {
 	maxNumSeqs, maxBatchedTokens, maxLen     int
 	timeScale                                float64
 	kvEventsConfig, encoding, vllmVersion    string
+	engine                                   string
+	sglangPageSize                           int
 	legacyReplay                             bool
 	dpRank                                   int
 	hashAlgo, hashSeed                       string
@@ -120,7 +123,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "wall seconds per simulated second: 1 = real time, 0.001 = one simulated second per wall millisecond")
 	fs.StringVar(&o.kvEventsConfig, "kv-events-config", "", `vLLM's KVEventsConfig JSON: enable_kv_cache_events, publisher ("zmq"), endpoint (default tcp://*:5557; bound if it contains "*" or "::", else connected), replay_endpoint (ROUTER), buffer_steps, hwm, topic`)
 	fs.StringVar(&o.vllmVersion, "vllm-version", version.Default, "vLLM release to imitate: error envelope (flat <= 0.10.0, nested >= 0.10.1), KV event layout (0.9.0, 0.10.x, 0.23.x arrays; maps >= 0.24) and replay shape (topic frame >= 0.26)")
-	fs.StringVar(&o.encoding, "kv-events-encoding", "", "KV event layout, overriding --vllm-version's: map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9")
+	fs.StringVar(&o.encoding, "kv-events-encoding", "", "KV event layout, overriding --vllm-version's (and --engine sglang's): map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9, sglang")
+	fs.StringVar(&o.engine, "engine", "vllm", "engine to imitate: vllm, or sglang (SGLang's /metrics names, its KV event layout and hashes by default, legacy replay, AllBlocksCleared at every process start)")
+	fs.IntVar(&o.sglangPageSize, "sglang-page-size", 1, "SGLang's --page-size for the sglang event layout: tokens per published page, a divisor of the block size (SGLang's default: 1)")
 	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "overriding --vllm-version's: answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
 	fs.IntVar(&o.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the KV event ports (vLLM offset_endpoint_port) and fills data_parallel_rank")
 	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", cache.AlgoSimXXH64, "block hash: sim_xxh64 (fast, simulator-private) or sha256_cbor (vLLM's, identical hashes given the same seed)")
@@ -182,15 +187,27 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		return nil, fmt.Errorf("--vllm-version: %w", err)
 	}
 	var enc kvevents.Encoding
-	if o.encoding != "" {
+	switch {
+	case o.encoding != "":
 		enc, err = kvevents.ParseEncoding(o.encoding)
-	} else {
+	case o.engine == replica.EngineSGLang:
+		enc = kvevents.SGLang
+	default:
 		enc, err = ver.EventEncoding()
 	}
 	if err != nil {
 		return nil, err
 	}
+	if o.engine != replica.EngineVLLM && o.engine != replica.EngineSGLang {
+		return nil, fmt.Errorf("--engine %q: want vllm or sglang", o.engine)
+	}
+	if o.sglangPageSize <= 0 || prof.BlockSize%o.sglangPageSize != 0 {
+		return nil, fmt.Errorf("--sglang-page-size %d must divide the block size %d", o.sglangPageSize, prof.BlockSize)
+	}
 	legacyReplay := ver.LegacyReplay()
+	if o.engine == replica.EngineSGLang {
+		legacyReplay = true // SGLang's ZmqEventPublisher replays [seq, payload] (kv_events.py @612d5790)
+	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kv-events-legacy-replay" {
 			legacyReplay = o.legacyReplay
@@ -229,10 +246,12 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
 			Logger: log.With("replica", i),
 			Replica: replica.Config{
-				Engine:        sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed},
-				TimeScale:     o.timeScale,
-				Events:        rev,
-				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host},
+				Engine:    sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed},
+				TimeScale: o.timeScale,
+				Events:    rev,
+				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host,
+					SGLangPageSize: o.sglangPageSize},
+				Kind: o.engine,
 			},
 		})
 	}

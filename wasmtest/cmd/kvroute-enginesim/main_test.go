@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/server"
 )
 
@@ -133,4 +134,21 @@ func TestVLLMVersionSelectsBehaviours(t *testing.T) {
 	assert.ErrorContains(t, err, "not modelled")
 	_, err = parse([]string{"--vllm-version", "0.11.0", "--kv-events-encoding", "array-v0.10"}, &bytes.Buffer{})
 	assert.NoError(t, err)
+}
+
+func TestParseSGLangEngine(t *testing.T) {
+	cfgs, err := parse([]string{"--engine", "sglang", "--profile", "fast", "--sglang-page-size", "4"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	c := cfgs[0].Replica
+	assert.Equal(t, replica.EngineSGLang, c.Kind)
+	assert.Equal(t, kvevents.SGLang, c.EventsOptions.Encoding, "SGLang's layout by default")
+	assert.True(t, c.EventsOptions.LegacyReplay, "SGLang replays [seq, payload]")
+	assert.Equal(t, 4, c.EventsOptions.SGLangPageSize)
+	cfgs, err = parse([]string{"--engine", "sglang", "--kv-events-encoding", "map"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, kvevents.Map, cfgs[0].Replica.EventsOptions.Encoding, "an explicit layout wins")
+	for _, args := range [][]string{{"--engine", "trtllm"}, {"--sglang-page-size", "3"}, {"--sglang-page-size", "0"}} {
+		_, err := parse(args, &bytes.Buffer{})
+		assert.Error(t, err, "%v", args)
+	}
 }

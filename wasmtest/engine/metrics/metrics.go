@@ -76,6 +76,8 @@ type Snapshot struct {
 	Request *RequestHistograms
 	// CacheConfig are vllm:cache_config_info's labels (engine is appended).
 	CacheConfig []Label
+	// CapacityTokens is the KV pool in tokens (SGLang's sglang:num_used_tokens).
+	CapacityTokens int64
 }
 
 // Write renders s.

@@ -38,9 +38,19 @@ type Config struct {
 	EventsOptions publisher.Options
 	// TPOT picks the per-token latency histogram's name(s) (vLLM version dependent;
 	// zero: vllm:inter_token_latency_seconds alone, as vLLM >= 0.12).
-	TPOT   metrics.TPOTMode
+	TPOT metrics.TPOTMode
+	// Kind is the engine imitated beyond the event layout: "" or EngineVLLM, or
+	// EngineSGLang (SGLang's /metrics names and buckets, and AllBlocksCleared as the
+	// first event of every process start).
+	Kind   string
 	Logger *slog.Logger
 }
+
+// Engines a replica can imitate.
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+)
 
 // Replica is one running simulated engine. Its methods are safe for concurrent use.
 type Replica struct {
@@ -102,6 +112,13 @@ func New(cfg Config) (*Replica, error) {
 			return nil, err
 		}
 	}
+	switch cfg.Kind {
+	case "", EngineVLLM:
+	case EngineSGLang:
+		r.startupCleared()
+	default:
+		return nil, fmt.Errorf("replica: unknown engine %q (want vllm or sglang)", cfg.Kind)
+	}
 	go r.drive()
 	return r, nil
 }
@@ -109,6 +126,10 @@ func New(cfg Config) (*Replica, error) {
 func (r *Replica) resetMetrics() {
 	r.ttft = metrics.NewHistogram(metrics.TTFTBuckets)
 	r.e2e = metrics.NewHistogram(metrics.E2EBuckets)
+	if r.cfg.Kind == EngineSGLang {
+		r.ttft = metrics.NewHistogram(metrics.SGLangTTFTBuckets)
+		r.e2e = metrics.NewHistogram(metrics.SGLangE2EBuckets)
+	}
 	r.reqHist = metrics.NewRequestHistograms(r.eng.Profile().MaxModelLen, r.cfg.TPOT)
 	r.success = map[string]int64{}
 	r.created = time.Now()
@@ -372,9 +393,22 @@ func (r *Replica) Restart() {
 	r.eng.Restart(r.Now())
 	r.restarting = false
 	r.resetMetrics()
+	if r.cfg.Kind == EngineSGLang {
+		r.startupCleared()
+	}
 	r.mu.Unlock()
 	r.log.Info("engine restarted")
 	r.kick()
+}
+
+// startupCleared publishes what a starting SGLang process publishes first:
+// AllBlocksCleared. RadixCache.__init__ calls reset(), which queues it
+// (python/sglang/srt/mem_cache/radix_cache.py @95769b28, reset and
+// _record_all_cleared_event; the scheduler publishes the queue at its first step).
+// A subscriber that connects later never sees it (PUB drops what no one subscribed
+// to) unless it replays from sequence 0.
+func (r *Replica) startupCleared() {
+	r.onEvents(r.Now(), []kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
 }
 
 // ResetPrefixCache is vLLM's POST /reset_prefix_cache: false while requests hold blocks.
@@ -405,6 +439,7 @@ func (r *Replica) Metrics() metrics.Snapshot {
 		PrefixQueries: stats.PrefixQueries, PrefixHits: stats.PrefixHits, Preemptions: stats.Preemptions,
 		PromptTokens: stats.PromptTokens, GenerationTokens: stats.GenerationTokens, Success: success,
 		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(), Request: r.reqHist.Clone(),
+		CapacityTokens: int64(r.eng.NumGPUBlocks()) * int64(r.eng.Profile().BlockSize),
 	}
 	r.mu.Unlock()
 	p := r.eng.Profile()

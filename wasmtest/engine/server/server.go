@@ -356,7 +356,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	if err := metrics.Write(w, s.rep.Metrics()); err != nil {
+	write := metrics.Write
+	if s.cfg.Replica.Kind == replica.EngineSGLang {
+		write = metrics.WriteSGLang // SGLang's names (metrics/sglang.go)
+	}
+	if err := write(w, s.rep.Metrics()); err != nil {
 		s.log.Debug("metrics write", "err", err)
 	}
 }

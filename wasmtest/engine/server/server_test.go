@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -680,3 +681,55 @@ func jsonString(s string) string {
 }
 
 func metricsInt(n int) string { return strconv.Itoa(n) + ".0" }
+
+// --engine sglang: a starting SGLang process publishes AllBlocksCleared first
+// (RadixCache.__init__ calls reset(), radix_cache.py @95769b28), so the replay from 0
+// of a fresh replica and of a restarted one starts with it, in SGLang's layout and
+// replay shape ([seq, payload], kv_events.py @612d5790); /metrics has SGLang's names
+// (collector.py @93d04878cf) and no vLLM ones.
+func TestSGLangEngine(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ec, _, err := publisher.ParseConfig(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`)
+	require.NoError(t, err)
+	s, err := Start(Config{ModelName: model, EnableAdmin: true, Logger: quiet, Replica: replica.Config{
+		Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 0.01, Kind: replica.EngineSGLang, Events: ec,
+		EventsOptions: publisher.Options{Encoding: kvevents.SGLang, LegacyReplay: true, BindHost: "127.0.0.1"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	// [ts, [["AllBlocksCleared"]], attn_dp_rank 0]: 93, cb + 8 bytes of ts, then this.
+	const cleared = "9191b0" + "416c6c426c6f636b73436c6561726564" + "00"
+	replayFirst := func() []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d := zmq4.NewDealer(ctx)
+		defer d.Close()
+		require.NoError(t, d.Dial(s.Replica().Publisher().ReplayEndpoint()))
+		require.NoError(t, d.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))))
+		m, err := d.Recv()
+		require.NoError(t, err)
+		require.Len(t, m.Frames, 3, "legacy shape: \"\", seq, payload")
+		assert.Equal(t, uint64(0), binary.BigEndian.Uint64(m.Frames[1]))
+		return m.Frames[2]
+	}
+	first := replayFirst()
+	require.Len(t, first, 10+len(cleared)/2)
+	assert.Equal(t, "93cb", hex.EncodeToString(first[:2]))
+	assert.Equal(t, cleared, hex.EncodeToString(first[10:]), "one AllBlocksCleared, rank 0")
+	code, _ := post(t, s, "/v1/completions", `{"prompt":`+jsonString(system)+`,"max_tokens":1}`)
+	require.Equal(t, 200, code)
+	code, _ = post(t, s, "/admin/restart", "")
+	require.Equal(t, http.StatusNoContent, code)
+	again := replayFirst()
+	assert.Equal(t, cleared, hex.EncodeToString(again[10:]), "a restarted process clears first too")
+
+	code, body := get(t, s, "/metrics")
+	require.Equal(t, 200, code)
+	page := string(body)
+	for _, name := range []string{"sglang:num_running_reqs{", "sglang:num_queue_reqs{", "sglang:token_usage{",
+		"sglang:prompt_tokens_total{", "sglang:cached_tokens_total{", "sglang:time_to_first_token_seconds_bucket{"} {
+		assert.Contains(t, page, "\n"+name)
+	}
+	assert.NotContains(t, page, "vllm:")
+	assert.Contains(t, page, `sglang:num_queue_reqs{model_name="`+model+`",engine_type="unified",tp_rank="0",pp_rank="0"} 0.0`)
+}
