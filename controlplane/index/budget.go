@@ -133,6 +133,9 @@ func (ix *Index) recount(now time.Time) {
 		n += len(r.hold)
 		for _, rk := range r.ranks {
 			n += len(rk.blocks)
+			if rk.sg != nil {
+				n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)
+			}
 		}
 	}
 	ix.budget.used, ix.budget.counted = n, now

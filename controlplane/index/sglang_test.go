@@ -298,3 +298,16 @@ func TestSGLangSimulatorEventsGiveTheFilterKeys(t *testing.T) {
 		}
 	}
 }
+
+// SGLang pages count against the global budget like any engine block. recount() used to
+// see only rk.blocks and the replicas' holdings, so 96 pages of page size 1 showed as 6
+// keys (the checkpoint holdings) and a page-size-1 SGLang could outgrow --max-keys
+// unnoticed: "budget keys 6, want at least 96".
+func TestSGLangPagesCountInTheBudget(t *testing.T) {
+	ix, _ := sgFixture(t, Config{Stride: 1})
+	var seq uint64
+	sgFeed(t, ix, &seq, sgPayload(t, 0, sgChain(tokens(96, 901), 1, nil, pyHash)...))
+	if got := ix.BudgetState().Keys; got < 96 {
+		t.Fatalf("budget keys %d, want at least 96 (one per live page)", got)
+	}
+}
