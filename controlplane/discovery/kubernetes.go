@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	infclient "sigs.k8s.io/gateway-api-inference-extension/client-go/clientset/versioned"
 )
 
 // Annotations (and labels) read from the Service and, overriding it, the Pod.
@@ -32,16 +33,23 @@ const (
 	DefaultKVPort   = 5557
 )
 
-// Kubernetes watches the EndpointSlices of the Services matching Selector in Namespace.
+// Kubernetes watches the EndpointSlices of the Services matching Selector in Namespace,
+// and the ready Pods of the InferencePools listed in InferencePools (inferencepool.go).
 type Kubernetes struct {
 	Client    kubernetes.Interface
 	Namespace string
-	// Selector picks the engine Services, e.g. "kvroute.io/model" (label exists).
+	// Selector picks the engine Services, e.g. "kvroute.io/model" (label exists). Empty
+	// with InferencePools set: no Service discovery, only the pools.
 	Selector string
 	// PortName is the EndpointSlice port of the engines' HTTP API ("" = the first).
 	PortName string
 	// Pods enables reading Pod annotations (needs get/list/watch on pods).
 	Pods bool
+	// InferencePools are Gateway API Inference Extension pools whose ready Pods are
+	// engines, on the pool's target ports. They need PoolClient.
+	InferencePools []PoolRef
+	// PoolClient reads InferencePools (inference.networking.k8s.io/v1).
+	PoolClient infclient.Interface
 	// Debounce coalesces bursts of changes (default 100 ms).
 	Debounce time.Duration
 	Logger   *slog.Logger
@@ -51,9 +59,13 @@ type Kubernetes struct {
 // until ctx ends. It returns an error when the selector is invalid or the caches do
 // not sync.
 func (k *Kubernetes) Run(ctx context.Context, update func([]Engine)) error {
+	services := k.Selector != "" || len(k.InferencePools) == 0
 	sel, err := labels.Parse(k.Selector)
 	if err != nil {
 		return fmt.Errorf("service selector %q: %w", k.Selector, err)
+	}
+	if len(k.InferencePools) > 0 && k.PoolClient == nil {
+		return fmt.Errorf("kubernetes discovery: InferencePools need a PoolClient")
 	}
 	if k.Debounce <= 0 {
 		k.Debounce = 100 * time.Millisecond
@@ -61,9 +73,6 @@ func (k *Kubernetes) Run(ctx context.Context, update func([]Engine)) error {
 	if k.Logger == nil {
 		k.Logger = slog.Default()
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(k.Client, 0, informers.WithNamespace(k.Namespace))
-	svcInf := f.Core().V1().Services()
-	sliceInf := f.Discovery().V1().EndpointSlices()
 	changed := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -76,56 +85,100 @@ func (k *Kubernetes) Run(ctx context.Context, update func([]Engine)) error {
 		UpdateFunc: func(any, any) { poke() },
 		DeleteFunc: func(any) { poke() },
 	}
-	synced := []cache.InformerSynced{}
-	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer()} {
+	// One informer factory per namespace: the Services' and each pool's.
+	factories := map[string]informers.SharedInformerFactory{}
+	factory := func(ns string) informers.SharedInformerFactory {
+		f, ok := factories[ns]
+		if !ok {
+			f = informers.NewSharedInformerFactoryWithOptions(k.Client, 0, informers.WithNamespace(ns))
+			factories[ns] = f
+		}
+		return f
+	}
+	var synced []cache.InformerSynced
+	watch := func(inf cache.SharedIndexInformer) error {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return err
 		}
 		synced = append(synced, inf.HasSynced)
+		return nil
 	}
-	var podLister func(name string) *corev1.Pod
-	if k.Pods {
-		podInf := f.Core().V1().Pods()
-		if _, err := podInf.Informer().AddEventHandler(h); err != nil {
-			return err
+	var compute []func() []Engine
+	if services {
+		f := factory(k.Namespace)
+		svcInf := f.Core().V1().Services()
+		sliceInf := f.Discovery().V1().EndpointSlices()
+		for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer()} {
+			if err := watch(inf); err != nil {
+				return err
+			}
 		}
-		synced = append(synced, podInf.Informer().HasSynced)
-		lister := podInf.Lister().Pods(k.Namespace)
-		podLister = func(name string) *corev1.Pod {
-			p, err := lister.Get(name)
+		var podLister func(name string) *corev1.Pod
+		if k.Pods {
+			podInf := f.Core().V1().Pods()
+			if err := watch(podInf.Informer()); err != nil {
+				return err
+			}
+			lister := podInf.Lister().Pods(k.Namespace)
+			podLister = func(name string) *corev1.Pod {
+				p, err := lister.Get(name)
+				if err != nil {
+					return nil
+				}
+				return p
+			}
+		}
+		svcLister := svcInf.Lister().Services(k.Namespace)
+		sliceLister := sliceInf.Lister().EndpointSlices(k.Namespace)
+		compute = append(compute, func() []Engine {
+			svcs, err := svcLister.List(sel)
 			if err != nil {
+				k.Logger.Error("kubernetes discovery: list services", "err", err)
 				return nil
 			}
-			return p
-		}
+			var out []Engine
+			for _, svc := range svcs {
+				slices, err := sliceLister.List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
+				if err != nil {
+					continue
+				}
+				out = append(out, k.engines(svc, slices, podLister)...)
+			}
+			return out
+		})
 	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
+	pools, err := k.watchPools(factory, watch)
+	if err != nil {
+		return err
+	}
+	if pools != nil {
+		compute = append(compute, pools.engines)
+	}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+	}
+	if pools != nil {
+		pools.start(ctx.Done())
+		defer pools.shutdown()
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return fmt.Errorf("kubernetes discovery: caches did not sync")
-	}
-	svcLister := svcInf.Lister().Services(k.Namespace)
-	sliceLister := sliceInf.Lister().EndpointSlices(k.Namespace)
-	compute := func() []Engine {
-		svcs, err := svcLister.List(sel)
-		if err != nil {
-			k.Logger.Error("kubernetes discovery: list services", "err", err)
+		if ctx.Err() != nil {
 			return nil
 		}
+		return fmt.Errorf("kubernetes discovery: caches did not sync")
+	}
+	all := func() []Engine {
 		var out []Engine
-		for _, svc := range svcs {
-			slices, err := sliceLister.List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
-			if err != nil {
-				continue
-			}
-			out = append(out, k.engines(svc, slices, podLister)...)
+		for _, c := range compute {
+			out = append(out, c()...)
 		}
-		return out
+		return k.dedupe(out)
 	}
 	var last []Engine
 	first := true
 	for {
-		es := compute()
+		es := all()
 		if first || !slices.EqualFunc(es, last, func(a, b Engine) bool { return a == b }) {
 			update(es)
 			last, first = es, false
@@ -141,6 +194,23 @@ func (k *Kubernetes) Run(ctx context.Context, update func([]Engine)) error {
 		case <-time.After(k.Debounce):
 		}
 	}
+}
+
+// dedupe sorts engines by ID and keeps the first of equal IDs (a Pod behind both a
+// labelled Service and a pool, or equal Pod names in two namespaces).
+func (k *Kubernetes) dedupe(es []Engine) []Engine {
+	slices.SortStableFunc(es, func(a, b Engine) int { return strings.Compare(a.ID, b.ID) })
+	out := es[:0]
+	for i, e := range es {
+		if i > 0 && e.ID == out[len(out)-1].ID {
+			if e != out[len(out)-1] {
+				k.Logger.Warn("kubernetes discovery: two engines with one id, keeping the first", "id", e.ID, "kept", out[len(out)-1].Addr, "dropped", e.Addr)
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 func lookup(key string, maps ...map[string]string) string {
@@ -202,45 +272,53 @@ func (k *Kubernetes) engines(svc *corev1.Service, sl []*discoveryv1.EndpointSlic
 				continue
 			}
 			seen[id] = true
-			e := Engine{ID: id, Addr: addr, Model: lookup(AnnoModel, maps...), Kind: lookup(AnnoEngine, maps...), Topic: lookup(AnnoKVTopic, maps...)}
-			if e.Model == "" {
-				e.Model = svc.Name
-			}
-			path := lookup(AnnoMetricsPath, maps...)
-			if path == "" {
-				path = "/metrics"
-			}
-			if !strings.HasPrefix(path, "/") {
-				path = "/" + path
-			}
-			e.Metrics = "http://" + addr + path
-			if lookup(AnnoKVEvents, maps...) != "false" {
-				kvPort := DefaultKVPort
-				if v, err := strconv.Atoi(lookup(AnnoKVPort, maps...)); err == nil && v > 0 && v < 65536 {
-					kvPort = v
-				}
-				e.KV = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(kvPort))
-				if v, err := strconv.Atoi(lookup(AnnoReplayPort, maps...)); err == nil && v > 0 && v < 65536 {
-					e.Replay = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(v))
-				}
-			}
-			if v, err := strconv.ParseUint(lookup(AnnoSpeed, maps...), 10, 32); err == nil {
-				e.Speed = uint32(v)
-			}
-			if v, err := strconv.Atoi(lookup(AnnoDPSize, maps...)); err == nil && v > 1 && v <= 1024 {
-				e.DPSize = v
-			}
-			if err := e.Validate(); err != nil {
+			e, err := engineAt(id, ip, port, 0, svc.Name, maps)
+			if err != nil {
 				k.Logger.Warn("kubernetes discovery: skipping endpoint", "service", svc.Name, "endpoint", id, "err", err)
 				continue
 			}
 			out = append(out, e)
 		}
 	}
-	slicesSortEngines(out)
+	slices.SortFunc(out, func(a, b Engine) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
-func slicesSortEngines(es []Engine) {
-	slices.SortFunc(es, func(a, b Engine) int { return strings.Compare(a.ID, b.ID) })
+// engineAt describes the engine at ip:port from the kvroute.io/* keys in maps (later maps
+// win): the model (default defModel), KV-event and replay ports shifted by offset (the
+// port's index among a pool's target ports), engine kind, speed, DP size, metrics path.
+func engineAt(id, ip string, port, offset int, defModel string, maps []map[string]string) (Engine, error) {
+	addr := net.JoinHostPort(ip, strconv.Itoa(port))
+	e := Engine{ID: id, Addr: addr, Model: lookup(AnnoModel, maps...), Kind: lookup(AnnoEngine, maps...), Topic: lookup(AnnoKVTopic, maps...)}
+	if e.Model == "" {
+		e.Model = defModel
+	}
+	path := lookup(AnnoMetricsPath, maps...)
+	if path == "" {
+		path = "/metrics"
+	}
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	e.Metrics = "http://" + addr + path
+	if lookup(AnnoKVEvents, maps...) != "false" {
+		kvPort := DefaultKVPort
+		if v, err := strconv.Atoi(lookup(AnnoKVPort, maps...)); err == nil && v > 0 && v < 65536 {
+			kvPort = v
+		}
+		if kvPort+offset > 65535 {
+			return e, fmt.Errorf("kv port %d + %d out of range", kvPort, offset)
+		}
+		e.KV = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(kvPort+offset))
+		if v, err := strconv.Atoi(lookup(AnnoReplayPort, maps...)); err == nil && v > 0 && v+offset < 65536 {
+			e.Replay = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(v+offset))
+		}
+	}
+	if v, err := strconv.ParseUint(lookup(AnnoSpeed, maps...), 10, 32); err == nil {
+		e.Speed = uint32(v)
+	}
+	if v, err := strconv.Atoi(lookup(AnnoDPSize, maps...)); err == nil && v > 1 && v <= 1024 {
+		e.DPSize = v
+	}
+	return e, e.Validate()
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	infclient "sigs.k8s.io/gateway-api-inference-extension/client-go/clientset/versioned"
 )
 
 type engineFlags []discovery.Engine
@@ -31,6 +32,18 @@ func (e *engineFlags) Set(v string) error {
 		return err
 	}
 	*e = append(*e, eng)
+	return nil
+}
+
+type poolFlags []discovery.PoolRef
+
+func (p *poolFlags) String() string { return fmt.Sprintf("%d pools", len(*p)) }
+func (p *poolFlags) Set(v string) error {
+	ref, err := discovery.ParsePoolRef(v)
+	if err != nil {
+		return err
+	}
+	*p = append(*p, ref)
 	return nil
 }
 
@@ -54,7 +67,7 @@ HTTP API: GET /v1/table?version=V[&model=M][&wait_ms=W], POST /v1/reports,
 GET /debug/state, /metrics, /healthz, /readyz.
 
 Engines come from --engines-file, repeated --engine flags, and/or Kubernetes
-(--k8s-selector). An --engine value is comma-separated key=value pairs:
+(--k8s-selector, --inference-pool). An --engine value is comma-separated key=value pairs:
   id, model, addr (ip:port), metrics (URL, default http://<addr>/metrics),
   kv (tcp://host:port of the engine's KV-event PUB), replay (its replay ROUTER),
   topic, kind (vllm|sglang), speed (prefill tokens/s), dp_size, dp_external
@@ -66,6 +79,7 @@ Flags:
 	}
 	var (
 		engines engineFlags
+		pools   poolFlags
 		o       controlplane.Options
 		ic      index.Config
 	)
@@ -76,6 +90,7 @@ Flags:
 	k8sNamespace := fs.String("k8s-namespace", "", "namespace of the engine Services (default: this pod's namespace, else \"default\")")
 	k8sPort := fs.String("k8s-port-name", "", "EndpointSlice port name of the engines' HTTP API (default: the first port)")
 	k8sPods := fs.Bool("k8s-pods", true, "read Pod labels/annotations (kvroute.io/kv-port, ...); needs get/list/watch on pods")
+	fs.Var(&pools, "inference-pool", "NAMESPACE/NAME[=MODEL]: discover engines from the ready Pods of this Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1), on its target ports (repeatable; MODEL default: kvroute.io/model on the Pod or pool, else the pool's name)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
 	fs.StringVar(&o.KVBind, "kv-bind", "", "bind a SUB socket here (e.g. tcp://0.0.0.0:5557) for engines that connect to the control plane; engines are told apart by topic")
 	fs.IntVar(&o.MaxDPRanks, "kv-bind-ranks", 1, "with --kv-bind: also bind port+1..port+N-1 for data-parallel ranks 1..N-1")
@@ -141,7 +156,7 @@ Flags:
 		o.Engines = append(o.Engines, es...)
 	}
 	o.Engines = append(o.Engines, engines...)
-	if *k8sSelector != "" {
+	if *k8sSelector != "" || len(pools) > 0 {
 		cfg, err := kubeConfig(*kubeconfig)
 		if err != nil {
 			return err
@@ -159,6 +174,13 @@ Flags:
 			}
 		}
 		o.Kubernetes = &discovery.Kubernetes{Client: cs, Namespace: ns, Selector: *k8sSelector, PortName: *k8sPort, Pods: *k8sPods, Logger: o.Logger}
+		if len(pools) > 0 {
+			pc, err := infclient.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("inference pool client: %w", err)
+			}
+			o.Kubernetes.InferencePools, o.Kubernetes.PoolClient = pools, pc
+		}
 	}
 
 	cp, err := controlplane.New(o)
@@ -170,7 +192,7 @@ Flags:
 	if err := cp.Start(ctx); err != nil {
 		return err
 	}
-	o.Logger.Info("kvroute control plane listening", "addr", cp.Addr(), "engines", len(o.Engines), "kubernetes", *k8sSelector != "")
+	o.Logger.Info("kvroute control plane listening", "addr", cp.Addr(), "engines", len(o.Engines), "kubernetes", *k8sSelector != "", "inference_pools", len(pools))
 	<-ctx.Done()
 	o.Logger.Info("shutting down")
 	return cp.Wait()
