@@ -57,7 +57,10 @@
 //     ActionPause from a body callback buffers: the next callback gets the cumulative size
 //     and proxy_get_buffer_bytes the whole buffer; set_buffer_bytes follows Envoy's
 //     prepend/replace/append rules. Above StreamInfo.BufferLimit the request gets a local
-//     413 (a response: 500, or a reset once its headers went out).
+//     413 (a response: 500, or a reset once its headers went out); once a body callback
+//     has paused, the next chunk is added to the buffer before the filter sees it, so a
+//     chunk that crosses the limit is answered 413 without a callback (Envoy's
+//     Context::decodeData, FilterManager requestDataTooLarge).
 //   - proxy_send_local_response and proxy_continue_stream act after the callback returns;
 //     a local reply then goes through the filter's own response callbacks, as Envoy's
 //     encoder chain does. A stream ends with proxy_on_log (maps readable), proxy_on_done,

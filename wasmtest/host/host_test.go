@@ -715,3 +715,17 @@ func readPlugin(t *testing.T) []byte {
 	}
 	return b
 }
+
+// A filter that buffered the first chunk never sees a second chunk that takes the buffer
+// past the limit: Envoy adds the chunk to its buffer first and answers 413 there, even if
+// the filter would have continued on it (here, on end of stream). The host used to call
+// the filter with 20 bytes and pass them upstream.
+func TestChunkPastTheBufferLimitIs413BeforeTheFilterSeesIt(t *testing.T) {
+	h := newHost(t, host.Config{VMs: 1})
+	res := do(t, h, host.Request{Info: host.StreamInfo{BufferLimit: 16}, Headers: request("POST", "/"),
+		Body:     [][]byte{[]byte("0123456789"), []byte("0123456789")},
+		Upstream: func(host.Message) host.Response { t.Error("upstream called"); return host.Response{} }})
+	if res.LocalReply != 413 {
+		t.Fatalf("got local reply %d, want 413", res.LocalReply)
+	}
+}

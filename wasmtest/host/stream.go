@@ -122,6 +122,7 @@ type half struct {
 	done           bool // end of stream passed on
 	stopped        bool // the filter stopped iteration: headers held and/or body buffered
 	stopAll        bool // StopAllIteration: body and trailers are held without callbacks
+	buffering      bool // the last body callback paused: Envoy buffers the next chunk before the filter sees it
 	// What the filter can touch now (Envoy nulls the maps it has released).
 	headersOpen, bodyOpen, trailersOpen bool
 }
@@ -463,7 +464,13 @@ func (s *Stream) onData(hf *half, b []byte, eos bool, out *emissions) Action {
 		s.flush(hf, out)
 		return ActionContinue
 	}
-	if hf.stopAll {
+	if hf.stopAll || (hf.buffering && s.overLimit(hf)) {
+		// A filter whose last body callback buffered gets the next chunk only after Envoy
+		// has added it to the buffer (Context::decodeData and encodeData in
+		// source/extensions/common/wasm/context.cc call addDecodedData/addEncodedData
+		// first when buffering_request_body_ is set); past the limit Envoy answers right
+		// there (FilterManager requestDataTooLarge/responseDataTooLarge in
+		// source/common/http/filter_manager.cc), and the filter never sees the chunk.
 		if s.overLimit(hf) {
 			s.overflow(hf, out)
 		}
@@ -482,6 +489,7 @@ func (s *Stream) onData(hf *half, b []byte, eos bool, out *emissions) Action {
 		return ActionContinue
 	}
 	hf.stopped = true
+	hf.buffering = true
 	if s.overLimit(hf) {
 		s.overflow(hf, out)
 	}
@@ -517,7 +525,7 @@ func (s *Stream) onTrailers(hf *half, t Headers, out *emissions) Action {
 
 // flush passes on everything the filter held in this direction.
 func (s *Stream) flush(hf *half, out *emissions) {
-	hf.stopped, hf.stopAll = false, false
+	hf.stopped, hf.stopAll, hf.buffering = false, false, false
 	if hf.done {
 		return
 	}
