@@ -5,8 +5,9 @@
 // override_host load balancer reads.
 //
 // Files: main.go (contexts, tick), request.go (request path), response.go (usage and
-// outcome reports), store.go (the table in shared data), leader.go (lease, polling the
-// control plane, posting reports), metrics.go.
+// outcome reports), store.go (the table in shared data), placed.go (placements shared
+// between the worker VMs), leader.go (lease, polling the control plane, posting
+// reports), metrics.go.
 package main
 
 import (
@@ -39,6 +40,7 @@ type plugin struct {
 	now     func() time.Time
 	router  *route.Router
 	view    view
+	placed  placed
 	leader  leader
 	tickMs  int
 	queueID uint32
@@ -88,6 +90,10 @@ func (p *plugin) OnTick() {
 	now := p.now()
 	p.leader.tick(p, now)
 	p.view.sync(&p.metrics, now)
+	p.placed.catchUp(p, now)
+	// Placements a table confirmed current has had the chance to learn are its to say.
+	p.router.Local.Prune(p.view.confirmed, now)
+	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
 	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}

@@ -5,16 +5,17 @@ import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 // metrics are proxy-wasm stats: Envoy shares one stat per name across the worker VMs and
 // exports them with its own (e.g. Prometheus) stats.
 type metrics struct {
-	decisions     proxywasm.MetricCounter // requests routed by the rule
-	predictedHits proxywasm.MetricCounter // ... whose pick was predicted to hold part of the prefix
-	spills        proxywasm.MetricCounter // ... sent away from the replica with the longest prefix
-	fallbacks     proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
-	unrouted      proxywasm.MetricCounter // header left unset: no table or unknown model
-	parseErrors   proxywasm.MetricCounter // bodies that could not be parsed
-	oversized     proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
-	saltInjected  proxywasm.MetricCounter // cache_salt set for isolated tenants
-	outcomes      proxywasm.MetricCounter // responses whose usage was read
-	ledgerExpired proxywasm.MetricCounter // local queue entries dropped by timeout
+	decisions      proxywasm.MetricCounter // requests routed by the rule
+	predictedHits  proxywasm.MetricCounter // ... whose pick was predicted to hold part of the prefix
+	spills         proxywasm.MetricCounter // ... sent away from the replica with the longest prefix
+	staleDecisions proxywasm.MetricCounter // ... with state too old for queue numbers (shared/rule's stale regime)
+	fallbacks      proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
+	unrouted       proxywasm.MetricCounter // header left unset: no table or unknown model
+	parseErrors    proxywasm.MetricCounter // bodies that could not be parsed
+	oversized      proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
+	saltInjected   proxywasm.MetricCounter // cache_salt set for isolated tenants
+	outcomes       proxywasm.MetricCounter // responses whose usage was read
+	ledgerExpired  proxywasm.MetricCounter // local queue entries dropped by timeout
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -34,6 +35,7 @@ func defineMetrics() metrics {
 		decisions:      c("kvroute_decisions_total"),
 		predictedHits:  c("kvroute_predicted_hits_total"),
 		spills:         c("kvroute_spills_total"),
+		staleDecisions: c("kvroute_stale_decisions_total"),
 		fallbacks:      c("kvroute_fallbacks_total"),
 		unrouted:       c("kvroute_unrouted_total"),
 		parseErrors:    c("kvroute_parse_errors_total"),

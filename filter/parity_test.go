@@ -71,7 +71,8 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 		{name: "token prompt", path: "/v1/completions", body: `{"model":"llama","prompt":[` + strings.Join(tokens, ",") + `]}`},
 	}
 	for i := 0; i < 12; i++ { // a burst on the owner: its ledger grows until it spills
-		steps = append(steps, step{name: fmt.Sprint("burst ", i), body: chat(system, fmt.Sprint("Question ", i, "."))})
+		question := fmt.Sprint("Question ", i, ": ", strings.Repeat("with a long attached document, ", 100))
+		steps = append(steps, step{name: fmt.Sprint("burst ", i), body: chat(system, question)})
 	}
 
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {

@@ -35,6 +35,7 @@ type httpContext struct {
 
 	// Set when the request was placed by the rule; the response completes the report.
 	placed   bool
+	shared   uint64 // the placement's number in shared data (filter/placed.go), until it started
 	report   api.Report
 	first    string
 	status   int
@@ -180,6 +181,8 @@ func (h *httpContext) route(req *route.Request) {
 		// reads the one in shared data now instead of failing open until its next tick.
 		p.view.sync(&p.metrics, now)
 	}
+	// The sibling VMs' placements since the last request (one 8-byte read if none).
+	p.placed.catchUp(p, now)
 	req.ID, req.API, req.ModelHeader, req.Tenant = h.reqID, h.api, h.modelHeader, h.tenant
 	d, res := p.router.Route(p.view.t, req, p.view.age(now), now)
 	m := &p.metrics
@@ -214,6 +217,9 @@ func (h *httpContext) route(req *route.Request) {
 		return
 	}
 	m.decisions.Increment(1)
+	if d.Stale {
+		m.staleDecisions.Increment(1)
+	}
 	if d.PredictedCached > 0 {
 		m.predictedHits.Increment(1)
 	}
@@ -225,6 +231,7 @@ func (h *httpContext) route(req *route.Request) {
 	}
 	h.placed, h.first, h.report = true, d.Addrs[0], res.Placement
 	p.enqueue(&h.report)
+	h.shared = p.placed.share(p, &h.report, d.Uncached)
 }
 
 // enqueue hands a report to the leader through the shared queue.

@@ -23,6 +23,7 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	}
 	if endOfStream {
 		h.p.router.Ledger.Done(h.reqID)
+		h.started()
 		h.finish()
 	}
 	return types.ActionContinue
@@ -36,6 +37,7 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	// token (vLLM, like most servers, sends the headers before prefill even starts).
 	// Requests routed least-queued have a ledger entry too.
 	h.p.router.Ledger.Done(h.reqID)
+	h.started()
 	if !h.placed {
 		return types.ActionContinue
 	}
@@ -52,8 +54,17 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 
 func (h *httpContext) OnHttpStreamDone() {
 	h.p.router.Ledger.Done(h.reqID)
+	h.started()
 	if h.placed && !h.finished {
 		h.finish() // reset or aborted stream: report what is known
+	}
+}
+
+// started tells the sibling VMs that the placement's prefill is no longer queued.
+func (h *httpContext) started() {
+	if h.shared != 0 {
+		h.p.placed.started(h.p, h.shared)
+		h.shared = 0
 	}
 }
 

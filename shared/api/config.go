@@ -229,7 +229,10 @@ func (c *Config) Validate() error {
 
 // RuleParams converts the guards for package rule.
 func (c *Config) RuleParams() rule.Params {
+	d := rule.DefaultParams()
 	return rule.Params{
+		MaxCacheAge:  d.MaxCacheAge,
+		LoadBound:    d.LoadBound,
 		MaxKVUsage:   c.Guards.MaxKVUsage,
 		MaxStateAge:  time.Duration(c.Guards.MaxStateAgeMs) * time.Millisecond,
 		TieEpsilon:   c.Guards.TieEpsilon,

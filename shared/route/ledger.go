@@ -14,6 +14,7 @@ type sent struct {
 	addr   string
 	tokens float64
 	at     time.Time
+	peer   bool
 }
 
 // NewLedger returns an empty ledger.
@@ -21,7 +22,25 @@ func NewLedger() *Ledger { return &Ledger{entries: map[uint64]sent{}} }
 
 // Add records that request id sent tokens of prefill work to addr at time at.
 func (l *Ledger) Add(id uint64, addr string, tokens float64, at time.Time) {
-	l.entries[id] = sent{addr, tokens, at}
+	l.entries[id] = sent{addr, tokens, at, false}
+}
+
+// AddPeer records work another VM of the same proxy sent (filter/placed.go). Its end is
+// not seen here: ExpirePeers drops it.
+func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
+	l.entries[id] = sent{addr, tokens, at, true}
+}
+
+// ExpirePeers drops the other VMs' entries sent before cutoff and says how many.
+func (l *Ledger) ExpirePeers(cutoff time.Time) int {
+	n := 0
+	for id, s := range l.entries {
+		if s.peer && s.at.Before(cutoff) {
+			delete(l.entries, id)
+			n++
+		}
+	}
+	return n
 }
 
 // Done removes request id: its prefill started (response headers arrived) or it ended.
@@ -55,4 +74,22 @@ func (l *Ledger) PendingSince(addr string, since time.Time) float64 {
 		}
 	}
 	return sum
+}
+
+// Sums returns the tokens sent to addr after since (on top of a snapshot measured at
+// since) and all the tokens sent to addr and not yet started (the load term of the
+// stale regime, shared/rule), in one pass.
+func (l *Ledger) Sums(addr string, since time.Time) (recent, all float64) {
+	if len(l.entries) == 0 {
+		return 0, 0
+	}
+	for _, s := range l.entries {
+		if s.addr == addr {
+			all += s.tokens
+			if s.at.After(since) {
+				recent += s.tokens
+			}
+		}
+	}
+	return recent, all
 }

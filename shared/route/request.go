@@ -104,6 +104,8 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	r.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, now)
 	res.Action = Placed
 	res.Placement = Placement(m, &chain, &d, now)
+	// The next request sees this placement at once, not only once the table has it.
+	r.Local.Add(m.Name, res.Placement.Keys, d.Addrs[0], now)
 	return d, res
 }
 

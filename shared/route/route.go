@@ -99,6 +99,8 @@ func (d *Decision) Header() string { return strings.Join(d.Addrs, ",") }
 type Router struct {
 	Picker *rule.Picker
 	Ledger *Ledger
+	// Local is this proxy's own recent placements, matched with the table's entries.
+	Local *Local
 	// Config is the filter's configuration as far as Route reads it: body limits,
 	// adapters, tenants. The zero value has no limits, adapters or isolated tenants.
 	Config api.Config
@@ -112,18 +114,21 @@ type Router struct {
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
 func NewRouter(p rule.Params, seed uint64) *Router {
-	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger()}
+	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), Local: NewLocal()}
 }
 
 // Decide picks replicas of m for chain c. tableAge is how long ago the table was last
 // confirmed current; each replica's state age adds to it.
 func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
 	r.matched, _ = m.Match(c.Keys, r.matched)
+	r.Local.match(m, c, r.matched)
 	r.cands = r.cands[:0]
 	for i, rep := range m.Replicas {
-		queued, age := r.queued(rep, tableAge, now)
+		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
+		recent, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
 		r.cands = append(r.cands, rule.Replica{
-			Queued:   queued,
+			Queued:   float64(rep.Queued) + recent,
+			Pending:  pending,
 			Cached:   min(c.Tokens(r.matched[i]), c.PromptTokens),
 			Speed:    float64(rep.Speed),
 			KVUsage:  rep.KVUsage,
@@ -145,18 +150,11 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Time) Decision {
 	r.cands = r.cands[:0]
 	for _, rep := range m.Replicas {
-		queued, _ := r.queued(rep, tableAge, now)
-		r.cands = append(r.cands, rule.Replica{Queued: queued, Healthy: rep.Healthy})
+		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
+		recent, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
+		r.cands = append(r.cands, rule.Replica{Queued: float64(rep.Queued) + recent, Healthy: rep.Healthy})
 	}
 	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
-}
-
-// queued is the queue term of rep and the age of its state: the snapshot's queue plus
-// what this router sent after the snapshot was measured (seed 000: "use the router's own
-// record of recent assignments").
-func (r *Router) queued(rep table.Replica, tableAge time.Duration, now time.Time) (float64, time.Duration) {
-	age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
-	return float64(rep.Queued) + r.Ledger.PendingSince(rep.Addr, now.Add(-age)), age
 }
 
 // decision names the ordered replicas by address.

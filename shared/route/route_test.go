@@ -111,16 +111,26 @@ func TestLedgerSpreadsABurstBetweenSnapshots(t *testing.T) {
 	assert.Positive(t, r.Ledger.PendingSince("10.0.0.0:8000", now.Add(-time.Hour)))
 }
 
-func TestStaleTableFallsBackToLeastQueued(t *testing.T) {
+// A stale table (control plane unreachable) keeps its prefix entries: the owner keeps
+// the request, with this router's own pending work as the load term (shared/rule's
+// stale regime). Only past MaxCacheAge is the order cache-blind least-queued. Before
+// issue 13 the 2 s table already gave least-queued (10.0.0.2 first, a spill).
+func TestStaleTableKeepsAffinity(t *testing.T) {
 	system := strings.Repeat("abc ", 3000)
 	c := chainOf(t, chatBody(system, "q"), Identity{Model: "llama"})
 	m := model(t, 3)
 	hold(t, m, c, 0)
 	m.Replicas[0].Queued, m.Replicas[1].Queued, m.Replicas[2].Queued = 500, 900, 100
 	d := exactRouter().Decide(m, &c, 2*time.Second, time.Now())
+	assert.False(t, d.Fallback)
+	assert.True(t, d.Stale)
+	assert.Equal(t, "10.0.0.0:8000", d.Addrs[0], "the owner")
+	assert.False(t, d.Spill)
+
+	d = exactRouter().Decide(m, &c, 11*time.Minute, time.Now())
 	assert.True(t, d.Fallback)
 	assert.Equal(t, []string{"10.0.0.2:8000", "10.0.0.0:8000", "10.0.0.1:8000"}, d.Addrs)
-	assert.True(t, d.Spill, "the owner lost the request to staleness")
+	assert.True(t, d.Spill, "past MaxCacheAge the owner is forgotten")
 }
 
 func TestTokenPromptsUseTheTokenDomain(t *testing.T) {
@@ -178,5 +188,98 @@ func BenchmarkDecide22Replicas8kTokens(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r.Decide(m, &c, 0, now)
+	}
+}
+
+func routeBody(t *testing.T, r *Router, tb *table.Table, id uint64, body []byte, tableAge time.Duration, now time.Time) (Decision, Result) {
+	t.Helper()
+	d, res := r.Route(tb, &Request{ID: id, API: prompt.Chat, Body: body}, tableAge, now)
+	require.Equal(t, Placed, res.Action)
+	return d, res
+}
+
+func tableOf(m *table.Model) *table.Table {
+	tb := table.New()
+	tb.Models[m.Name] = m
+	return tb
+}
+
+// A repeat of a new prefix goes where the first went before the table knows it: the
+// router's own placement counts like a table entry. Before issue 13 the repeat found
+// nothing cached (PredictedCached 0) and went to the least-queued replica.
+func TestRepeatFollowsItsOwnPlacementBeforeTheTable(t *testing.T) {
+	system := strings.Repeat("A brand-new agent system prompt. ", 700)
+	m := model(t, 4)
+	for i := range m.Replicas {
+		m.Replicas[i].Queued = uint64(1000 * (i + 1))
+	}
+	tb := tableOf(m)
+	r := exactRouter()
+	now := time.Now()
+	first, _ := routeBody(t, r, tb, 1, chatBody(system, "Plan step 1."), 50*time.Millisecond, now)
+	assert.Zero(t, first.PredictedCached, "new prefix")
+	r.Ledger.Done(1) // its prefill started: the replica holds the prefix
+	now = now.Add(5 * time.Millisecond)
+	second, _ := routeBody(t, r, tb, 2, chatBody(system, "Plan step 2."), 55*time.Millisecond, now)
+	assert.Equal(t, first.Addrs[0], second.Addrs[0])
+	assert.Greater(t, second.PredictedCached, 0.9*float64(len(system))/4)
+
+	// A table built Settle after the placement has had its chance: the placement goes.
+	r.Local.Prune(now.Add(2*time.Second), now.Add(2*time.Second))
+	assert.Zero(t, r.Local.Len())
+}
+
+// A burst on one replica still spills when its queue outweighs the saving: the ledger
+// holds what the burst already sent there.
+func TestBurstSpillsWhenTheOwnerQueueOutweighsTheSaving(t *testing.T) {
+	system := strings.Repeat("A brand-new agent system prompt. ", 700) // about 5,800 tokens
+	m := model(t, 4)
+	tb := tableOf(m)
+	r := exactRouter()
+	now := time.Now()
+	first, _ := routeBody(t, r, tb, 1, chatBody(system, "Task 0."), 50*time.Millisecond, now)
+	owner := first.Addrs[0]
+	r.Ledger.Done(1)
+	// Repeats whose prefill has not started pile up on the owner until the queue they
+	// make there is larger than the prefix they save; then the next goes elsewhere.
+	var spilled bool
+	for i := 2; i < 12 && !spilled; i++ {
+		question := fmt.Sprint("Task ", i, ": ", strings.Repeat("long task detail ", 470)) // about 2,000 tokens
+		d, _ := routeBody(t, r, tb, uint64(i), chatBody(system, question), 50*time.Millisecond, now)
+		if d.Addrs[0] != owner {
+			spilled = true
+			recent, _ := r.Ledger.Sums(owner, now.Add(-time.Hour))
+			assert.Greater(t, recent, float64(len(system))/4*0.9, "the owner's queue outweighs the saving")
+		}
+	}
+	assert.True(t, spilled)
+}
+
+func BenchmarkRoute22Replicas8kTokens(b *testing.B) {
+	system := strings.Repeat("You are the ACME support assistant. ", 900)
+	body := chatBody(system, "q")
+	rs := make([]table.Replica, 22)
+	for i := range rs {
+		rs[i] = table.Replica{Slot: uint32(i), Addr: fmt.Sprintf("10.0.0.%d:8000", i), Healthy: true}
+	}
+	m, _ := table.NewModel("llama", cfg, rs)
+	var p prompt.Parser
+	req, _ := p.Parse(prompt.Chat, body, prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 32})
+	c := NewChain(cfg, Identity{Model: "llama"}, &req, nil)
+	for _, k := range prefix.Checkpoints(nil, c.Keys, 4) {
+		_ = m.Set(k, 3)
+	}
+	tb := tableOf(m)
+	r := NewRouter(rule.DefaultParams(), 1)
+	now := time.Now()
+	b.ReportAllocs()
+	var id uint64
+	for b.Loop() {
+		id++
+		_, _ = r.Route(tb, &Request{ID: id, API: prompt.Chat, Body: body}, 0, now)
+		r.Ledger.Done(id)
+		if id%32 == 0 {
+			r.Local.Prune(now.Add(time.Hour), now) // a table confirms every 100 ms or so
+		}
 	}
 }

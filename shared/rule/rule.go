@@ -12,6 +12,41 @@
 // becomes a second owner. Hot prefixes gain owners in proportion to their load without a
 // separate replication policy; when nothing is cached anywhere the rule is plain
 // least-queued-tokens.
+//
+// # Where Q and the cached tokens come from
+//
+// Q(r) is the control plane's snapshot of r's queued prefill tokens (scraped from the
+// engine, carried in the table) plus what this router sent to r after the snapshot was
+// measured (its ledger, package route: an entry per request from the decision until the
+// first response byte). Cached(r, x) is the longest prefix of x's block chain that the
+// table lists on r, or that this proxy placed on r itself since the table last had the
+// chance to learn it (route.Local: the proxy's own recent placements, shared by its
+// worker VMs).
+//
+// # What the rule does at each age
+//
+// A replica's state age is how old its numbers are: the table's age (since the control
+// plane built it) plus the replica's own scrape age. Trust in queue depth falls fast with
+// age; cache contents change slowly. The youngest healthy replica's age picks the regime:
+//
+//   - Fresh, age <= MaxStateAge (2 s): the cost above with Q = snapshot + ledger; replicas
+//     older than MaxStateAge or above MaxKVUsage are excluded. When every replica is
+//     excluded this way (all KV-full), the order is least-queued (Fallback).
+//   - Stale, MaxStateAge < age <= MaxCacheAge (10 min): the control plane is unreachable
+//     or its tables are late, so the snapshot's queue numbers are not used; the cached
+//     tokens still are (the last table's prefix entries plus local placements). The cost
+//     is (Pending(r) + U(r, x)) / speed(r), where Pending is everything this router sent
+//     to r that has not started (its whole ledger), and load is bounded the way
+//     bounded-load consistent hashing bounds it: r is a candidate only while
+//     Pending(r) + U(r, x) <= max(LoadBound x (sum of Pending + prompt) / n, prompt),
+//     so no replica takes more than LoadBound (1.25) times its share of this router's
+//     work, and one whole request always fits. The KV guard is off (KV usage is as old
+//     as the queue numbers); unhealthy replicas stay excluded. With one router Pending
+//     is the whole queue this fleet gets, and the stale rule decides as the fresh one
+//     does; with K routers each bounds its own share. When the bound excludes everyone,
+//     the order is least-Pending (Fallback).
+//   - Blind, age > MaxCacheAge: caches have turned over; least-queued over every
+//     replica, healthy first (Fallback), as before any state arrived.
 package rule
 
 import (
@@ -33,6 +68,9 @@ type Replica struct {
 	Speed float64
 	// KVUsage is r's KV-cache usage, 0..1.
 	KVUsage float64
+	// Pending is everything this router sent to r that has not started (its whole
+	// ledger for r): the load term once the snapshot is too old to use.
+	Pending float64
 	// StateAge is how old the router's knowledge of r is.
 	StateAge time.Duration
 	// Healthy is false for replicas the control plane saw failing.
@@ -56,11 +94,19 @@ type Params struct {
 	TieEpsilon float64
 	// MaxEndpoints is the length of the result: the pick plus retry targets.
 	MaxEndpoints int
+	// MaxCacheAge ends the stale regime: beyond it the cached tokens are not trusted
+	// either and the order is least-queued. 0 means no stale regime (fresh, then blind).
+	MaxCacheAge time.Duration
+	// LoadBound is the stale regime's bound on a replica's share of this router's
+	// pending work, as a multiple of the mean (bounded-load consistent hashing's c);
+	// 0 means 1.25.
+	LoadBound float64
 }
 
-// DefaultParams are the values DESIGN.md gives.
+// DefaultParams are the values DESIGN.md gives, and the stale regime's (10 min, 1.25).
 func DefaultParams() Params {
-	return Params{MaxKVUsage: 0.95, MaxStateAge: 2 * time.Second, TieEpsilon: 0.02, MaxEndpoints: 3}
+	return Params{MaxKVUsage: 0.95, MaxStateAge: 2 * time.Second, TieEpsilon: 0.02, MaxEndpoints: 3,
+		MaxCacheAge: 10 * time.Minute, LoadBound: 1.25}
 }
 
 // Decision is the outcome of Pick.
@@ -70,6 +116,9 @@ type Decision struct {
 	// Fallback is true when no replica passed the guards and Order is least-queued
 	// over every replica (healthy ones first): a request never fails for lack of state.
 	Fallback bool
+	// Stale is true when the state was too old for queue numbers and the stale regime
+	// decided (see the package doc).
+	Stale bool
 	// Spill is true when the pick is not a replica holding the longest cached prefix
 	// (the owner was too deep, or excluded by a guard).
 	Spill bool
@@ -138,6 +187,12 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 		d.BestCached = math.Max(d.BestCached, r.Cached)
 	}
 
+	switch pk.regime(replicas) {
+	case stale:
+		return pk.pickStale(promptTokens, replicas, d, max)
+	case blind:
+		return pk.LeastQueued(replicas, order)
+	}
 	pk.scored = pk.scored[:0]
 	for i, r := range replicas {
 		if Eligible(r, p) {
@@ -147,6 +202,91 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
 	}
+	return pk.finish(replicas, d, max)
+}
+
+type regime uint8
+
+const (
+	fresh regime = iota
+	stale
+	blind
+)
+
+// regime is the age regime of a decision: the youngest healthy replica's state age
+// against MaxStateAge and MaxCacheAge (see the package doc).
+func (pk *Picker) regime(replicas []Replica) regime {
+	p := pk.Params
+	if p.MaxStateAge <= 0 {
+		return fresh
+	}
+	youngest := time.Duration(math.MaxInt64)
+	for _, r := range replicas {
+		if r.Healthy {
+			youngest = min(youngest, r.StateAge)
+		}
+	}
+	switch {
+	case youngest <= p.MaxStateAge:
+		return fresh
+	case youngest <= p.MaxCacheAge:
+		return stale
+	}
+	return blind
+}
+
+// pickStale is the stale regime: the cost with the router's own pending work for Q,
+// under a bounded-load cap (see the package doc).
+func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision, max int) Decision {
+	p := pk.Params
+	c := p.LoadBound
+	if c <= 0 {
+		c = 1.25
+	}
+	var total float64
+	n := 0
+	for _, r := range replicas {
+		if r.Healthy && r.StateAge <= p.MaxCacheAge {
+			total += r.Pending
+			n++
+		}
+	}
+	bound := math.Max(c*(total+promptTokens)/float64(n), promptTokens)
+	pk.scored = pk.scored[:0]
+	for i, r := range replicas {
+		if !r.Healthy || r.StateAge > p.MaxCacheAge {
+			continue
+		}
+		load := r.Pending + math.Max(promptTokens-r.Cached, 0)
+		if load > bound {
+			continue
+		}
+		speed := r.Speed
+		if speed <= 0 {
+			speed = 1
+		}
+		pk.scored = append(pk.scored, scored{i, load / speed})
+	}
+	if len(pk.scored) == 0 {
+		// Everyone is over the bound: the least pending first.
+		for i, r := range replicas {
+			if r.Healthy && r.StateAge <= p.MaxCacheAge {
+				pk.scored = append(pk.scored, scored{i, r.Pending})
+			}
+		}
+		d.Fallback = true
+	}
+	d.Stale = true
+	d = pk.finish(replicas, d, max)
+	if d.Fallback {
+		d.Cost = 0
+	}
+	return d
+}
+
+// finish sorts the scored candidates, breaks near ties at random and fills the order.
+func (pk *Picker) finish(replicas []Replica, d Decision, max int) Decision {
+	p := pk.Params
 	slices.SortStableFunc(pk.scored, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
 
 	// Near ties: every candidate within TieEpsilon of the best is equally good; put a

@@ -209,3 +209,56 @@ func BenchmarkPick22Replicas(b *testing.B) {
 		pk.Pick(8000, replicas, order)
 	}
 }
+
+// The stale regime (table older than MaxStateAge): the snapshot's queue numbers are not
+// used, the cached tokens are, and this router's own pending work is the load term under
+// a bounded-load cap. Before issue 13 every replica was excluded and the order was
+// least-queued (the owner lost the request).
+func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
+	const prompt, shared = 8000, 6000
+	age := 30 * time.Second
+	stale := func(queued, pending, cached float64) Replica {
+		return Replica{Queued: queued, Pending: pending, Cached: cached, StateAge: age, Healthy: true}
+	}
+	pk := NewPicker(exact(), 1)
+
+	// The snapshot says the owner is deep (an old number); its pending work is small.
+	d := pk.Pick(prompt, []Replica{stale(50000, 2000, shared), stale(0, 0, 0), stale(100, 0, 0)}, nil)
+	assert.Equal(t, 0, d.Order[0], "the owner keeps the request")
+	assert.True(t, d.Stale)
+	assert.False(t, d.Fallback)
+
+	// Its pending work outweighs the saving: the rule spills as the fresh rule would.
+	d = pk.Pick(prompt, []Replica{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 500, 0)}, nil)
+	assert.Equal(t, 1, d.Order[0])
+	assert.True(t, d.Spill)
+
+	// The bound: with this router busy everywhere, the owner may hold at most 1.25x its
+	// share; here its share is (4 x 20,000 + 8,000) / 4 x 1.25 = 27,500 tokens.
+	owner := stale(0, 26000, shared) // 26,000 + 2,000 > 27,500
+	others := []Replica{owner, stale(0, 18000, 0), stale(0, 18000, 0), stale(0, 18000, 0)}
+	d = pk.Pick(prompt, others, nil)
+	assert.NotEqual(t, 0, d.Order[0], "over the bound")
+	others[0].Pending = 25000 // 27,000 <= 27,500; cost 27,000 vs 26,000: still spills by cost
+	d = pk.Pick(prompt, others, nil)
+	assert.NotEqual(t, 0, d.Order[0])
+	others[0].Pending = 23000 // 25,000 < 26,000
+	d = pk.Pick(prompt, others, nil)
+	assert.Equal(t, 0, d.Order[0])
+
+	// Unhealthy replicas stay out; the KV guard is off (usage is as old as the queue).
+	r := stale(0, 0, shared)
+	r.KVUsage = 0.99
+	d = pk.Pick(prompt, []Replica{r, {Pending: 0, Cached: shared, StateAge: age}, stale(0, 0, 0)}, nil)
+	assert.Equal(t, 0, d.Order[0])
+	assert.NotContains(t, d.Order, 1)
+
+	// Past MaxCacheAge: cache-blind least-queued.
+	old := []Replica{stale(5000, 0, shared), stale(100, 0, 0)}
+	for i := range old {
+		old[i].StateAge = 11 * time.Minute
+	}
+	d = pk.Pick(prompt, old, nil)
+	assert.True(t, d.Fallback)
+	assert.Equal(t, 1, d.Order[0])
+}

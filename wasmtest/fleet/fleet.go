@@ -36,6 +36,8 @@ type Options struct {
 	Faults   []sim.Fault
 	Warmup   time.Duration
 	HotGroup int // -1: none
+	// Phases are reported apart (sim.Config.Phases).
+	Phases []sim.Phase
 	// KVRoute configures kvroute (its Routers, Stale and Seed are set from the above);
 	// Rule also drives the oracle.
 	KVRoute kvroute.Config
@@ -129,7 +131,7 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 	return sim.Config{
 		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers,
-		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup,
+		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
 	}
 }
 

@@ -57,6 +57,28 @@ func WriteHot(w io.Writer, results []*sim.Result) error {
 	return tw.Flush()
 }
 
+// WritePhases writes each policy's numbers per phase (sim.Config.Phases), with the
+// cached rate and TTFT p95 relative to the first phase.
+func WritePhases(w io.Writer, results []*sim.Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tphase\trequests\tfailed\tcached\tvs first\tTTFT p50 s\tp95 s\tp99 s\tp95 vs first\t")
+	for _, r := range results {
+		for i, ph := range r.Phases {
+			first := r.Phases[0]
+			rel, relP95 := "-", "-"
+			if i > 0 && first.CachedTokenRate > 0 {
+				rel = fmt.Sprintf("%.2f", ph.CachedTokenRate/first.CachedTokenRate)
+			}
+			if i > 0 && first.TTFTp95 > 0 {
+				relP95 = fmt.Sprintf("%.2f", ph.TTFTp95.Seconds()/first.TTFTp95.Seconds())
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Policy, ph.Name, ph.Requests, ph.Failed,
+				pct(ph.CachedTokenRate), rel, secs(ph.TTFTp50), secs(ph.TTFTp95), secs(ph.TTFTp99), relP95)
+		}
+	}
+	return tw.Flush()
+}
+
 // WriteSearch writes the fewest-replicas table.
 func WriteSearch(w io.Writer, searches []*Search, slo time.Duration) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

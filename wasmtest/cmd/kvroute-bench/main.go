@@ -11,6 +11,8 @@
 //	kvroute-bench --shared-fraction 0.1             # the reversal condition
 //	kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
+//	kvroute-bench --workload burst --burst-size 8 --burst-rate 2   # agent fan-out: new prefix per group
+//	kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
 //	kvroute-bench --trace ../shared/traces/mooncake_synthetic_trace.jsonl --trace-format mooncake --speedup 2
 package main
 
@@ -19,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -80,6 +83,31 @@ func parseDuration(s string, unit time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
+// outageFlag parses AT:DURATION.
+type outageFlag struct{ o *kvroute.Outage }
+
+func (f outageFlag) String() string { return "" }
+
+func (f outageFlag) Set(v string) error {
+	at, dur, ok := strings.Cut(v, ":")
+	if !ok {
+		return fmt.Errorf("%q: want AT:DURATION", v)
+	}
+	a, err := parseDuration(at, time.Second)
+	if err != nil {
+		return err
+	}
+	d, err := parseDuration(dur, time.Second)
+	if err != nil {
+		return err
+	}
+	if a < 0 || d <= 0 {
+		return fmt.Errorf("%q: AT must not be negative and DURATION must be positive", v)
+	}
+	*f.o = kvroute.Outage{At: a, Duration: d}
+	return nil
+}
+
 type durFlag struct {
 	d    *time.Duration
 	unit time.Duration
@@ -108,9 +136,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := workload.DefaultSeed()
 	gsp := workload.DefaultGSP()
 	mt := workload.DefaultMultiturn()
+	burst := workload.DefaultBurst()
+	var outage kvroute.Outage
+	var noLocal bool
 
 	var (
-		wl          = fs.String("workload", "seed", "workload: seed, gsp or multiturn (see --trace for Mooncake)")
+		wl          = fs.String("workload", "seed", "workload: seed, gsp, multiturn or burst (see --trace for Mooncake)")
 		trace       = fs.String("trace", "", "replay a trace file instead of a generated workload")
 		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
 		speedup     = fs.Float64("speedup", 1, "divide trace timestamps by this")
@@ -141,6 +172,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&gsp.SystemTokens, "gsp-system-prompt-len", gsp.SystemTokens, "gsp: system prompt tokens")
 	fs.IntVar(&gsp.QuestionTokens, "gsp-question-len", gsp.QuestionTokens, "gsp: question tokens")
 	fs.IntVar(&gsp.OutputTokens, "gsp-output-len", gsp.OutputTokens, "gsp: output tokens")
+	fs.IntVar(&burst.Size, "burst-size", burst.Size, "burst: requests per group (N)")
+	fs.Float64Var(&burst.GroupRate, "burst-rate", burst.GroupRate, "burst: groups per second")
+	fs.Var(durFlag{&burst.Spread, time.Millisecond}, "burst-spread", "burst: a group's requests arrive within this of its start (ms or a duration; default 5ms)")
+	fs.IntVar(&burst.PrefixTokens, "burst-prefix-tokens", burst.PrefixTokens, "burst: each group's new shared prefix, in tokens")
+	fs.IntVar(&burst.QuestionTokens, "burst-question-tokens", burst.QuestionTokens, "burst: each request's own part, in tokens")
+	fs.IntVar(&burst.OutputTokens, "burst-output-tokens", burst.OutputTokens, "burst: output tokens")
+	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (default 5m)")
+	fs.Var(outageFlag{&outage}, "cp-outage", "AT:DURATION (seconds or durations): kvroute's proxies receive no table and lose every report from AT for DURATION; results are also split before/during/after")
 	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn: turns per session")
 	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn: time between a session's turns")
 	fs.IntVar(&mt.Apps, "apps", mt.Apps, "multiturn: distinct system prompts")
@@ -162,6 +201,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (default 60s, the control plane's)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
+	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
+	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements (the behaviour before issue 13)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -179,12 +220,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.KVRoute.Stale = stale
+	o.KVRoute.NoLocal = noLocal
 	o.KVRoute.Index.Stride = *stride
 	o.KVRoute.Rule.TieEpsilon = *tieEps
 
-	w, label, err := buildWorkload(*wl, *trace, *traceFormat, *speedup, *rate, duration, *hot, *hotShare, *shared, o, seed, gsp, mt)
+	w, label, err := buildWorkload(*wl, *trace, *traceFormat, *speedup, *rate, duration, *hot, *hotShare, *shared, o, seed, gsp, mt, burst)
 	if err != nil {
 		return err
+	}
+	if outage.Duration > 0 {
+		o.KVRoute.Outages = append(o.KVRoute.Outages, outage)
+		end := outage.At + outage.Duration
+		o.Phases = []sim.Phase{{Name: "before", From: o.Warmup, To: outage.At}, {Name: "outage", From: outage.At, To: end},
+			{Name: "next 60s", From: end, To: end + time.Minute}, {Name: "later", From: end + time.Minute, To: time.Duration(math.MaxInt64)}}
 	}
 	if *hot && w.Name() == "seed" {
 		o.HotGroup = 0
@@ -209,6 +257,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, f := range o.Faults {
 		fmt.Fprintf(stdout, ", %s replica %d at %v", f.Kind, f.Replica, f.At)
+	}
+	if outage.Duration > 0 {
+		fmt.Fprintf(stdout, ", control plane unreachable for kvroute from %v for %v", outage.At, outage.Duration)
 	}
 	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
 	start := time.Now()
@@ -236,6 +287,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := fleet.WriteTable(stdout, results); err != nil {
 		return err
+	}
+	if len(o.Phases) > 0 {
+		fmt.Fprintf(stdout, "\nby arrival time (the outage affects kvroute only: the other policies have no separate control plane)\n")
+		if err := fleet.WritePhases(stdout, results); err != nil {
+			return err
+		}
 	}
 	if o.HotGroup >= 0 {
 		fmt.Fprintf(stdout, "\nhot customer (group %d) vs the others\n", o.HotGroup)
@@ -265,7 +322,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 }
 
 func buildWorkload(name, trace, format string, speedup, rate float64, duration time.Duration, hot bool, hotShare, shared float64,
-	o fleet.Options, seed workload.SeedConfig, gsp workload.GSPConfig, mt workload.MultiturnConfig) (workload.Workload, string, error) {
+	o fleet.Options, seed workload.SeedConfig, gsp workload.GSPConfig, mt workload.MultiturnConfig, burst workload.BurstConfig) (workload.Workload, string, error) {
 	bs := o.Profile.BlockSize
 	if trace != "" {
 		if format != "mooncake" {
@@ -305,6 +362,10 @@ func buildWorkload(name, trace, format string, speedup, rate float64, duration t
 		}
 		w, err := workload.NewMultiturn(mt)
 		return w, "multiturn", err
+	case "burst":
+		burst.Seed, burst.BlockSize = o.Seed, bs
+		w, err := workload.NewBurst(burst)
+		return w, "burst", err
 	}
-	return nil, "", fmt.Errorf("--workload %q: want seed, gsp or multiturn", name)
+	return nil, "", fmt.Errorf("--workload %q: want seed, gsp, multiturn or burst", name)
 }

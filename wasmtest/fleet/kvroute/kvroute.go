@@ -50,7 +50,14 @@ type Config struct {
 	Filter api.Config
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
-	Seed  uint64
+	// Outages are control-plane outages: from At for Duration no proxy receives a
+	// table and every report a proxy posts is lost (the control plane itself keeps
+	// scraping and publishing).
+	Outages []Outage
+	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
+	// comparison with the behaviour before it.
+	NoLocal bool
+	Seed    uint64
 	// TokenKeys feeds the index the engines' BlockStored events too. They only make
 	// token-domain keys, which text-domain (chat) requests never match, so routing is
 	// the same without them (TestTokenKeysDoNotChangeTextRouting) at a third of the
@@ -71,8 +78,7 @@ func DefaultConfig() Config {
 	fc := filterDefaults()
 	return Config{
 		Model: workload.DefaultModel, Routers: 1,
-		Rule: rule.Params{MaxKVUsage: fc.Guards.MaxKVUsage, MaxStateAge: time.Duration(fc.Guards.MaxStateAgeMs) * time.Millisecond,
-			TieEpsilon: fc.Guards.TieEpsilon, MaxEndpoints: fc.Guards.MaxEndpoints},
+		Rule:           fc.RuleParams(),
 		ScrapeInterval: 100 * time.Millisecond, PublishInterval: 50 * time.Millisecond,
 		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
 		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
@@ -90,6 +96,19 @@ func filterDefaults() api.Config {
 	return c
 }
 
+// Outage is a span in which the proxies cannot reach the control plane.
+type Outage struct{ At, Duration time.Duration }
+
+// cpDown reports whether the control plane is unreachable at now.
+func (p *Policy) cpDown(now time.Duration) bool {
+	for _, o := range p.cfg.Outages {
+		if now >= o.At && now < o.At+o.Duration {
+			return true
+		}
+	}
+	return false
+}
+
 // Epoch is the wall-clock time of simulated time 0 (the filter and index use time.Time).
 var Epoch = time.Unix(1_700_000_000, 0)
 
@@ -98,7 +117,7 @@ type Stats struct {
 	Decisions, Unrouted, Fallbacks, Spills int
 	PredictedHits                          int
 	ParseErrors, Oversized, SaltInjected   int
-	Reports, ReportsApplied                int
+	Reports, ReportsApplied, ReportsLost   int
 	Versions                               int
 }
 
@@ -179,6 +198,9 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 			poll:   policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PollInterval)), Every: cfg.PollInterval},
 			report: policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.ReportInterval)), Every: cfg.ReportInterval},
 		}
+		if cfg.NoLocal {
+			r.rt.Local.MaxKeys = 0
+		}
 		p.routers = append(p.routers, r)
 	}
 	return p, nil
@@ -203,12 +225,21 @@ func (p *Policy) NextWake() time.Duration {
 
 func (p *Policy) Wake(now time.Duration) {
 	p.wakeControlPlane(now)
+	down := p.cpDown(now)
 	for _, r := range p.routers {
 		if r.poll.Due(now) {
-			p.pollTable(r, now)
+			if !down {
+				p.pollTable(r, now)
+			}
+			r.rt.Local.Prune(r.Proxy.confirmed, at(now))
 		}
 		if r.report.Due(now) {
-			p.postReports(r, now)
+			if down {
+				p.Stats.ReportsLost += len(r.queue)
+				r.queue = r.queue[:0]
+			} else {
+				p.postReports(r, now)
+			}
 		}
 	}
 	p.trimFrames()

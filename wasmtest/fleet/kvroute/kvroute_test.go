@@ -150,3 +150,40 @@ func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
 	assert.Positive(t, ix.Placements, "the filter's placement reports reached the index over HTTP")
 	assert.Positive(t, ix.Confirms, "and its outcome reports")
 }
+
+// A control-plane outage (no tables, reports lost) keeps the hit rate: past the 2 s
+// state-age guard the rule routes on the last table's prefix entries and the proxy's
+// own placements with its ledger as the load (shared/rule's stale regime). With the
+// rule as it was before issue 13 (MaxCacheAge 0: least-queued once the table is 2 s
+// old, no local placements) the same run falls to the cache-blind rate, which is what
+// this test saw fail: 0.799 cached before the outage, 0.289 during it.
+func TestControlPlaneOutageKeepsAffinity(t *testing.T) {
+	// 60 customers of 3,000-token prefixes: all of them fit the 4 replicas' caches only
+	// when each replica keeps its own customers.
+	c := workload.DefaultSeed()
+	c.Customers, c.Rate, c.Duration = 60, 20, 60*time.Second
+	c.PromptTokens, c.PrefixTokens, c.OutputTokens = 3400, 3000, 50
+	w, err := workload.NewSeed(c)
+	require.NoError(t, err)
+	phases := []sim.Phase{{Name: "before", From: 5 * time.Second, To: 20 * time.Second}, {Name: "outage", From: 23 * time.Second, To: 50 * time.Second}}
+	runOutage := func(cfg kvroute.Config) *sim.Result {
+		cfg.Outages = []kvroute.Outage{{At: 20 * time.Second, Duration: 30 * time.Second}}
+		res, err := sim.Run(sim.Config{Replicas: 4, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1, Phases: phases},
+			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+				return kvroute.New(f, routerOf, cfg)
+			})
+		require.NoError(t, err)
+		return res
+	}
+	res := runOutage(kvroute.DefaultConfig())
+	before, during := res.Phases[0], res.Phases[1]
+	assert.Zero(t, res.Failed)
+	assert.GreaterOrEqual(t, during.CachedTokenRate, 0.8*before.CachedTokenRate, "before %.3f, during %.3f", before.CachedTokenRate, during.CachedTokenRate)
+	t.Logf("cached before %.3f, during the outage %.3f", before.CachedTokenRate, during.CachedTokenRate)
+
+	old := kvroute.DefaultConfig()
+	old.Rule.MaxCacheAge, old.NoLocal = 0, true
+	res = runOutage(old)
+	t.Logf("before issue 13: cached before %.3f, during the outage %.3f", res.Phases[0].CachedTokenRate, res.Phases[1].CachedTokenRate)
+	assert.Less(t, res.Phases[1].CachedTokenRate, 0.8*res.Phases[0].CachedTokenRate, "the cache-blind fallback")
+}

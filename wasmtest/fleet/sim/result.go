@@ -38,11 +38,30 @@ type Result struct {
 
 	// Hot and Others split the requests by HotGroup.
 	Hot, Others *GroupStats
+	// Phases are Config.Phases' numbers, in order.
+	Phases []PhaseStats
 
 	// Aborted: the run stopped early because the TTFT bound could not be met.
 	Aborted bool
 	SimTime time.Duration
 	Wall    time.Duration
+}
+
+// PhaseStats describes the measured requests that arrived within a phase.
+type PhaseStats struct {
+	Name            string
+	Requests        int // completed
+	Failed          int
+	CachedTokenRate float64
+	TTFTp50         time.Duration
+	TTFTp95         time.Duration
+	TTFTp99         time.Duration
+}
+
+type phaseAcc struct {
+	ttft           []time.Duration
+	prompt, cached int64
+	failed         int
 }
 
 // GroupStats describes one set of requests.
@@ -71,10 +90,24 @@ func (r *runner) result() *Result {
 	var prompt, cached int64
 	routed, spills, ruled, ruleSpills := 0, 0, 0, 0
 	hot, others := &groupAcc{per: map[int32]int{}}, &groupAcc{per: map[int32]int{}}
+	phases := make([]phaseAcc, len(r.cfg.Phases))
 	for i := range r.recs {
 		rec := &r.recs[i]
 		if !rec.measured {
 			continue
+		}
+		for k, ph := range r.cfg.Phases {
+			if rec.at < ph.From || rec.at >= ph.To {
+				continue
+			}
+			switch rec.state {
+			case done:
+				phases[k].ttft = append(phases[k].ttft, rec.first-rec.at)
+				phases[k].prompt += int64(rec.prompt)
+				phases[k].cached += int64(rec.cached)
+			case failed:
+				phases[k].failed++
+			}
 		}
 		if rec.routed {
 			routed++
@@ -137,6 +170,16 @@ func (r *runner) result() *Result {
 	}
 	if r.cfg.HotGroup >= 0 {
 		res.Hot, res.Others = hot.stats(), others.stats()
+	}
+	for k, ph := range r.cfg.Phases {
+		a := &phases[k]
+		slices.Sort(a.ttft)
+		ps := PhaseStats{Name: ph.Name, Requests: len(a.ttft), Failed: a.failed,
+			TTFTp50: Quantile(a.ttft, 0.50), TTFTp95: Quantile(a.ttft, 0.95), TTFTp99: Quantile(a.ttft, 0.99)}
+		if a.prompt > 0 {
+			ps.CachedTokenRate = float64(a.cached) / float64(a.prompt)
+		}
+		res.Phases = append(res.Phases, ps)
 	}
 	return res
 }

@@ -79,6 +79,15 @@ type Config struct {
 	AbortQuantile float64
 	// HotGroup, when >= 0, is reported apart from the other groups.
 	HotGroup int
+	// Phases, when set, are also reported apart (by arrival time): before, during and
+	// after a fault, for example.
+	Phases []Phase
+}
+
+// Phase is a span of arrival times reported on its own.
+type Phase struct {
+	Name     string
+	From, To time.Duration
 }
 
 // RouterOf assigns request i to one of k proxies, uniformly and deterministically.
