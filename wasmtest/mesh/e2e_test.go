@@ -270,17 +270,20 @@ func TestControlPlaneDown(t *testing.T) {
 	r := send(t, m, system, "q1")
 	assert.Equal(t, owner, r.addr, "right after the outage the last table still routes")
 	waitFor(t, "the table goes stale (2 s guard)", func() bool { return m.Summary().TableAge > 2200*time.Millisecond })
+	stale := metric(m, "kvroute_stale_decisions_total")
 	for i := 0; i < 10; i++ {
 		send(t, m, mesh.SystemPrompt(10+i, 300), "q") // every one answered
 	}
-	assert.GreaterOrEqual(t, metric(m, "kvroute_fallbacks_total")-fallbacks, int64(10), "stale table: least queued")
+	assert.Equal(t, owner, send(t, m, system, "q-stale").addr, "a stale table still steers by its prefix entries")
+	assert.GreaterOrEqual(t, metric(m, "kvroute_stale_decisions_total")-stale, int64(11), "stale table: the stale regime of the rule")
+	assert.Equal(t, fallbacks, metric(m, "kvroute_fallbacks_total"), "a stale table is not a fallback")
 	assert.Positive(t, metric(m, "kvroute_table_poll_errors_total"))
 
 	require.NoError(t, m.StartControlPlane())
 	waitFor(t, "the table is fresh again", func() bool { return m.Summary().TableAge < 300*time.Millisecond })
-	fallbacks = metric(m, "kvroute_fallbacks_total")
+	stale = metric(m, "kvroute_stale_decisions_total")
 	send(t, m, system, "q2")
-	assert.Equal(t, fallbacks, metric(m, "kvroute_fallbacks_total"), "routing by the rule again")
+	assert.Equal(t, stale, metric(m, "kvroute_stale_decisions_total"), "routing by the fresh rule again")
 }
 
 // A restarted replica's entries (AllBlocksCleared, event sequence back to 0) leave the
