@@ -3,6 +3,8 @@ package index
 import (
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
@@ -78,9 +80,12 @@ func (b Budget) withDefaults() Budget {
 	return b
 }
 
-// budgetState is the index's accounting; guarded by Index.mu.
+// budgetState is the index's accounting. The KV-event path admits without Index.mu:
+// used is atomic, and mu (taken last, after any replica or model lock) guards
+// counted, dropped and hwm; reclaims is guarded by Index.mu.
 type budgetState struct {
-	used     int // entries at the last recount plus those admitted since
+	used     atomic.Int64 // entries at the last recount plus those admitted since
+	mu       sync.Mutex
 	counted  time.Time
 	dropped  map[dropKey]uint64
 	hwm      map[hwmKey]int
@@ -108,6 +113,8 @@ func (ix *Index) drop(input, reason string, n int) {
 	if n <= 0 {
 		return
 	}
+	ix.budget.mu.Lock()
+	defer ix.budget.mu.Unlock()
 	if ix.budget.dropped == nil {
 		ix.budget.dropped = map[dropKey]uint64{}
 	}
@@ -118,6 +125,8 @@ func (ix *Index) noteHWM(k hwmKey, n int) {
 	if n < reclaimMin {
 		return
 	}
+	ix.budget.mu.Lock()
+	defer ix.budget.mu.Unlock()
 	if ix.budget.hwm == nil {
 		ix.budget.hwm = map[hwmKey]int{}
 	}
@@ -126,32 +135,31 @@ func (ix *Index) noteHWM(k hwmKey, n int) {
 	}
 }
 
-// recount sums the entries the budget covers.
+// recount sums the entries the budget covers: every replica's size as of its last
+// unlock (unlockReplica: holdings plus engine blocks and pages tracked). Caller holds
+// budget.mu.
 func (ix *Index) recount(now time.Time) {
-	n := 0
-	for _, r := range ix.replicas {
-		n += len(r.hold)
-		for _, rk := range r.ranks {
-			n += len(rk.blocks)
-			if rk.sg != nil {
-				n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)
-			}
-		}
+	var n int64
+	for _, r := range *ix.byID.Load() {
+		n += r.size.Load()
 	}
-	ix.budget.used, ix.budget.counted = n, now
+	ix.budget.used.Store(n)
+	ix.budget.counted = now
 }
 
 // globalRoom is how many new entries the global limit admits. The running count only
 // grows between recounts (removals are not tracked), so a shortfall triggers a recount,
 // at most every recountEvery.
 func (ix *Index) globalRoom(want int) int {
-	max := ix.cfg.Budget.MaxKeys
-	if ix.budget.used+want > max {
+	max := int64(ix.cfg.Budget.MaxKeys)
+	if ix.budget.used.Load()+int64(want) > max {
+		ix.budget.mu.Lock()
 		if now := time.Now(); now.Sub(ix.budget.counted) >= recountEvery {
 			ix.recount(now)
 		}
+		ix.budget.mu.Unlock()
 	}
-	return max - ix.budget.used
+	return int(max - ix.budget.used.Load())
 }
 
 func (ix *Index) capacityTokens(r *replica) int64 {
@@ -216,9 +224,12 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 		}
 		fresh = n
 	}
-	ix.budget.used += fresh
+	ix.budget.used.Add(int64(fresh))
 	ix.noteHWM(hwmKey{r: r, what: hwmHold}, len(r.hold)+fresh)
-	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, len(r.m.keys)+fresh)
+	r.m.mu.Lock()
+	mk := len(r.m.keys)
+	r.m.mu.Unlock()
+	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, mk+fresh)
 	return keys, why
 }
 
@@ -236,7 +247,7 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 		ix.drop(inputBlocks, reasonGlobal, n)
 		return false
 	}
-	ix.budget.used += n + keys
+	ix.budget.used.Add(int64(n + keys))
 	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, len(rk.blocks)+n)
 	return true
 }
@@ -288,54 +299,54 @@ func clearDirty(m *model) {
 func (ix *Index) Reclaim(now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.budget.mu.Lock()
 	ix.recount(now)
+	ix.budget.mu.Unlock()
 	// Record the current sizes first: the maps grow between calls.
 	for _, m := range ix.models {
-		ix.noteHWM(hwmKey{m: m, what: hwmKeys}, len(m.keys))
+		m.mu.Lock()
+		n := len(m.keys)
+		m.mu.Unlock()
+		ix.noteHWM(hwmKey{m: m, what: hwmKeys}, n)
 	}
 	for _, r := range ix.replicas {
+		r.mu.Lock()
 		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(len(r.hold), len(r.slab)))
 		for n, rk := range r.ranks {
 			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, len(rk.blocks))
 			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, len(rk.multi))
 		}
+		r.mu.Unlock()
 	}
-	for k, peak := range ix.budget.hwm {
+	// The marks are copied out: budget.mu comes after the replica and model locks.
+	ix.budget.mu.Lock()
+	hwm := maps.Clone(ix.budget.hwm)
+	ix.budget.mu.Unlock()
+	forget := func(k hwmKey) {
+		ix.budget.mu.Lock()
+		delete(ix.budget.hwm, k)
+		ix.budget.mu.Unlock()
+	}
+	for k, peak := range hwm {
 		switch {
 		case k.r != nil && k.r.gone, k.m != nil && ix.models[k.m.name] != k.m:
-			delete(ix.budget.hwm, k)
+			forget(k)
 			continue
 		}
-		var cur int
-		switch k.what {
-		case hwmHold:
-			cur = len(k.r.hold)
-		case hwmKeys:
-			cur = len(k.m.keys)
-		case hwmBlocks:
-			cur = len(k.r.ranks[k.rank].blocksOrNil())
-		case hwmMulti:
-			cur = len(k.r.ranks[k.rank].multiOrNil())
+		if k.r != nil {
+			k.r.mu.Lock()
+		} else {
+			k.m.mu.Lock()
 		}
-		if cur*4 > peak {
-			continue
+		if ix.reclaimOne(k, peak) {
+			ix.budget.reclaims++
+			forget(k)
 		}
-		switch k.what {
-		case hwmHold:
-			compactHoldings(k.r)
-		case hwmKeys:
-			k.m.keys = rebuilt(k.m.keys)
-		case hwmBlocks:
-			if rk := k.r.ranks[k.rank]; rk != nil && rk.blocks != nil {
-				rk.blocks = rebuilt(rk.blocks)
-			}
-		case hwmMulti:
-			if rk := k.r.ranks[k.rank]; rk != nil && rk.multi != nil {
-				rk.multi = rebuilt(rk.multi)
-			}
+		if k.r != nil {
+			ix.unlockReplica(k.r)
+		} else {
+			k.m.mu.Unlock()
 		}
-		ix.budget.reclaims++
-		delete(ix.budget.hwm, k)
 	}
 	if live := len(ix.specQ) - ix.specHead; cap(ix.specQ) >= reclaimMin && live*4 <= cap(ix.specQ) {
 		q := make([]specItem, live, max(live, 64))
@@ -343,6 +354,40 @@ func (ix *Index) Reclaim(now time.Time) {
 		ix.specQ, ix.specHead = q, 0
 		ix.budget.reclaims++
 	}
+}
+
+// reclaimOne rebuilds the structure k names when it shrank to a quarter of its peak,
+// and says whether it did. Caller holds the replica's (or model's) lock.
+func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
+	var cur int
+	switch k.what {
+	case hwmHold:
+		cur = len(k.r.hold)
+	case hwmKeys:
+		cur = len(k.m.keys)
+	case hwmBlocks:
+		cur = len(k.r.ranks[k.rank].blocksOrNil())
+	case hwmMulti:
+		cur = len(k.r.ranks[k.rank].multiOrNil())
+	}
+	if cur*4 > peak {
+		return false
+	}
+	switch k.what {
+	case hwmHold:
+		compactHoldings(k.r)
+	case hwmKeys:
+		k.m.keys = rebuilt(k.m.keys)
+	case hwmBlocks:
+		if rk := k.r.ranks[k.rank]; rk != nil && rk.blocks != nil {
+			rk.blocks = rebuilt(rk.blocks)
+		}
+	case hwmMulti:
+		if rk := k.r.ranks[k.rank]; rk != nil && rk.multi != nil {
+			rk.multi = rebuilt(rk.multi)
+		}
+	}
+	return true
 }
 
 // rebuilt copies m into a map sized for its entries. (maps.Clone would not do: it
@@ -407,8 +452,10 @@ type BudgetState struct {
 func (ix *Index) BudgetState() BudgetState {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.budget.mu.Lock()
+	defer ix.budget.mu.Unlock()
 	ix.recount(time.Now())
-	st := BudgetState{MaxKeys: ix.cfg.Budget.MaxKeys, Keys: ix.budget.used, MaxReplicas: ix.cfg.Budget.MaxReplicas,
+	st := BudgetState{MaxKeys: ix.cfg.Budget.MaxKeys, Keys: int(ix.budget.used.Load()), MaxReplicas: ix.cfg.Budget.MaxReplicas,
 		Reclaims: ix.budget.reclaims, Dropped: map[string]map[string]uint64{}}
 	for k, n := range ix.budget.dropped {
 		if st.Dropped[k.input] == nil {

@@ -57,6 +57,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 	defer ix.mu.Unlock()
 	out := make([]ReplicaState, 0, len(ix.replicas))
 	for _, r := range ix.replicas {
+		r.mu.Lock()
 		st := ix.replicaState(r, now)
 		rs := ReplicaState{
 			ID: r.spec.ID, Model: r.spec.Model, Address: r.spec.Addr, Healthy: r.healthy,
@@ -98,6 +99,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			rs.skipped += rk.skipped
 			rs.restarts += rk.restarts
 		}
+		r.mu.Unlock()
 		out = append(out, rs)
 	}
 	slices.SortFunc(out, func(a, b ReplicaState) int {

@@ -15,25 +15,30 @@ type eventSink Index
 
 func (s *eventSink) ix() *Index { return (*Index)(s) }
 
-// stream returns the replica and rank state of a stream, or nil for unknown replicas
-// (discovery dropped it while its subscription was still winding down).
+// stream locks the replica of a stream and returns it with its rank state, or nil for
+// unknown replicas (discovery dropped it while its subscription was still winding
+// down). No Index lock is taken: streams of different replicas run in parallel. The
+// caller ends with ix.unlockReplica(r).
 func (ix *Index) stream(id kvevents.StreamID) (*replica, *rank) {
-	r := ix.replicas[id.Replica]
-	if r == nil {
-		ix.stats.UnknownStreams++
-		return nil, nil
+	r := (*ix.byID.Load())[id.Replica]
+	if r != nil {
+		r.mu.Lock()
+		if !r.gone {
+			return r, r.rank(id.Rank)
+		}
+		r.mu.Unlock()
 	}
-	return r, r.rank(id.Rank)
+	ix.unknownStreams.Add(1)
+	return nil, nil
 }
 
 func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 	ix := s.ix()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	r, rk := ix.stream(id)
 	if r == nil {
 		return
 	}
+	defer ix.unlockReplica(r)
 	rk.lastSeq = int64(seq)
 	rk.lastEvent = time.Now()
 	rk.batches++
@@ -57,23 +62,21 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 
 func (s *eventSink) Restart(id kvevents.StreamID) {
 	ix := s.ix()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	if r, rk := ix.stream(id); r != nil {
 		rk.restarts++
 		ix.clearReplica(r)
 		resetSGLang(r)
+		ix.unlockReplica(r)
 	}
 }
 
 func (s *eventSink) Gap(id kvevents.StreamID, from, to uint64, replayed bool) {
 	ix := s.ix()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	r, rk := ix.stream(id)
 	if r == nil {
 		return
 	}
+	defer ix.unlockReplica(r)
 	rk.gaps++
 	if !replayed {
 		// Lost events: some stored or removed blocks are unknown, so this rank's
@@ -88,21 +91,19 @@ func (s *eventSink) Gap(id kvevents.StreamID, from, to uint64, replayed bool) {
 
 func (s *eventSink) DecodeError(id kvevents.StreamID, err error) {
 	ix := s.ix()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	if r, rk := ix.stream(id); r != nil {
 		rk.decodeErrors++
 		rk.lastDecodeErr = err.Error()
+		ix.unlockReplica(r)
 	}
 }
 
 func (s *eventSink) Connected(id kvevents.StreamID, up bool) {
 	ix := s.ix()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	if r, rk := ix.stream(id); r != nil {
 		rk.connected = up
 		rk.everConnected = rk.everConnected || up
+		ix.unlockReplica(r)
 	}
 }
 
@@ -140,7 +141,7 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 	var key uint64
 	var pos int
 	if !ev.HasParent {
-		key = ix.seed(r.spec.Model, ev.LoraName, prefix.SaltFromCacheSalt(ev.CacheSalt()))
+		key = r.seed(r.spec.Model, ev.LoraName, prefix.SaltFromCacheSalt(ev.CacheSalt()))
 	} else {
 		ref, ok := rk.blocks[ev.Parent]
 		if !ok {
@@ -163,8 +164,8 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 		ck := cks[:0]
 		for t := 0; t < mult; t++ {
 			off := (i*mult + t) * bt
-			ix.scratch = le32(ix.scratch[:0], ev.Tokens[off:off+bt])
-			key = prefix.Next(key, ix.scratch)
+			r.scratch = le32(r.scratch[:0], ev.Tokens[off:off+bt])
+			key = prefix.Next(key, r.scratch)
 			if prefix.IsCheckpoint(pos, ix.cfg.Stride) {
 				ck = append(ck, key)
 			}

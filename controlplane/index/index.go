@@ -14,6 +14,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/scrape"
@@ -91,6 +92,16 @@ type Spec struct {
 }
 
 // Index is safe for concurrent use.
+//
+// Locking (issue 15: ingest that scales with cores). mu guards the index's structure
+// (replicas, models, slots, the speculative queue, scrape and learned values); every
+// replica's mu guards its holdings, LRU and KV-event state; every model's mu guards its
+// key -> slots map and changed keys. Order: Index.mu, then replica.mu, then model.mu
+// (budgetMu last). KV events take no Index lock: a stream finds its replica in byID,
+// applies a whole batch under the replica's lock, and commits the batch's slot changes
+// to the model under the model's lock at once, so different replicas ingest in
+// parallel while each replica's batches stay in order (one subscription goroutine per
+// stream), and a table build (Flush, under the model's lock) sees whole batches only.
 type Index struct {
 	mu         sync.Mutex
 	cfg        Config
@@ -105,9 +116,11 @@ type Index struct {
 	// replica scraped successfully since.
 	lastFlush time.Time
 	scraped   bool
-	scratch   []byte
-	seeds     map[seedKey]uint64
 	budget    budgetState // budget.go
+	// byID is replicas for the KV-event path's lookup (it takes no mu); counters it
+	// updates.
+	byID                       atomic.Pointer[map[string]*replica]
+	unknownStreams, lruEvicted atomic.Uint64
 }
 
 // Stats are global counters (the per-replica ones are in DebugState).
@@ -128,9 +141,11 @@ type seedKey struct {
 type model struct {
 	name    string
 	created bool // not yet published: the next version resets it
-	// bpt: bytes per token of canonical prompt text, learned from outcomes.
-	bpt, bptPub float64
-	bptN        int
+	// bpt: bytes per token of canonical prompt text, learned from outcomes (float64
+	// bits: read by the KV-event path, which does not hold Index.mu).
+	bpt    atomic.Uint64
+	bptPub float64
+	bptN   int
 	// uncached: mean uncached prompt tokens per request, learned from outcomes.
 	uncached  float64
 	uncachedN int
@@ -140,9 +155,22 @@ type model struct {
 	keys      map[uint64][]uint16
 	dirty     map[uint64]struct{}
 	members   bool // replica list changed
+	// mu guards keys and dirty (the only model state the KV-event path changes).
+	mu sync.Mutex
 }
 
+func (m *model) bytesPerToken() float64     { return math.Float64frombits(m.bpt.Load()) }
+func (m *model) setBytesPerToken(v float64) { m.bpt.Store(math.Float64bits(v)) }
+
 type replica struct {
+	// mu guards the holdings, the LRU, the ranks and the pending slot changes; spec and
+	// sample are written under both Index.mu and mu, so either lock reads them.
+	mu      sync.Mutex
+	flips   []flip // slot changes not yet committed to the model (commit)
+	scratch []byte
+	seeds   map[seedKey]uint64
+	size    atomic.Int64 // budget entries at the last unlock (budget.go recount)
+
 	spec    Spec
 	m       *model
 	slot    uint32
@@ -227,14 +255,53 @@ type specItem struct {
 	until int64
 }
 
+// flip is a change of whether a replica holds a key.
+type flip struct {
+	key uint64
+	on  bool
+}
+
 // New returns an empty index.
 func New(cfg Config) *Index {
-	return &Index{
+	ix := &Index{
 		cfg:      cfg.withDefaults(),
 		models:   map[string]*model{},
 		replicas: map[string]*replica{},
-		seeds:    map[seedKey]uint64{},
 	}
+	ix.byID.Store(&map[string]*replica{})
+	return ix
+}
+
+// unlockReplica commits r's pending slot changes to its model, records its budget
+// size and releases r.mu. Every section that locks a replica ends with it.
+func (ix *Index) unlockReplica(r *replica) {
+	if len(r.flips) > 0 {
+		m := r.m
+		m.mu.Lock()
+		for _, f := range r.flips {
+			m.setSlot(f.key, r.slot, f.on)
+		}
+		m.mu.Unlock()
+		r.flips = r.flips[:0]
+	}
+	n := len(r.hold)
+	for _, rk := range r.ranks {
+		n += len(rk.blocks)
+		if rk.sg != nil {
+			n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)
+		}
+	}
+	r.size.Store(int64(n))
+	r.mu.Unlock()
+}
+
+// publishIDs refreshes byID after the replica set changed. Caller holds mu.
+func (ix *Index) publishIDs() {
+	m := make(map[string]*replica, len(ix.replicas))
+	for id, r := range ix.replicas {
+		m[id] = r
+	}
+	ix.byID.Store(&m)
 }
 
 // Config returns the effective configuration.
@@ -251,7 +318,9 @@ func (ix *Index) Ready() bool {
 func (ix *Index) Stats() Stats {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.stats
+	st := ix.stats
+	st.UnknownStreams, st.LRUEvicted = ix.unknownStreams.Load(), ix.lruEvicted.Load()
+	return st
 }
 
 func (ix *Index) tableConfig(m *model) table.Config {
@@ -285,7 +354,9 @@ func (ix *Index) SetReplicas(specs []Spec, now time.Time) {
 			continue
 		}
 		if s != r.spec {
+			r.mu.Lock()
 			r.spec = s
+			r.mu.Unlock()
 			r.m.members = true
 		}
 	}
@@ -299,16 +370,17 @@ func (ix *Index) SetReplicas(specs []Spec, now time.Time) {
 			ix.addReplica(want[id], now)
 		}
 	}
+	ix.publishIDs()
 }
 
 func (ix *Index) addReplica(s Spec, now time.Time) {
 	m := ix.models[s.Model]
 	if m == nil {
 		m = &model{
-			name: s.Model, created: true,
-			bpt: ix.cfg.DefaultBytesPerToken, bptPub: ix.cfg.DefaultBytesPerToken,
+			name: s.Model, created: true, bptPub: ix.cfg.DefaultBytesPerToken,
 			keys: map[uint64][]uint16{}, dirty: map[uint64]struct{}{},
 		}
+		m.setBytesPerToken(ix.cfg.DefaultBytesPerToken)
 		ix.models[s.Model] = m
 		ix.goneModels = slices.DeleteFunc(ix.goneModels, func(n string) bool { return n == s.Model })
 	}
@@ -330,8 +402,10 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 }
 
 func (ix *Index) removeReplica(r *replica) {
+	r.mu.Lock()
 	ix.dropHoldings(r, func(*holding) bool { return true })
 	r.gone = true
+	ix.unlockReplica(r)
 	m := r.m
 	m.slots[r.slot] = nil
 	// The slot is reused only after a version without it is published, so no delta
@@ -378,7 +452,7 @@ func (ix *Index) settle(r *replica, i int32, was bool) {
 	h := &r.slab[i]
 	now := h.held()
 	if now != was {
-		r.m.setSlot(h.key, r.slot, now)
+		r.flips = append(r.flips, flip{h.key, now}) // unlockReplica commits them
 	}
 	if !now {
 		delete(r.hold, h.key)
@@ -386,6 +460,7 @@ func (ix *Index) settle(r *replica, i int32, was bool) {
 	}
 }
 
+// setSlot changes whether slot holds k. Caller holds m.mu.
 func (m *model) setSlot(k uint64, slot uint32, on bool) {
 	s := m.keys[k]
 	j, found := slices.BinarySearch(s, uint16(slot))
@@ -451,7 +526,7 @@ func (r *replica) lruPushFront(i int32, token bool) {
 
 // footprints in tokens of one checkpoint key: it stands for stride blocks.
 func (ix *Index) textFootprint(m *model) float64 {
-	return float64(ix.cfg.Stride) * float64(ix.cfg.BlockBytes) / m.bpt
+	return float64(ix.cfg.Stride) * float64(ix.cfg.BlockBytes) / m.bytesPerToken()
 }
 
 func (ix *Index) tokenFootprint() float64 { return float64(ix.cfg.Stride * ix.cfg.BlockTokens) }
@@ -471,7 +546,7 @@ func (ix *Index) evictTail(r *replica) float64 {
 		fp = ix.tokenFootprint()
 	}
 	r.lruUnlink(i)
-	ix.stats.LRUEvicted++
+	ix.lruEvicted.Add(1)
 	ix.settle(r, i, true)
 	return fp
 }
@@ -556,10 +631,12 @@ func (ix *Index) expire(nowMs int64) {
 		if it.r.gone {
 			continue
 		}
+		it.r.mu.Lock()
 		if i, ok := it.r.hold[it.key]; ok && it.r.slab[i].specUntil == it.until {
 			ix.clearSpec(it.r, it.key)
 			ix.stats.SpecExpired++
 		}
+		ix.unlockReplica(it.r)
 	}
 	if ix.specHead > 4096 && ix.specHead > len(ix.specQ)/2 {
 		ix.specQ = append(ix.specQ[:0], ix.specQ[ix.specHead:]...)
@@ -569,16 +646,17 @@ func (ix *Index) expire(nowMs int64) {
 
 // ---- token-domain keys from KV events ----
 
-func (ix *Index) seed(model, lora string, salt prefix.Salt) uint64 {
+// seed is a token chain's seed, cached per replica (caller holds r.mu).
+func (r *replica) seed(model, lora string, salt prefix.Salt) uint64 {
 	k := seedKey{model, lora, salt}
-	if s, ok := ix.seeds[k]; ok {
+	if s, ok := r.seeds[k]; ok {
 		return s
 	}
 	s := prefix.Seed(prefix.Token, model, lora, salt)
-	if len(ix.seeds) > 4096 {
-		clear(ix.seeds)
+	if r.seeds == nil || len(r.seeds) > 4096 {
+		r.seeds = map[seedKey]uint64{}
 	}
-	ix.seeds[k] = s
+	r.seeds[k] = s
 	return s
 }
 
@@ -703,7 +781,10 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	names := make([]string, 0, len(ix.models))
 	for n, m := range ix.models {
 		names = append(names, n)
-		if m.created || m.members || len(m.dirty) > 0 || math.Abs(m.bpt-m.bptPub) > 0.01*m.bptPub {
+		m.mu.Lock()
+		dirty := len(m.dirty) > 0
+		m.mu.Unlock()
+		if m.created || m.members || dirty || math.Abs(m.bytesPerToken()-m.bptPub) > 0.01*m.bptPub {
 			changed = true
 		}
 	}
@@ -726,8 +807,8 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	var slots []uint32
 	for _, n := range names {
 		m := ix.models[n]
-		if math.Abs(m.bpt-m.bptPub) > 0.01*m.bptPub {
-			m.bptPub = math.Round(m.bpt*1000) / 1000
+		if bpt := m.bytesPerToken(); math.Abs(bpt-m.bptPub) > 0.01*m.bptPub {
+			m.bptPub = math.Round(bpt*1000) / 1000
 		}
 		u := ModelUpdate{Name: n, Reset: m.created, Config: ix.tableConfig(m)}
 		for _, r := range m.slots {
@@ -738,6 +819,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			r.pub, r.published = st, true
 			u.Replicas = append(u.Replicas, st)
 		}
+		m.mu.Lock() // the keys as of whole batches: replicas commit a batch's changes at once
 		var keys []uint64
 		if m.created {
 			keys = make([]uint64, 0, len(m.keys))
@@ -766,6 +848,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			u.Upserts.Add(k, slots...)
 		}
 		clearDirty(m) // budget.go
+		m.mu.Unlock()
 		m.created, m.members = false, false
 		m.free = append(m.free, m.freeNext...)
 		m.freeNext = m.freeNext[:0]
@@ -855,9 +938,11 @@ func (ix *Index) ApplyScrape(id string, s scrape.Sample, err error, now time.Tim
 		}
 		return
 	}
+	r.mu.Lock()
 	r.sample, r.scrapedOK, r.lastOK, r.fails, r.healthy = s, true, now, 0, true
 	ix.scraped = true
 	ix.fitCapacity(r)
+	ix.unlockReplica(r)
 }
 
 // ewma with a warm-up: a plain mean for the first samples, then weight alpha.

@@ -68,6 +68,8 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 	if r == nil {
 		return "unknown_replica"
 	}
+	r.mu.Lock()
+	defer ix.unlockReplica(r)
 	size := ix.cfg.BlockBytes
 	if rep.Domain == prefix.Token {
 		size = ix.cfg.BlockTokens
@@ -164,7 +166,7 @@ func (ix *Index) learn(m *model, rep *api.Report) {
 	if rep.Domain == prefix.Text && rep.PromptBytes > 0 {
 		v := float64(rep.PromptBytes) / float64(rep.PromptTokens)
 		if v >= 0.5 && v <= 64 { // outside this the report is nonsense
-			m.bpt = ewma(m.bpt, m.bptN, v, alpha)
+			m.setBytesPerToken(ewma(m.bytesPerToken(), m.bptN, v, alpha))
 			m.bptN++
 		}
 	}

@@ -104,7 +104,7 @@ func (ix *Index) sglangStored(r *replica, rk *rank, ev *kvevents.Event) {
 	var tail []uint32
 	switch {
 	case !ev.HasParent || ev.Parent == pyEmptyTupleHash:
-		key = ix.seed(r.spec.Model, ev.LoraName, prefix.SaltFromCacheSalt(ev.CacheSalt()))
+		key = r.seed(r.spec.Model, ev.LoraName, prefix.SaltFromCacheSalt(ev.CacheSalt()))
 	default:
 		pid := sg.last
 		p := sg.entry(pid, sg.lastGen)
@@ -133,8 +133,8 @@ func (ix *Index) sglangStored(r *replica, rk *rank, ev *kvevents.Event) {
 				sg.last = -1
 				return
 			}
-			ix.scratch = le32(ix.scratch[:0], toks[:bt])
-			key = prefix.Next(key, ix.scratch)
+			r.scratch = le32(r.scratch[:0], toks[:bt])
+			key = prefix.Next(key, r.scratch)
 			if prefix.IsCheckpoint(int(pos), ix.cfg.Stride) {
 				cks = append(cks, key)
 			}
@@ -249,7 +249,7 @@ func (ix *Index) admitSGLang(r *replica, rk *rank, ev *kvevents.Event) bool {
 		ix.drop(inputBlocks, reasonGlobal, n)
 		return false
 	}
-	ix.budget.used += n + keys
+	ix.budget.used.Add(int64(n + keys))
 	return true
 }
 

@@ -8,13 +8,12 @@
 package kvevents
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
-	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
@@ -109,18 +108,17 @@ const (
 var ErrMalformed = errors.New("malformed KV event batch")
 
 // Decoder decodes EventBatch payloads, reusing its buffers between calls. It is not safe
-// for concurrent use.
+// for concurrent use. It reads msgpack straight from the payload (a general msgpack
+// decoder over an io.Reader took two thirds of ingest's CPU, issue 15): every read is
+// bounds-checked against the payload, so nothing is allocated or read for a length the
+// bytes do not back.
 type Decoder struct {
-	r bytes.Reader
-	d *msgpack.Decoder
+	buf []byte
+	off int
 }
 
 // NewDecoder returns a Decoder.
-func NewDecoder() *Decoder {
-	dc := &Decoder{}
-	dc.d = msgpack.NewDecoder(&dc.r)
-	return dc
-}
+func NewDecoder() *Decoder { return &Decoder{} }
 
 // Decode parses payload (frame 2 of a message) into b, reusing b's slices. On error b
 // holds whatever was decoded before the problem and must not be used.
@@ -128,8 +126,8 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 	if len(payload) > MaxMessageBytes {
 		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(payload))
 	}
-	dc.r.Reset(payload)
-	dc.d.ResetReader(&dc.r)
+	dc.buf, dc.off = payload, 0
+	defer func() { dc.buf = nil }()
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
 	for i := range b.Events {
 		b.Events[i] = resetEvent(b.Events[i])
@@ -138,8 +136,8 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 	if err := dc.batch(b); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if dc.r.Len() != 0 {
-		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, dc.r.Len())
+	if dc.left() != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, dc.left())
 	}
 	return nil
 }
@@ -154,37 +152,85 @@ func resetEvent(e Event) Event {
 	return Event{Hashes: e.Hashes[:0], Tokens: e.Tokens[:0], FirstExtra: e.FirstExtra[:0]}
 }
 
-func (dc *Decoder) peek() (byte, error) { return dc.d.PeekCode() }
+func (dc *Decoder) left() int { return len(dc.buf) - dc.off }
+
+func (dc *Decoder) peek() (byte, error) {
+	if dc.off >= len(dc.buf) {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return dc.buf[dc.off], nil
+}
+
+// take consumes n bytes.
+func (dc *Decoder) take(n int) ([]byte, error) {
+	if n < 0 || n > dc.left() {
+		return nil, fmt.Errorf("length %d exceeds the %d bytes left", n, dc.left())
+	}
+	b := dc.buf[dc.off : dc.off+n : dc.off+n]
+	dc.off += n
+	return b, nil
+}
+
+// uintN consumes a big-endian unsigned integer of n (1, 2, 4 or 8) bytes.
+func (dc *Decoder) uintN(n int) (uint64, error) {
+	b, err := dc.take(n)
+	if err != nil {
+		return 0, err
+	}
+	switch n {
+	case 1:
+		return uint64(b[0]), nil
+	case 2:
+		return uint64(binary.BigEndian.Uint16(b)), nil
+	case 4:
+		return uint64(binary.BigEndian.Uint32(b)), nil
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
 
 // count checks a declared element count against the bytes left (each element is at
 // least one byte), so a corrupt length cannot make us allocate or loop much.
 func (dc *Decoder) count(n int) (int, error) {
-	if n > dc.r.Len() {
-		return 0, fmt.Errorf("length %d exceeds the %d bytes left", n, dc.r.Len())
+	if n > dc.left() {
+		return 0, fmt.Errorf("length %d exceeds the %d bytes left", n, dc.left())
 	}
 	return n, nil
 }
 
-func (dc *Decoder) arrayLen() (int, error) {
-	n, err := dc.d.DecodeArrayLen()
+// containerLen consumes an array (or map) header: fixed is the fix code's base, c16
+// and c32 the long forms. nil gives -1.
+func (dc *Decoder) containerLen(fixed, c16, c32 byte, what string) (int, error) {
+	c, err := dc.peek()
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 {
+	dc.off++
+	var n uint64
+	switch {
+	case c&0xf0 == fixed:
+		n = uint64(c & 0x0f)
+	case c == c16:
+		n, err = dc.uintN(2)
+	case c == c32:
+		n, err = dc.uintN(4)
+	case c == msgpcode.Nil:
 		return -1, nil
+	default:
+		dc.off--
+		return 0, fmt.Errorf("invalid code %#x decoding %s length", c, what)
 	}
-	return dc.count(n)
+	if err != nil {
+		return 0, err
+	}
+	return dc.count(int(n))
+}
+
+func (dc *Decoder) arrayLen() (int, error) {
+	return dc.containerLen(msgpcode.FixedArrayLow, msgpcode.Array16, msgpcode.Array32, "array")
 }
 
 func (dc *Decoder) mapLen() (int, error) {
-	n, err := dc.d.DecodeMapLen()
-	if err != nil {
-		return 0, err
-	}
-	if n < 0 {
-		return -1, nil
-	}
-	return dc.count(n)
+	return dc.containerLen(msgpcode.FixedMapLow, msgpcode.Map16, msgpcode.Map32, "map")
 }
 
 // isNil consumes a nil if one is next.
@@ -194,7 +240,8 @@ func (dc *Decoder) isNil() (bool, error) {
 		return false, err
 	}
 	if c == msgpcode.Nil {
-		return true, dc.d.DecodeNil()
+		dc.off++
+		return true, nil
 	}
 	return false, nil
 }
@@ -232,10 +279,12 @@ func (dc *Decoder) skip(depth int) error {
 		}
 		return nil
 	}
-	if err := dc.payloadFits(c); err != nil {
+	n, err := dc.scalarLen(c)
+	if err != nil {
 		return err
 	}
-	return dc.d.Skip()
+	_, err = dc.take(n)
+	return err
 }
 
 func isArray(c byte) bool {
@@ -258,46 +307,168 @@ func isSigned(c byte) bool {
 	return (c >= msgpcode.Int8 && c <= msgpcode.Int64) || (msgpcode.IsFixedNum(c) && int8(c) < 0)
 }
 
-// payloadFits checks that the str, bin or ext value starting with code c declares no more
-// bytes than are left. msgpack's decoder must never see a longer one: it keeps one read
-// buffer for the Decoder's life and grows it by 1 MiB for every value that claims more
-// than the buffer holds, even when the bytes are not there, so a stream of short messages
-// claiming 4 GiB strings would grow it without bound (found by FuzzDecode).
-func (dc *Decoder) payloadFits(c byte) error {
-	var hdr, n int // length header bytes after the code; declared payload bytes
+// scalarLen is the size in bytes of the non-container value starting with code c,
+// code and length header included. Declared lengths are checked by the caller's take
+// against the bytes left, so a value claiming 4 GiB costs nothing (FuzzDecode).
+func (dc *Decoder) scalarLen(c byte) (int, error) {
 	switch {
+	case c <= msgpcode.PosFixedNumHigh || c >= msgpcode.NegFixedNumLow,
+		c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
+		return 1, nil
 	case msgpcode.IsFixedString(c):
-		n = int(c & msgpcode.FixedStrMask)
-	case c == msgpcode.Str8 || c == msgpcode.Bin8 || c == msgpcode.Ext8:
-		hdr = 1
-	case c == msgpcode.Str16 || c == msgpcode.Bin16 || c == msgpcode.Ext16:
-		hdr = 2
-	case c == msgpcode.Str32 || c == msgpcode.Bin32 || c == msgpcode.Ext32:
-		hdr = 4
+		return 1 + int(c&msgpcode.FixedStrMask), nil
+	case c == msgpcode.Float:
+		return 5, nil
+	case c == msgpcode.Double:
+		return 9, nil
+	case c >= msgpcode.Uint8 && c <= msgpcode.Uint64:
+		return 1 + 1<<(c-msgpcode.Uint8), nil
+	case c >= msgpcode.Int8 && c <= msgpcode.Int64:
+		return 1 + 1<<(c-msgpcode.Int8), nil
 	case msgpcode.IsFixedExt(c):
-		n = 1 << (c - msgpcode.FixExt1) // FixExt1..FixExt16 are consecutive codes
+		return 2 + 1<<(c-msgpcode.FixExt1), nil // FixExt1..FixExt16 are consecutive codes
+	}
+	var hdr, extra int // length header bytes after the code; the extension's type byte
+	switch c {
+	case msgpcode.Str8, msgpcode.Bin8:
+		hdr = 1
+	case msgpcode.Str16, msgpcode.Bin16:
+		hdr = 2
+	case msgpcode.Str32, msgpcode.Bin32:
+		hdr = 4
+	case msgpcode.Ext8:
+		hdr, extra = 1, 1
+	case msgpcode.Ext16:
+		hdr, extra = 2, 1
+	case msgpcode.Ext32:
+		hdr, extra = 4, 1
 	default:
-		return nil // not a length-prefixed value
+		return 0, fmt.Errorf("invalid code %#x", c)
 	}
-	left := dc.r.Len() - 1 - hdr // after the code and the length header
-	if left < 0 {
-		return errors.New("truncated length")
+	if 1+hdr > dc.left() {
+		return 0, errors.New("truncated length")
 	}
-	if hdr > 0 {
-		var b [4]byte
-		at := dc.r.Size() - int64(dc.r.Len()) + 1 // just after the code
-		if _, err := dc.r.ReadAt(b[4-hdr:], at); err != nil {
-			return err
-		}
-		n = int(binary.BigEndian.Uint32(b[:]))
+	var n uint64
+	for _, b := range dc.buf[dc.off+1 : dc.off+1+hdr] {
+		n = n<<8 | uint64(b)
 	}
-	if msgpcode.IsExt(c) {
-		n++ // the extension's type byte
+	if n+uint64(extra) > uint64(dc.left()-1-hdr) {
+		return 0, fmt.Errorf("length %d exceeds the %d bytes left", n+uint64(extra), dc.left()-1-hdr)
 	}
-	if n > left {
-		return fmt.Errorf("length %d exceeds the %d bytes left", n, left)
+	return 1 + hdr + extra + int(n), nil
+}
+
+// payload consumes a str or bin value (code c, already checked) and returns its bytes,
+// which alias the message.
+func (dc *Decoder) payload(c byte) ([]byte, error) {
+	n, err := dc.scalarLen(c)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	hdr := 0
+	switch c {
+	case msgpcode.Str8, msgpcode.Bin8:
+		hdr = 1
+	case msgpcode.Str16, msgpcode.Bin16:
+		hdr = 2
+	case msgpcode.Str32, msgpcode.Bin32:
+		hdr = 4
+	}
+	b, err := dc.take(n)
+	if err != nil {
+		return nil, err
+	}
+	return b[1+hdr:], nil
+}
+
+// intern returns the strings the events repeat (field names, tags, media) without
+// allocating; others are copied.
+func intern(b []byte) string {
+	switch string(b) {
+	case "type":
+		return "type"
+	case "BlockStored":
+		return "BlockStored"
+	case "BlockRemoved":
+		return "BlockRemoved"
+	case "AllBlocksCleared":
+		return "AllBlocksCleared"
+	case "block_hashes":
+		return "block_hashes"
+	case "parent_block_hash":
+		return "parent_block_hash"
+	case "token_ids":
+		return "token_ids"
+	case "block_size":
+		return "block_size"
+	case "lora_id":
+		return "lora_id"
+	case "medium":
+		return "medium"
+	case "lora_name":
+		return "lora_name"
+	case "extra_keys":
+		return "extra_keys"
+	case "group_idx":
+		return "group_idx"
+	case "kv_cache_spec_kind":
+		return "kv_cache_spec_kind"
+	case "kv_cache_spec_sliding_window":
+		return "kv_cache_spec_sliding_window"
+	case "GPU":
+		return "GPU"
+	case "CPU":
+		return "CPU"
+	case "full_attention":
+		return "full_attention"
+	case "ts":
+		return "ts"
+	case "events":
+		return "events"
+	case "data_parallel_rank":
+		return "data_parallel_rank"
+	case "":
+		return ""
+	}
+	return string(b)
+}
+
+// sint consumes an integer of signed code c (checked) as int64.
+func (dc *Decoder) sint(c byte) (int64, error) {
+	if int8(c) < 0 && msgpcode.IsFixedNum(c) {
+		dc.off++
+		return int64(int8(c)), nil
+	}
+	dc.off++
+	n := 1 << (c - msgpcode.Int8)
+	u, err := dc.uintN(n)
+	if err != nil {
+		dc.off--
+		return 0, err
+	}
+	switch n {
+	case 1:
+		return int64(int8(u)), nil
+	case 2:
+		return int64(int16(u)), nil
+	case 4:
+		return int64(int32(u)), nil
+	}
+	return int64(u), nil
+}
+
+// uint consumes an integer of unsigned code c (checked).
+func (dc *Decoder) uint(c byte) (uint64, error) {
+	if c <= msgpcode.PosFixedNumHigh {
+		dc.off++
+		return uint64(c), nil
+	}
+	dc.off++
+	u, err := dc.uintN(1 << (c - msgpcode.Uint8))
+	if err != nil {
+		dc.off--
+	}
+	return u, err
 }
 
 // str decodes a string, refusing anything longer than the bytes left.
@@ -309,10 +480,11 @@ func (dc *Decoder) str() (string, error) {
 	if !isStr(c) {
 		return "", fmt.Errorf("want a string, got code %#x", c)
 	}
-	if err := dc.payloadFits(c); err != nil {
+	b, err := dc.payload(c)
+	if err != nil {
 		return "", err
 	}
-	return dc.d.DecodeString()
+	return intern(b), nil
 }
 
 // optStr decodes a string or nil.
@@ -333,9 +505,9 @@ func (dc *Decoder) integer() (int64, error) {
 		return 0, fmt.Errorf("want an integer, got code %#x", c)
 	}
 	if isSigned(c) {
-		return dc.d.DecodeInt64()
+		return dc.sint(c)
 	}
-	u, err := dc.d.DecodeUint64()
+	u, err := dc.uint(c)
 	if err != nil {
 		return 0, err
 	}
@@ -364,19 +536,16 @@ func (dc *Decoder) hash() (uint64, error) {
 	}
 	switch {
 	case isBin(c):
-		if err := dc.payloadFits(c); err != nil {
-			return 0, err
-		}
-		b, err := dc.d.DecodeBytes()
+		b, err := dc.payload(c)
 		if err != nil {
 			return 0, err
 		}
 		return HashFromBytes(b), nil
 	case isSigned(c):
-		v, err := dc.d.DecodeInt64()
+		v, err := dc.sint(c)
 		return uint64(v), err
 	case isInt(c):
-		return dc.d.DecodeUint64()
+		return dc.uint(c)
 	}
 	return 0, fmt.Errorf("block hash: unexpected code %#x", c)
 }
@@ -412,6 +581,20 @@ func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 		return dst, err
 	}
 	for i := 0; i < n; i++ {
+		// The common case inline: token ids below 2^16 (positive fixnum, uint8, uint16).
+		if b := dc.buf[dc.off:]; len(b) > 0 && b[0] <= msgpcode.PosFixedNumHigh {
+			dst = append(dst, uint32(b[0]))
+			dc.off++
+			continue
+		} else if len(b) >= 3 && b[0] == msgpcode.Uint16 {
+			dst = append(dst, uint32(b[1])<<8|uint32(b[2]))
+			dc.off += 3
+			continue
+		} else if len(b) >= 5 && b[0] == msgpcode.Uint32 {
+			dst = append(dst, binary.BigEndian.Uint32(b[1:5]))
+			dc.off += 5
+			continue
+		}
 		c, err := dc.peek()
 		if err != nil {
 			return dst, err
@@ -419,7 +602,7 @@ func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 		var v uint64
 		switch {
 		case isSigned(c):
-			s, err := dc.d.DecodeInt64()
+			s, err := dc.sint(c)
 			if err != nil {
 				return dst, err
 			}
@@ -428,7 +611,7 @@ func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 			}
 			v = uint64(s)
 		case isInt(c):
-			if v, err = dc.d.DecodeUint64(); err != nil {
+			if v, err = dc.uint(c); err != nil {
 				return dst, err
 			}
 		default:
@@ -496,9 +679,26 @@ func (dc *Decoder) batchField(k string, b *Batch) error {
 			b.TS = float64(v)
 			return err
 		}
-		b.TS, err = dc.d.DecodeFloat64()
-		if err != nil {
-			return fmt.Errorf("ts: %w", err)
+		switch c {
+		case msgpcode.Nil:
+			dc.off++
+			b.TS = 0
+		case msgpcode.Float:
+			dc.off++
+			u, err := dc.uintN(4)
+			if err != nil {
+				return fmt.Errorf("ts: %w", err)
+			}
+			b.TS = float64(math.Float32frombits(uint32(u)))
+		case msgpcode.Double:
+			dc.off++
+			u, err := dc.uintN(8)
+			if err != nil {
+				return fmt.Errorf("ts: %w", err)
+			}
+			b.TS = math.Float64frombits(u)
+		default:
+			return fmt.Errorf("ts: invalid code %#x decoding float", c)
 		}
 		return nil
 	case "events":
@@ -620,12 +820,14 @@ func (dc *Decoder) event(e *Event) error {
 	return nil
 }
 
-func (dc *Decoder) eventField(k string, e *Event) (err error) {
-	defer func() {
-		if err != nil {
-			err = fmt.Errorf("%s: %w", k, err)
-		}
-	}()
+func (dc *Decoder) eventField(k string, e *Event) error {
+	if err := dc.field(k, e); err != nil {
+		return fmt.Errorf("%s: %w", k, err)
+	}
+	return nil
+}
+
+func (dc *Decoder) field(k string, e *Event) (err error) {
 	switch k {
 	case "block_hashes":
 		e.Hashes, err = dc.hashes(e.Hashes)
