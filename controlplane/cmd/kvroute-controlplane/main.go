@@ -4,8 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane"
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/internal/cli"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -47,36 +46,32 @@ func (p *poolFlags) Set(v string) error {
 	return nil
 }
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "kvroute-controlplane:", err)
-		os.Exit(2)
-	}
-}
+const command = "kvroute-controlplane"
 
-func run(args []string) error {
-	fs := flag.NewFlagSet("kvroute-controlplane", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `kvroute-controlplane: watches LLM engines (Prometheus metrics, vLLM/SGLang KV events),
+var help = cli.Help{
+	Intro: `watches LLM engines (Prometheus metrics, vLLM/SGLang KV events),
 keeps the prefix index and serves the routing table that every kvroute filter polls.
-
-HTTP API: GET /v1/table?version=V[&model=M][&wait_ms=W], POST /v1/reports,
-GET /debug/state, /metrics, /healthz, /readyz.
-
 Engines come from --engines-file, repeated --engine flags, and/or Kubernetes
-(--k8s-selector, --inference-pool). An --engine value is comma-separated key=value pairs:
+(--k8s-selector, --inference-pool).`,
+	Usage: []string{
+		"--engine model=M,addr=HOST:PORT,kv=tcp://HOST:PORT[,...] [--engine ...] [flags]",
+		"--engines-file FILE [flags]",
+		"--k8s-selector LABEL | --inference-pool NAMESPACE/NAME[=MODEL] [flags]",
+	},
+	Details: `An --engine value is comma-separated key=value pairs:
   id, model, addr (ip:port), metrics (URL, default http://<addr>/metrics),
   kv (tcp://host:port of the engine's KV-event PUB), replay (its replay ROUTER),
   topic, kind (vllm|sglang), speed (prefill tokens/s), dp_size, dp_external
 e.g. --engine model=llama,addr=127.0.0.1:8001,kv=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,kind=vllm,speed=14025
 
-Flags:
-`)
-		fs.PrintDefaults()
-	}
+HTTP API: GET /v1/table?version=V[&model=M][&wait_ms=W], POST /v1/reports,
+GET /debug/state, /metrics, /healthz, /readyz.`,
+}
+
+func main() { os.Exit(cli.Exit(command, run(os.Args[1:]), os.Stderr)) }
+
+func run(args []string) error {
+	fs := cli.NewFlagSet(command, help, os.Stdout)
 	var (
 		engines engineFlags
 		pools   poolFlags
@@ -119,20 +114,17 @@ Flags:
 	fs.DurationVar(&o.ReplayTimeout, "replay-timeout", 2*time.Second, "timeout of one KV-event replay request")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 5*time.Second, "time to drain HTTP requests on SIGTERM/SIGINT")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return cli.Usagef("--log-level: %w", err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	allow, err := controlplane.ParseAllow(*kvAllow)
 	if err != nil {
-		return fmt.Errorf("--kv-bind-allow: %w", err)
+		return cli.Usagef("--kv-bind-allow: %w", err)
 	}
 	o.KVBindAllow = allow
 	o.Index = ic
@@ -181,6 +173,9 @@ Flags:
 			}
 			o.Kubernetes.InferencePools, o.Kubernetes.PoolClient = pools, pc
 		}
+	}
+	if o.Kubernetes == nil && len(o.Engines) == 0 {
+		return cli.Usagef("no engines: give --engine, --engines-file, --k8s-selector or --inference-pool")
 	}
 
 	cp, err := controlplane.New(o)

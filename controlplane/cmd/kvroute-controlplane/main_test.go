@@ -32,11 +32,11 @@ func TestFlagErrors(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	stderr := os.Stderr
+	stdout := os.Stdout
 	f, _ := os.CreateTemp(t.TempDir(), "help")
-	os.Stderr = f
+	os.Stdout = f
 	err := run([]string{"--help"})
-	os.Stderr = stderr
+	os.Stdout = stdout
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v", err)
 	}

@@ -2,14 +2,13 @@
 // oci:// URLs (Istio's "compat" Wasm image: one tar+gzip layer holding plugin.wasm; see
 // package wasmimage), writes it as an OCI image layout directory and an oci-archive
 // tarball, and prints the manifest digest that a WasmPlugin's `sha256` must hold.
-// `make oci` runs it; run with -h for the flags.
+// `make oci` runs it; run with --help for the flags.
 package main
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,48 +17,49 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 
+	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/manifests/wasmimage"
 )
 
-func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "kvroute-oci:", err)
-		os.Exit(2)
-	}
+const command = "kvroute-oci"
+
+var help = cli.Help{
+	Intro: `packages bin/kvroute.wasm as the OCI image istio-agent pulls for
+oci:// URLs (Istio's "compat" Wasm image: one tar+gzip layer holding plugin.wasm), writes it
+as an OCI image layout directory and an oci-archive tarball, and prints the manifest
+digest that a WasmPlugin's or EnvoyFilter's sha256 must hold. make oci runs it.`,
+	Usage:   []string{"[--wasm MODULE] [--out DIR] [--archive FILE] [--ref REGISTRY/REPO:TAG [--pin RELEASE.yaml]]"},
+	Details: `Then push it: crane push out/kvroute-wasm REGISTRY/REPO:TAG (the digest stays the same).`,
 }
 
+func main() { os.Exit(cli.Exit(command, run(os.Args[1:], os.Stdout), os.Stderr)) }
+
 func run(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("kvroute-oci", flag.ContinueOnError)
+	fs := cli.NewFlagSet(command, help, stdout)
 	wasm := fs.String("wasm", "bin/kvroute.wasm", "the filter module to package")
 	out := fs.String("out", "out/kvroute-wasm", "OCI image layout directory to (re)write")
 	archive := fs.String("archive", "out/kvroute-wasm.oci.tar", "oci-archive tarball of the layout (\"\" = none)")
 	ref := fs.String("ref", "", "image reference it will be pushed as, e.g. ghcr.io/kvroute/kvroute-wasm:0.1.0 (its tag names the image in the layout)")
-	pin := fs.String("pin", "", "release file to update in place (manifests/filter/release/release.yaml or the canary's): sha256 and, with -ref, url")
+	pin := fs.String("pin", "", "release file to update in place (manifests/filter/release/release.yaml or the canary's): sha256 and, with --ref, url")
 	source := fs.String("source", "", "org.opencontainers.image.source annotation (e.g. the repository URL)")
 	revision := fs.String("revision", "", "org.opencontainers.image.revision annotation (e.g. the git commit)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var tag, url string
 	if *ref != "" {
 		r, err := name.ParseReference(*ref, name.StrictValidation)
 		if err != nil {
-			return fmt.Errorf("-ref %q: %w", *ref, err)
+			return cli.Usagef("--ref %q: %w", *ref, err)
 		}
 		t, ok := r.(name.Tag)
 		if !ok {
-			return fmt.Errorf("-ref %q: give a tag, not a digest (the digest is what this command computes)", *ref)
+			return cli.Usagef("--ref %q: give a tag, not a digest (the digest is what this command computes)", *ref)
 		}
 		tag, url = t.TagStr(), "oci://"+t.Name()
 	}
 	if *pin != "" && url == "" {
-		return errors.New("-pin needs -ref, so that the release file's url names what was built")
+		return cli.Usagef("--pin needs --ref, so that the release file's url names what was built")
 	}
 	module, err := os.ReadFile(*wasm)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
@@ -26,16 +27,18 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
-const usageHeader = `kvroute-enginesim: simulated vLLM replicas for testing kvroute.
+const command = "kvroute-enginesim"
 
-Each replica serves vLLM's OpenAI API (POST /v1/completions, /v1/chat/completions,
-/tokenize, /reset_prefix_cache; GET /v1/models, /health, /version, /metrics) and, with
---kv-events-config, publishes KV cache events over ZMQ (PUB + optional ROUTER replay)
-in vLLM's wire format. Prompts are tokenized by a deterministic stand-in tokenizer
-(4 bytes per token); token-id prompts are used as given. Time runs at --time-scale
-wall seconds per simulated second; latencies in responses and metrics are simulated.
-
-Fault switches (loopback clients only, with --enable-admin):
+var help = cli.Help{
+	Intro: `simulated vLLM replicas for testing kvroute. Each replica serves vLLM's
+OpenAI API (POST /v1/completions, /v1/chat/completions, /tokenize, /reset_prefix_cache;
+GET /v1/models, /health, /version, /metrics) and, with --kv-events-config, publishes KV
+cache events over ZMQ (PUB + optional ROUTER replay) in vLLM's wire format. Prompts are
+tokenized by a deterministic stand-in tokenizer (4 bytes per token); token-id prompts are
+used as given. Time runs at --time-scale wall seconds per simulated second; latencies in
+responses and metrics are simulated.`,
+	Usage: []string{"[flags]"},
+	Details: `Fault switches (loopback clients only, with --enable-admin):
   POST /admin/restart                      a process restart: cache empty, event seq from 0, no AllBlocksCleared
                                            (--engine sglang: AllBlocksCleared first, as SGLang's start-up)
   POST /admin/pause-events[?on=false]      stop (or resume) sending KV events; seqs keep counting
@@ -47,10 +50,8 @@ Fault switches (loopback clients only, with --enable-admin):
 
 Example:
   kvroute-enginesim --port 8000 --profile seed000 --time-scale 0.001 \
-    --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@127.0.0.1:8000@llama"}'
-
-Flags:
-`
+    --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@127.0.0.1:8000@llama"}'`,
+}
 
 type loraFlag []server.LoRAModule
 
@@ -94,16 +95,7 @@ type options struct {
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("kvroute-enginesim", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		// Print flags GNU-style (--name), as vLLM documents them; both forms parse.
-		var b strings.Builder
-		fs.SetOutput(&b)
-		fs.PrintDefaults()
-		fs.SetOutput(out)
-		fmt.Fprint(out, usageHeader, strings.ReplaceAll("\n"+b.String(), "\n  -", "\n  --")[1:])
-	}
+	fs := cli.NewFlagSet(command, help, out)
 	seed := os.Getenv("PYTHONHASHSEED")
 	if seed == "" {
 		seed = "0"
@@ -129,7 +121,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "overriding --vllm-version's: answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
 	fs.IntVar(&o.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the KV event ports (vLLM offset_endpoint_port) and fills data_parallel_rank")
 	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", cache.AlgoSimXXH64, "block hash: sim_xxh64 (fast, simulator-private) or sha256_cbor (vLLM's, identical hashes given the same seed)")
-	fs.StringVar(&o.hashSeed, "hash-seed", seed, "block hash seed, vLLM's PYTHONHASHSEED (defaults to $PYTHONHASHSEED if set)")
+	fs.StringVar(&o.hashSeed, "hash-seed", seed, "block hash seed, vLLM's PYTHONHASHSEED (the default is $PYTHONHASHSEED if set, else 0)")
 	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 16, "output tokens when a request sets no max_tokens (the simulated model never stops early)")
 	fs.IntVar(&o.vocabSize, "vocab-size", 128256, "token ids accepted in token-id prompts are below this")
 	fs.BoolVar(&o.enableAdmin, "enable-admin", true, "serve the /admin/ fault switches (loopback clients only)")
@@ -143,11 +135,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 func parse(args []string, out io.Writer) ([]server.Config, error) {
 	var o options
 	fs := newFlagSet(&o, out)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	if !o.enablePrefixCaching {
 		return nil, errors.New("--enable-prefix-caching=false: the simulator always caches prefixes")
@@ -294,19 +283,17 @@ func run(ctx context.Context, cfgs []server.Config) error {
 	return nil
 }
 
-func main() {
-	cfgs, err := parse(os.Args[1:], os.Stderr)
+func main() { os.Exit(cli.Exit(command, realMain(os.Args[1:]), os.Stderr)) }
+
+func realMain(args []string) error {
+	cfgs, err := parse(args, os.Stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		return
+		return err
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvroute-enginesim:", err)
-		os.Exit(2)
+	if err != nil { // every error of parse is about the command line
+		return &cli.UsageError{Err: err}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfgs); err != nil {
-		fmt.Fprintln(os.Stderr, "kvroute-enginesim:", err)
-		os.Exit(1)
-	}
+	return run(ctx, cfgs)
 }
