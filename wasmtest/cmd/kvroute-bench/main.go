@@ -17,8 +17,6 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -30,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 	"github.com/kvroute/kvroute/wasmtest/fleet"
 	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
@@ -37,15 +36,28 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
-func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "kvroute-bench:", err)
-		os.Exit(1)
-	}
+const command = "kvroute-bench"
+
+var help = cli.Help{
+	Intro: `simulates a fleet of LLM replicas (the engine simulator's scheduler,
+prefix cache and timing model, in virtual time) under a workload, routes the same arrivals
+with every policy, and prints the comparison: requests, cached-token rate, TTFT
+p50/p95/p99, end-to-end p50, max/mean queued tokens, spill rate and preemptions.
+kvroute's policy is the real routing code (shared/route) with the control plane's index
+in-process.`,
+	Usage: []string{"[flags]"},
+	Details: `Examples:
+  kvroute-bench                                   # 40 req/s, 200 customers, 22 replicas, 10 minutes
+  kvroute-bench --hot                             # one customer sends 10% of the traffic
+  kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
+  kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
+  kvroute-bench --workload gsp --rate 8 --replicas 4
+  kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
+
+Durations take Go's form (500ms, 2m) or a bare number in the unit the flag names.`,
 }
+
+func main() { os.Exit(cli.Exit(command, run(os.Args[1:], os.Stdout, os.Stderr), os.Stderr)) }
 
 // faultFlag collects AT[:REPLICA] values.
 type faultFlag struct {
@@ -130,9 +142,11 @@ func (f durFlag) Set(s string) error {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvroute-bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.NewFlagSet(command, help, stdout)
 	o := fleet.DefaultOptions()
+	if o.KVRoute.Index.SpecTTL == 0 {
+		o.KVRoute.Index.SpecTTL = 60 * time.Second // the control plane's default, shown in --help
+	}
 	seed := workload.DefaultSeed()
 	gsp := workload.DefaultGSP()
 	mt := workload.DefaultMultiturn()
@@ -162,7 +176,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		cpuprofile  = fs.String("cpuprofile", "", "write a CPU profile here")
 	)
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
-	fs.Var(durFlag{&duration, time.Second}, "duration", "seed and multiturn: arrivals span (default 10m)")
+	fs.Var(durFlag{&duration, time.Second}, "duration", "seed and multiturn: arrivals span (seconds or a duration)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "random seed: arrivals, texts, tie breaks")
 	fs.IntVar(&seed.Customers, "customers", seed.Customers, "seed: distinct customer prefixes")
 	fs.IntVar(&seed.PromptTokens, "prompt-tokens", seed.PromptTokens, "seed: prompt length in tokens")
@@ -174,11 +188,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&gsp.OutputTokens, "gsp-output-len", gsp.OutputTokens, "gsp: output tokens")
 	fs.IntVar(&burst.Size, "burst-size", burst.Size, "burst: requests per group (N)")
 	fs.Float64Var(&burst.GroupRate, "burst-rate", burst.GroupRate, "burst: groups per second")
-	fs.Var(durFlag{&burst.Spread, time.Millisecond}, "burst-spread", "burst: a group's requests arrive within this of its start (ms or a duration; default 5ms)")
+	fs.Var(durFlag{&burst.Spread, time.Millisecond}, "burst-spread", "burst: a group's requests arrive within this of its start (ms or a duration)")
 	fs.IntVar(&burst.PrefixTokens, "burst-prefix-tokens", burst.PrefixTokens, "burst: each group's new shared prefix, in tokens")
 	fs.IntVar(&burst.QuestionTokens, "burst-question-tokens", burst.QuestionTokens, "burst: each request's own part, in tokens")
 	fs.IntVar(&burst.OutputTokens, "burst-output-tokens", burst.OutputTokens, "burst: output tokens")
-	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (default 5m)")
+	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (seconds or a duration)")
 	fs.Var(outageFlag{&outage}, "cp-outage", "AT:DURATION (seconds or durations): kvroute's proxies receive no table and lose every report from AT for DURATION; results are also split before/during/after")
 	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn: turns per session")
 	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn: time between a session's turns")
@@ -198,26 +212,23 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
-	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (default 60s, the control plane's)")
+	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (seconds or a duration; the default is the control plane's)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
 	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements (the behaviour before issue 13)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	names, err := fleet.ParsePolicies(*policies)
 	if err != nil {
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	if *wasm && !slices.Contains(names, kvroute.WasmName) {
 		names = append(names, kvroute.WasmName)
 	}
 	if o.Profile, err = timing.ByName(*profile); err != nil {
-		return err
+		return &cli.UsageError{Err: err}
 	}
 	o.KVRoute.Stale = stale
 	o.KVRoute.NoLocal = noLocal
@@ -225,6 +236,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	o.KVRoute.Rule.TieEpsilon = *tieEps
 
 	w, label, err := buildWorkload(*wl, *trace, *traceFormat, *speedup, *rate, duration, *hot, *hotShare, *shared, o, seed, gsp, mt, burst)
+	if err != nil && (*trace == "" || *traceFormat != "mooncake") { // a flag value, not a trace file
+		return &cli.UsageError{Err: err}
+	}
 	if err != nil {
 		return err
 	}
