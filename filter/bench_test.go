@@ -16,7 +16,7 @@ import (
 // The fleet of seed 000 at its affinity size: 22 replicas, 200 customer prefixes of
 // 6,000 tokens (about 24 KB each), every prefix held by one or two replicas. The request
 // is an 8,000-token chat body (about 32 KB) that shares one of the prefixes.
-func benchFleet(b *testing.B) (*table.Table, string) {
+func benchFleet(b testing.TB) (*table.Table, string) {
 	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := make([]table.Replica, 22)
 	for i := range rs {

@@ -51,6 +51,11 @@ type Config struct {
 	// CountCalls names guest functions (as the module's name section has them, e.g.
 	// "runtime.gcMarkTermination", once per Go GC cycle) whose calls Host.Calls counts.
 	CountCalls []string
+	// TimeCalls names guest functions (or name prefixes ending in "*"), as Go spells them
+	// ("main.(*plugin).enqueue") or as the name section has them, whose calls and
+	// inclusive wall time Host.CallTimes reports: a profile of the guest for chosen
+	// functions. Each timed call costs two clock reads; time few, or top-level, functions.
+	TimeCalls []string
 	// Profile is the proxy-wasm-cpp-host behaviour to reproduce. Default: the strictest,
 	// CppHostC4d7bb0 (the oldest Envoy the manifests support).
 	Profile *Profile
@@ -100,6 +105,8 @@ type Host struct {
 	closed   atomic.Bool
 	stats    hostStats
 	calls    map[string]*atomic.Int64 // Config.CountCalls
+	timedMu  sync.Mutex
+	timed    map[string]*callTime // Config.TimeCalls, by function name
 }
 
 type hostStats struct {

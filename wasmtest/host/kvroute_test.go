@@ -3,11 +3,13 @@ package host_test
 import (
 	"context"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -297,7 +299,12 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	tb := kvTable(b)
 	tb.Models["llama"].Replicas[1].Addr = upAddr
 	cp := &fakeControlPlane{frame: table.EncodeFull(tb)}
-	h := loadKvroute(b, host.Config{VMs: 2, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+	cfg := host.Config{VMs: 2, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}},
+		CountCalls: []string{mallocgc}}
+	if *guestProfile {
+		cfg.TimeCalls = guestProfileFuncs
+	}
+	h := loadKvroute(b, cfg)
 	// Wall clock: wait for the leader's first poll and every VM's next tick after it.
 	for v, _ := h.Metric("kvroute_table_version"); v.Value < 1; v, _ = h.Metric("kvroute_table_version") {
 		time.Sleep(5 * time.Millisecond)
@@ -311,6 +318,9 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	defer s.Close()
 	body := string(kvChat(kvSystem+strings.Repeat("More context. ", 600), "where is my parcel"))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	mallocs := h.Calls(mallocgc)
+	ticksBefore := []int{len(h.VM(0).TickDurations()), len(h.VM(1).TickDurations())}
+	h.ResetCallTimes()
 	start := time.Now()
 	for b.Loop() {
 		resp, err := client.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -335,4 +345,56 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	b.ReportMetric(float64(upstream.Microseconds()), "upstream-µs/op")
 	b.ReportMetric(float64((st.Total.Mean() - filter - upstream).Microseconds()), "proxy-µs/op")
 	b.ReportMetric(float64(elapsed.Microseconds())/float64(st.Requests), "client-µs/op")
+	// Every allocation the guest made (requests, ticks, GC), per request.
+	b.ReportMetric(float64(h.Calls(mallocgc)-mallocs)/float64(st.Requests), "guest-allocs/op")
+	var tickTimes []time.Duration
+	for i, n := range ticksBefore {
+		tickTimes = append(tickTimes, h.VM(i).TickDurations()[n:]...)
+	}
+	if len(tickTimes) > 0 {
+		slices.Sort(tickTimes)
+		b.ReportMetric(float64(tickTimes[len(tickTimes)/2].Microseconds()), "tick-p50-µs")
+		b.ReportMetric(float64(tickTimes[len(tickTimes)*99/100].Microseconds()), "tick-p99-µs")
+	}
+	if *guestProfile {
+		logGuestProfile(h, st.Requests)
+	}
+}
+
+const mallocgc = "runtime.mallocgc"
+
+// guestProfile: go test ./wasmtest/host -run '^$' -bench KvrouteThroughProxy -benchtime 2000x -args -guestprofile
+// logs the calls and inclusive time per request of guestProfileFuncs in the guest.
+var guestProfile = flag.Bool("guestprofile", false, "BenchmarkKvroute*: log where the guest's time goes (host.Config.TimeCalls)")
+
+// guestProfileFuncs: the proxy-wasm callbacks, the request path's steps, the leader's and
+// the runtime's allocator and collector.
+var guestProfileFuncs = []string{
+	"proxy_on_request_headers", "proxy_on_request_body", "proxy_on_response_headers",
+	"proxy_on_response_body", "proxy_on_done", "proxy_on_log", "proxy_on_delete",
+	"proxy_on_context_create", "proxy_on_tick", "proxy_on_memory_allocate",
+	"proxy_on_http_call_response", "proxy_on_queue_ready",
+	"github.com/kvroute/kvroute/shared/prompt.(*Parser).Parse",
+	"github.com/kvroute/kvroute/shared/route.NewChain",
+	"github.com/kvroute/kvroute/shared/route.(*Router).Decide",
+	"github.com/kvroute/kvroute/shared/route.(*Router).Route",
+	"github.com/kvroute/kvroute/shared/route.(*Local).Add",
+	"github.com/kvroute/kvroute/shared/route.Placement",
+	"github.com/kvroute/kvroute/shared/prompt.FindUsage",
+	"main.(*plugin).enqueue", "main.(*placed).*", "main.(*leader).*", "main.(*view).sync",
+	"main.(*httpContext).finish",
+	"runtime.mallocgc", "runtime.gcStart", "runtime.gcBgMarkWorker", "runtime.gcMarkTermination",
+	"runtime.gcDrain*", "runtime.memmove", "runtime.bgsweep",
+}
+
+func logGuestProfile(h *host.Host, requests int64) {
+	// Printed, not logged: the testing package cuts a benchmark's log at 10 lines.
+	fmt.Printf("guest profile over %d requests (inclusive time; callbacks include their callees):\n", requests)
+	for _, c := range h.CallTimes() {
+		if c.Calls == 0 {
+			continue
+		}
+		fmt.Printf("  %9.2f µs/req %9.2f calls/req %9.2f µs/call  %s\n", float64(c.Total.Microseconds())/float64(requests),
+			float64(c.Calls)/float64(requests), float64(c.Total.Nanoseconds())/1e3/float64(c.Calls), c.Name)
+	}
 }

@@ -50,6 +50,8 @@ type VM struct {
 	metricSeq   uint32
 	allowed     map[string]bool // host calls allowed in a restricted callback; nil: all
 	ticks       atomic.Uint64   // proxy_on_tick calls delivered
+	callStarts  []time.Time     // entry times of the timed guest calls in progress (Config.TimeCalls)
+	tickTimes   []time.Duration // how long each proxy_on_tick ran (the first maxTickTimes)
 }
 
 type vmKey struct{}
@@ -210,6 +212,17 @@ func (vm *VM) stopTimers() {
 // every VM's next tick instead of sleeping through a tick period.
 func (vm *VM) Ticks() uint64 { return vm.ticks.Load() }
 
+// maxTickTimes bounds TickDurations: about 27 minutes of 100 ms ticks.
+const maxTickTimes = 1 << 14
+
+// TickDurations returns how long each proxy_on_tick callback ran in the guest (the first
+// 16,384 ticks), oldest first: a tick blocks its worker thread for that long.
+func (vm *VM) TickDurations() []time.Duration {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return append([]time.Duration(nil), vm.tickTimes...)
+}
+
 // Index returns the VM's position in the host.
 func (vm *VM) Index() int { return vm.index }
 
@@ -328,6 +341,9 @@ func (vm *VM) onTick(gen uint64) {
 		vm.tickTimer = nil
 		_, _ = vm.invoke(vm.fn.tick, vm.rootID, uint64(vm.rootID))
 		vm.ticks.Add(1)
+		if len(vm.tickTimes) < maxTickTimes {
+			vm.tickTimes = append(vm.tickTimes, vm.lastCall)
+		}
 		if vm.failed == nil && !vm.stopped && gen == vm.tickGen && vm.tickPeriod > 0 {
 			vm.armTick()
 		}
