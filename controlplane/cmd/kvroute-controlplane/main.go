@@ -98,7 +98,7 @@ func run(args []string) error {
 	fs.IntVar(&ic.UnhealthyAfter, "unhealthy-after", 3, "consecutive failed scrapes before a replica is marked unhealthy")
 	fs.Float64Var(&ic.DefaultUncachedTokens, "default-uncached-tokens", 512, "uncached prompt tokens assumed per waiting request until outcomes say better (engines without kvroute:queued_prefill_tokens)")
 	fs.IntVar(&ic.MaxKeysPerReplica, "max-keys-per-replica", 1<<20, "hard cap on the keys one replica may hold, whatever its capacity")
-	fs.IntVar(&ic.Budget.MaxKeys, "max-keys", index.DefaultMaxKeys, "memory budget: entries the index holds over all replicas (keys plus KV-event blocks, about 0.6 KB each at peak); inputs beyond it are dropped and counted. The default keeps the process under about 300 MB RSS")
+	fs.IntVar(&ic.Budget.MaxKeys, "max-keys", index.DefaultMaxKeys, "memory budget: entries the index holds over all replicas (keys plus KV-event blocks, about 0.6 KB each at peak); inputs beyond it are dropped and counted; 262,144 keep the process under about 300 MB RSS")
 	fs.Int64Var(&ic.Budget.DefaultCapacityTokens, "default-capacity-tokens", index.DefaultCapacityTokens, "a replica's KV capacity in tokens until vllm:cache_config_info gives num_gpu_blocks x block_size; a replica holds at most 4 x capacity / (stride x block-tokens) keys")
 	fs.IntVar(&ic.Budget.MaxReplicas, "max-replicas", index.DefaultMaxReplicas, "replicas discovery may list; the rest are dropped and counted")
 	fs.DurationVar(&ic.RefreshInterval, "refresh-interval", 100*time.Millisecond, "while scrapes succeed, publish a version at least this often so state age stays fresh")
