@@ -212,7 +212,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
-	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL (seconds or a duration; the default is the control plane's)")
+	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL, as the control plane's --spec-ttl (seconds or a duration)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
