@@ -7,63 +7,61 @@ FUZZTIME ?= 50000x
 
 .PHONY: all build wasm native test testdeps vet fmt-check unit fuzz soak run demo bench clean
 
-all: build
+all: build ## the default: same as make build
 
-build: wasm native
+build: wasm native ## bin/kvroute.wasm and every command in bin/
 
 # The filter: a WASI reactor loaded by Envoy (proxy-wasm), built with upstream Go, then
 # patched so the Go runtime never calls the host's poll_oneoff (filter/wasmpatch: Envoy
 # 1.35-1.38 answer it with ENOSYS and the runtime dies at its first GC).
-wasm:
+wasm: ## bin/kvroute.wasm, the filter (built with upstream Go, then patched by kvroute-wasmpatch)
 	@mkdir -p $(BIN)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(BIN)/kvroute.go.wasm ./filter
 	$(GO) run ./filter/cmd/kvroute-wasmpatch -in $(BIN)/kvroute.go.wasm -out $(WASM)
 
 # Native commands: every main package under a cmd/ directory lands in bin/.
-native:
+native: ## every command (each main package under a cmd/ directory) into bin/
 	@mkdir -p $(BIN)
-	@pkgs="$$($(GO) list ./controlplane/cmd/... ./wasmtest/cmd/... 2>/dev/null)"; \
-	if [ -n "$$pkgs" ]; then echo "go build -o $(BIN)/ $$pkgs"; $(GO) build -o $(BIN)/ $$pkgs; fi
+	$(GO) build -o $(BIN)/ ./controlplane/cmd/... ./wasmtest/cmd/... ./filter/cmd/... ./manifests/cmd/...
 
-vet:
+vet: ## go vet, native and wasip1
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
-fmt-check:
+fmt-check: ## fail if any Go file needs gofmt
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # npm packages the end-to-end tests use (the official openai client), pinned by the lockfile.
-testdeps:
+testdeps: ## the npm packages the end-to-end tests use (npm ci)
 	npm ci --prefix wasmtest/mesh/testdata/openai --no-audit --no-fund --loglevel=error
 
 # KVROUTE_REQUIRE_NODE: the openai client test fails, rather than skips, without Node.
-unit: testdeps
+unit: testdeps ## go test ./... (the openai client test needs Node)
 	KVROUTE_REQUIRE_NODE=1 $(GO) test ./...
 
 # Short fuzz runs of every decoder that sees untrusted bytes.
-fuzz:
+fuzz: ## short fuzz runs of every decoder of untrusted bytes (FUZZTIME=50000x)
 	@./.ci/fuzz $(FUZZTIME)
 
-test: build vet fmt-check unit fuzz
+test: build vet fmt-check unit fuzz ## everything CI runs: build, vet, gofmt check, all tests, fuzz
 
 # 100,000 requests through the compiled filter under every host profile (wazero and V8),
 # the strictest cpp-host included; make test runs 20,000. About 5 minutes.
-soak: wasm testdeps
+soak: wasm testdeps ## 100,000 requests through the compiled filter on wazero and V8 (about 5 minutes)
 	KVROUTE_SOAK_REQUESTS=100000 KVROUTE_V8_REQUESTS=100000 KVROUTE_REQUIRE_NODE=1 \
 		$(GO) test -count=1 -timeout 30m -run 'TestFilterSurvives|TestFilterOnCppHost' -v ./wasmtest/host/ ./wasmtest/v8host/
 
-run: build
-	@if [ -x $(BIN)/kvroute-mesh ]; then exec $(BIN)/kvroute-mesh $(ARGS); \
-	else echo "kvroute-mesh is not built yet: the local mesh (issue 6) is missing." >&2; exit 2; fi
+run: build ## the whole system on loopback until Ctrl-C (ARGS=--help lists the flags; --engine for your own engines)
+	@exec $(BIN)/kvroute-mesh $(ARGS)
 
-demo: build
+demo: build ## round robin against kvroute through the same proxy, 30 s each, then a table
 	$(BIN)/kvroute-mesh --demo $(ARGS)
 
-bench: build
+bench: build ## the fleet simulator: every policy on the same arrivals (ARGS=--help)
 	$(BIN)/kvroute-bench $(ARGS)
 
-clean:
+clean: ## remove bin/
 	rm -rf $(BIN)
 
 # The filter as an OCI image in the format istio-agent pulls (Istio's "compat" Wasm image:
@@ -73,9 +71,14 @@ clean:
 # writes OCI_REF and the digest into that file (manifests/README.md, "Images").
 OCI_REF ?= ghcr.io/kvroute/kvroute-wasm:dev
 .PHONY: oci manifests-test
-oci: wasm
+oci: wasm ## the filter as an OCI image under out/ (OCI_REF=..., OCI_PIN=...)
 	$(GO) run ./manifests/cmd/kvroute-oci -wasm $(WASM) -out out/kvroute-wasm -archive out/kvroute-wasm.oci.tar -ref $(OCI_REF) $(if $(OCI_PIN),-pin $(OCI_PIN))
 
 # The manifests' tests alone (strict decoding, kustomize renders, the OCI image).
-manifests-test:
+manifests-test: ## the manifests' tests alone
 	$(GO) test ./manifests/...
+
+# Every target with a "##" comment, one line each.
+.PHONY: help
+help: ## this list
+	@awk 'BEGIN { FS = ":[^#]*## " } /^[a-zA-Z_-]+:[^=]*## / { printf "  make %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
