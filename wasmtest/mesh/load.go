@@ -30,6 +30,15 @@ type Load struct {
 	// Tenant, when set, is sent in TenantHeader.
 	Tenant, TenantHeader string
 	Seed                 uint64
+	// FirstCustomer numbers the customers from here: loads with customer ranges that do
+	// not overlap share no prefix.
+	FirstCustomer int
+	// Progress, if set, is called every ProgressEvery (5 s) while the load runs, with the
+	// policy Compare is measuring ("" for RunLoad), the time since the start and what the
+	// run measured so far.
+	Progress      func(policy string, elapsed time.Duration, sofar LoadResult)
+	ProgressEvery time.Duration
+	policy        string
 }
 
 func (l *Load) defaults() {
@@ -47,6 +56,9 @@ func (l *Load) defaults() {
 	}
 	if l.Duration == 0 {
 		l.Duration = 30 * time.Second
+	}
+	if l.ProgressEvery <= 0 {
+		l.ProgressEvery = 5 * time.Second
 	}
 }
 
@@ -132,7 +144,7 @@ func (m *Mesh) RunLoad(ctx context.Context, l Load) LoadResult {
 	rng := rand.New(rand.NewPCG(l.Seed, 0x6b7672))
 	prompts := make([]string, l.Customers)
 	for c := range prompts {
-		prompts[c] = SystemPrompt(c, l.PrefixTokens)
+		prompts[c] = SystemPrompt(l.FirstCustomer+c, l.PrefixTokens)
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	var (
@@ -142,23 +154,35 @@ func (m *Mesh) RunLoad(ctx context.Context, l Load) LoadResult {
 	)
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
-	go func() { // queue samples every 100 ms
+	start := time.Now()
+	go func() { // queue samples every 100 ms, progress every l.ProgressEvery
 		defer close(sampled)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
+		nextProgress := start.Add(l.ProgressEvery)
 		for {
 			select {
 			case <-stop:
 				return
-			case <-t.C:
+			case now := <-t.C:
 				qs := m.Summary().Queues
 				mu.Lock()
 				res.QueueSamples = append(res.QueueSamples, qs)
+				var sofar LoadResult
+				report := l.Progress != nil && !now.Before(nextProgress)
+				if report {
+					sofar = res
+					sofar.TTFT = slices.Clone(res.TTFT)
+					sofar.QueueSamples = nil
+				}
 				mu.Unlock()
+				if report {
+					nextProgress = nextProgress.Add(l.ProgressEvery)
+					l.Progress(l.policy, now.Sub(start), sofar)
+				}
 			}
 		}
 	}()
-	start := time.Now()
 	next := start
 	for ctx.Err() == nil {
 		next = next.Add(time.Duration(rng.ExpFloat64() / l.Rate * float64(time.Second)))
@@ -279,7 +303,9 @@ type Comparison struct {
 
 // Compare runs l twice through the same proxy and filter, first with the proxy's
 // balancer set to round robin, then with kvroute's choice, every replica's cache
-// emptied (an engine restart) before each run so both start cold.
+// emptied (an engine restart) before each run so both start cold. Engines from
+// Options.Engines cannot be restarted: the kvroute run then sends other customers'
+// prompts (l.Customers further on), so neither run finds the other's prefixes cached.
 func (m *Mesh) Compare(ctx context.Context, l Load) Comparison {
 	l.defaults()
 	c := Comparison{Load: l}
@@ -289,7 +315,15 @@ func (m *Mesh) Compare(ctx context.Context, l Load) Comparison {
 		}
 		time.Sleep(500 * time.Millisecond) // the control plane sees the clears
 		m.Proxy.SetRoundRobin(rr)
-		r := m.RunLoad(ctx, l)
+		run := l
+		run.policy = "round robin"
+		if !rr {
+			run.policy = "kvroute"
+			if len(m.opts.Engines) > 0 {
+				run.FirstCustomer += l.Customers
+			}
+		}
+		r := m.RunLoad(ctx, run)
 		if rr {
 			c.RoundRobin = r
 		} else {

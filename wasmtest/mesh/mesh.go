@@ -1,7 +1,9 @@
 // Package mesh runs the whole of kvroute on one machine, on loopback: simulated vLLM
 // replicas (KV events and metrics on), the control plane watching them, and the proxy
 // running the real kvroute.wasm in front of them, as Envoy would in a sidecar. It is what
-// `make run` starts and what the end-to-end tests drive.
+// `make run` starts and what the end-to-end tests drive. With Options.Engines the control
+// plane and the proxy go in front of engines that already run (vLLM, SGLang or
+// kvroute-enginesim) instead of simulated ones.
 package mesh
 
 import (
@@ -16,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -43,6 +46,11 @@ type Options struct {
 	Replicas int    // simulated vLLM replicas (4)
 	Model    string // served model name ("llama")
 	Profile  string // engine timing profile: seed000 or fast ("seed000")
+	// Engines, when set, are engines already running that the control plane watches and
+	// the proxy forwards to, in place of simulated replicas (Replicas, Profile,
+	// TimeScale, KVBlocks and MaxNumSeqs are then unused). An engine without a model
+	// serves Model; one without an id is named engine-<i>.
+	Engines []discovery.Engine
 	// TimeScale is wall seconds per simulated second of the engines (1: real time).
 	TimeScale float64
 	// KVBlocks is each replica's KV pool in 16-token blocks (0 or less: the profile's). The
@@ -106,6 +114,15 @@ func (o *Options) defaults() {
 	def(&o.ScrapeInterval, 50)
 	if o.Model == "" {
 		o.Model = "llama"
+	}
+	o.Engines = slices.Clone(o.Engines)
+	for i := range o.Engines {
+		if o.Engines[i].Model == "" {
+			o.Engines[i].Model = o.Model
+		}
+		if o.Engines[i].ID == "" {
+			o.Engines[i].ID = fmt.Sprintf("engine-%d", i)
+		}
 	}
 	if o.Profile == "" {
 		o.Profile = "seed000"
@@ -181,7 +198,7 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	if o.MaxNumSeqs > 0 {
 		prof.MaxNumSeqs = o.MaxNumSeqs
 	}
-	for i := 0; i < o.Replicas; i++ {
+	for i := 0; i < o.Replicas && len(o.Engines) == 0; i++ {
 		s, err := server.Start(server.Config{
 			Host: "127.0.0.1", ModelName: o.Model, EnableAdmin: true, DefaultMaxTokens: 16,
 			Logger: o.Logger.With("replica", i),
@@ -232,8 +249,8 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	}
 	m.Host = h
 	var addrs []string
-	for _, s := range m.Engines {
-		addrs = append(addrs, s.Addr())
+	for _, e := range m.engineList() {
+		addrs = append(addrs, e.Addr)
 	}
 	p, err := proxy.Serve(proxyLn, proxy.Config{Host: m.Host, Endpoints: addrs})
 	if err != nil {
@@ -243,9 +260,12 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	return nil
 }
 
-// engineList is the control plane's static engine list: every replica with its KV-event
-// and replay endpoints.
+// engineList is the control plane's static engine list: the engines given in Options, or
+// every simulated replica with its KV-event and replay endpoints.
 func (m *Mesh) engineList() []discovery.Engine {
+	if len(m.opts.Engines) > 0 {
+		return m.opts.Engines
+	}
 	var es []discovery.Engine
 	for i, s := range m.Engines {
 		es = append(es, discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: m.opts.Model, Addr: s.Addr(),
@@ -304,6 +324,77 @@ func (m *Mesh) StartControlPlane() error {
 		return errors.New("control plane already running")
 	}
 	return m.startControlPlane(m.engineList())
+}
+
+// ExternalEngines are the engines from Options.Engines (none: the mesh runs simulated
+// replicas, Engines).
+func (m *Mesh) ExternalEngines() []discovery.Engine { return slices.Clone(m.opts.Engines) }
+
+// Ready waits until the filter routes to every engine: the control plane has scraped
+// each of them, the filter's leader has loaded a table at least that new, and every proxy
+// VM has read shared data since. Before that the filter leaves requests to the proxy's
+// fallback. It returns false if ctx ends first.
+func (m *Mesh) Ready(ctx context.Context) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	var (
+		version int64 = -1
+		ticks   []uint64
+	)
+	for {
+		switch {
+		case version < 0:
+			version = m.healthyVersion(ctx)
+		case ticks == nil:
+			if v, ok := m.Host.Metric("kvroute_table_version"); ok && v.Value > 0 && v.Value >= version {
+				for _, vm := range m.Host.VMs() {
+					ticks = append(ticks, vm.Ticks())
+				}
+			}
+		default:
+			done := true
+			for i, vm := range m.Host.VMs() {
+				done = done && vm.Ticks() > ticks[i]
+			}
+			if done {
+				return true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// healthyVersion is the control plane's table version once it lists every engine as
+// healthy, else -1.
+func (m *Mesh) healthyVersion(ctx context.Context) int64 {
+	req, err := http.NewRequestWithContext(ctx, "GET", m.ControlPlaneURL()+"/debug/state", nil)
+	if err != nil {
+		return -1
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Version  int64
+		Replicas []struct {
+			Healthy bool `json:"healthy"`
+		}
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Replicas) < len(m.engineList()) {
+		return -1
+	}
+	for _, r := range st.Replicas {
+		if !r.Healthy {
+			return -1
+		}
+	}
+	return st.Version
 }
 
 // URL is the proxy's base URL, where clients send OpenAI requests.

@@ -15,23 +15,64 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
 
-const usage = `kvroute-mesh: the whole of kvroute on one machine, on loopback.
+const command = "kvroute-mesh"
 
-Starts simulated vLLM replicas (OpenAI API, /metrics, KV events over ZMQ), the kvroute
-control plane watching them, and a proxy that runs bin/kvroute.wasm the way Envoy does
-(worker VMs, shared data, the leader polling the control plane) and forwards each request
-to the replicas the filter picked (Envoy's override_host policy). Prints where everything
-is, then a summary line every few seconds, until Ctrl-C.
+var help = cli.Help{
+	Intro: `the whole of kvroute on one machine, on loopback. It starts simulated vLLM
+replicas (OpenAI API, /metrics, KV events over ZMQ), the kvroute control plane watching
+them, and a proxy that runs bin/kvroute.wasm the way Envoy does (worker VMs, shared data,
+the leader polling the control plane) and forwards each request to the replicas the
+filter picked (Envoy's override_host policy). It prints where everything is, then a
+summary line every few seconds, until Ctrl-C.`,
+	Usage: []string{
+		"[flags]",
+		"--demo [flags]",
+		"--engine model=M,addr=HOST:PORT,kv=tcp://HOST:PORT[,...] [--engine ...] [--demo] [flags]",
+	},
+	Details: `--demo also sends shared-prefix chat traffic twice, through the same proxy and filter,
+once balanced round robin and once as kvroute picks, every replica's cache emptied before
+each run, prints progress every 5 s and the comparison at the end, and exits.
 
-With --demo it also sends shared-prefix chat traffic twice, through the same proxy and
-filter, once balanced round robin and once as kvroute picks, every replica's cache
-emptied before each run, and prints the comparison.
+Bring your own engines: each --engine is an engine you already run (vLLM, SGLang or
+kvroute-enginesim), in the control plane's --engine syntax (comma-separated key=value:
+model, addr, kv, replay, metrics, topic, kind, speed, id, dp_size, dp_external), or just
+its URL (http://HOST:PORT: no KV events, the table then learns from placements alone).
+No simulated replica starts: the control plane watches your engines (scrapes /metrics,
+subscribes to their KV events) and the proxy sends them the requests, e.g.
+  kvroute-mesh --engine model=llama,addr=10.0.0.7:8000,kv=tcp://10.0.0.7:5557,replay=tcp://10.0.0.7:5558 \
+               --engine model=llama,addr=10.0.0.8:8000,kv=tcp://10.0.0.8:5557,replay=tcp://10.0.0.8:5558
+Start vLLM with --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
+"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}' and --enable-prompt-tokens-details.
+With --demo the kvroute run sends other customers' prompts than the round-robin run
+(your engines' caches cannot be emptied), so that neither run finds the other's prefixes.`,
+}
 
-Flags:
-`
+// engineFlag collects --engine values; parse reads them once --model is known.
+type engineFlag []string
+
+func (e *engineFlag) String() string { return "" }
+
+func (e *engineFlag) Set(v string) error {
+	*e = append(*e, v)
+	return nil
+}
+
+// parseEngine reads one --engine value: the control plane's key=value pairs, or a URL or
+// host:port alone; model defaults to the --model flag.
+func parseEngine(v, model string) (discovery.Engine, error) {
+	if !strings.Contains(v, "=") {
+		v = "addr=" + strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(v, "http://"), "https://"), "/")
+	}
+	if !strings.HasPrefix(v, "model=") && !strings.Contains(v, ",model=") {
+		v += ",model=" + model
+	}
+	return discovery.ParseFlag(v)
+}
 
 type options struct {
 	replicas, vms, kvBlocks, maxSeqs int
@@ -41,25 +82,42 @@ type options struct {
 	every                            time.Duration
 	demo                             bool
 	demoLoad                         mesh.Load
+	engineFlags                      engineFlag
+	engines                          []discovery.Engine
 }
 
 func parse(args []string, out io.Writer) (options, error) {
 	var o options
 	fs := newFlagSet(&o, out)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return o, err
 	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
 	if o.replicas < 1 || o.vms < 1 || o.timeScale <= 0 || o.every <= 0 {
-		return o, errors.New("--replicas, --vms, --time-scale and --summary-every must be positive")
+		return o, cli.Usagef("--replicas, --vms, --time-scale and --summary-every must be positive")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, v := range o.engineFlags {
+		e, err := parseEngine(v, o.model)
+		if err == nil {
+			err = e.Validate()
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), "--engine") {
+			err = fmt.Errorf("--engine %q: %w", v, err)
+		}
+		if err != nil {
+			return o, &cli.UsageError{Err: err}
+		}
+		o.engines = append(o.engines, e)
+	}
+	for _, sim := range []string{"replicas", "profile", "time-scale", "kv-blocks", "max-num-seqs"} {
+		if len(o.engines) > 0 && set[sim] {
+			return o, cli.Usagef("--%s is for simulated replicas: with --engine none start", sim)
+		}
 	}
 	if o.demo {
 		// The demo runs and exits: unless told otherwise it takes free ports, so it can
 		// run next to a `make run` holding the default ones.
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["proxy"] {
 			o.proxyAddr = "127.0.0.1:0"
 		}
@@ -71,13 +129,9 @@ func parse(args []string, out io.Writer) (options, error) {
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("kvroute-mesh", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(out, usage)
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlagSet(command, help, out)
 	fs.IntVar(&o.replicas, "replicas", 4, "simulated vLLM replicas")
+	fs.Var(&o.engineFlags, "engine", "an engine you run, instead of simulated replicas: key=value pairs as the control plane's --engine takes, or its URL (repeatable; see above)")
 	fs.StringVar(&o.proxyAddr, "proxy", "127.0.0.1:10000", "address of the proxy clients send OpenAI requests to (--demo: a free port unless set)")
 	fs.StringVar(&o.cpAddr, "controlplane", "127.0.0.1:18080", "address of the control plane (GET /debug/state, /metrics, /v1/table; --demo: a free port unless set)")
 	fs.StringVar(&o.wasm, "wasm", "bin/kvroute.wasm", "the filter module (make wasm builds it); empty builds it from this checkout")
@@ -106,36 +160,30 @@ func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
 // realMain is the command: it returns the exit status, and every error is one line on
 // stderr.
 func realMain(args []string, stdout, stderr io.Writer) int {
-	o, err := parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
+	o, err := parse(args, stdout)
 	if err != nil {
-		fmt.Fprintln(stderr, "kvroute-mesh:", err)
-		return 2
-	}
-	if err := run(o, stdout); err != nil {
-		var busy *mesh.PortInUseError
-		if errors.As(err, &busy) {
-			flagName := "--proxy"
-			if busy.Part != "proxy" {
-				flagName = "--controlplane"
-			}
-			err = fmt.Errorf("%s (another kvroute-mesh running?); %s ADDR moves the %s", busy, flagName, busy.Part)
-		}
-		fmt.Fprintln(stderr, "kvroute-mesh:", strings.ReplaceAll(err.Error(), "\n", "; "))
-		return 1
-	}
-	return 0
-}
-
-func run(o options, stdout io.Writer) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return cli.Exit(command, err, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	err = run(ctx, o, stdout)
+	var busy *mesh.PortInUseError
+	if errors.As(err, &busy) {
+		flagName := "--proxy"
+		if busy.Part != "proxy" {
+			flagName = "--controlplane"
+		}
+		err = fmt.Errorf("%s (another kvroute-mesh running?); %s ADDR moves the %s", busy, flagName, busy.Part)
+	}
+	return cli.Exit(command, err, stderr)
+}
+
+// run starts the mesh and runs until ctx ends (or, with --demo, the demo does).
+func run(ctx context.Context, o options, stdout io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return cli.Usagef("--log-level: %w", err)
+	}
 	if o.wasm != "" {
 		if _, err := os.Stat(o.wasm); err != nil {
 			return fmt.Errorf("%s: %w (run `make wasm`, or pass --wasm \"\" to build it)", o.wasm, err)
@@ -144,20 +192,39 @@ func run(o options, stdout io.Writer) error {
 	m, err := mesh.Start(ctx, mesh.Options{
 		Replicas: o.replicas, Model: o.model, Profile: o.profile, TimeScale: o.timeScale,
 		KVBlocks: o.kvBlocks, MaxNumSeqs: o.maxSeqs, ProxyAddr: o.proxyAddr, ControlPlaneAddr: o.cpAddr,
-		VMs: o.vms, WasmPath: o.wasm,
+		VMs: o.vms, WasmPath: o.wasm, Engines: o.engines,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		OnListen: func() {
-			fmt.Fprintln(stdout, "kvroute-mesh: starting", o.replicas, "replicas, the control plane and the proxy ...")
+			if len(o.engines) > 0 {
+				fmt.Fprintln(stdout, "kvroute-mesh: starting the control plane and the proxy in front of", len(o.engines), "engines ...")
+			} else {
+				fmt.Fprintln(stdout, "kvroute-mesh: starting", o.replicas, "replicas, the control plane and the proxy ...")
+			}
 		},
 	})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	// The banner's curl should be routed: wait for the filter's first table.
+	readyCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ready := m.Ready(readyCtx)
+	cancel()
+	if ctx.Err() != nil {
+		return nil
+	}
 	printBanner(stdout, m, o)
+	if !ready {
+		fmt.Fprintf(stdout, "kvroute-mesh: the filter has no table from the control plane after 15 s (%s/debug/state says why): requests take the proxy's fallback until it has\n", m.ControlPlaneURL())
+	}
 
 	if o.demo {
 		fmt.Fprintf(stdout, "\ndemo: two runs of %s each (round robin, then kvroute) ...\n", o.demoLoad.Duration)
+		o.demoLoad.Progress = func(policy string, elapsed time.Duration, r mesh.LoadResult) {
+			fmt.Fprintf(stdout, "%s %-11s %3.0fs of %s: %d requests, %d errors, cached tokens %.1f%%, TTFT p50 %s\n",
+				time.Now().Format("15:04:05"), policy, elapsed.Seconds(), o.demoLoad.Duration, r.Requests, r.Errors,
+				100*r.CachedRate(), r.TTFTQuantile(0.5).Round(time.Millisecond))
+		}
 		c := m.Compare(ctx, o.demoLoad)
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, c.Table())
@@ -183,14 +250,25 @@ func printBanner(out io.Writer, m *mesh.Mesh, o options) {
 	for i, e := range m.Engines {
 		fmt.Fprintf(out, "  vllm-%d (simulated)           %s  (/metrics; KV events %s)\n", i, e.URL(), e.EventsEndpoint())
 	}
+	for _, e := range m.ExternalEngines() {
+		kv := e.KV
+		if kv == "" {
+			kv = "none"
+		}
+		fmt.Fprintf(out, "  %-28s http://%s  (model %s; KV events %s)\n", e.ID, e.Addr, e.Model, kv)
+	}
+	if o.demo {
+		return
+	}
 	system := strings.ReplaceAll(mesh.SystemPrompt(7, 200), `"`, ``)
 	fmt.Fprintf(out, `
-Send a request (repeat it: the second one finds its prefix cached):
+Send a request twice: the second answer's usage.prompt_tokens_details.cached_tokens
+shows the prefix found cached.
 
-  curl -s %s/v1/chat/completions -H 'content-type: application/json' -d '{
+  curl -s -w '\n' %s/v1/chat/completions -H 'content-type: application/json' -d '{
     "model": "%s", "max_tokens": 16,
     "messages": [{"role": "system", "content": "%s"},
-                 {"role": "user", "content": "Where is my order 42?"}]}' | jq .usage
+                 {"role": "user", "content": "Where is my order 42?"}]}'
 
 `, m.URL(), o.model, system)
 }

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
+	"github.com/kvroute/kvroute/wasmtest/engine/replica"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/server"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/mesh"
+)
+
+// syncBuffer is the command's stdout, read while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor polls cond until it holds; the deadline only guards against a hang.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startEngine runs a kvroute-enginesim replica as `kvroute-enginesim --profile fast
+// --served-model-name llama --kv-events-config {...}` would, on loopback ports of its
+// own choosing.
+func startEngine(t *testing.T) *server.Server {
+	t.Helper()
+	prof, err := timing.ByName("fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.Start(server.Config{
+		Host: "127.0.0.1", ModelName: "llama", DefaultMaxTokens: 16,
+		Replica: replica.Config{
+			Engine:    sched.Config{Profile: prof},
+			TimeScale: 1,
+			Events: publisher.Config{EnableKVCacheEvents: true, Publisher: "zmq",
+				Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0",
+				BufferSteps: publisher.DefaultBufferSteps, HWM: publisher.DefaultHWM, MaxQueueSize: publisher.DefaultQueueSize},
+			EventsOptions: publisher.Options{Encoding: kvevents.Map, BindHost: "127.0.0.1"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// `kvroute-mesh --engine ...` puts the real filter and the control plane in front of
+// engines started separately: requests through the proxy reach them, the control plane
+// indexes their KV events, and a repeated prefix goes back to the engine that holds it.
+func TestBringYourOwnEngines(t *testing.T) {
+	engines := []*server.Server{startEngine(t), startEngine(t)}
+	args := []string{"--proxy", "127.0.0.1:0", "--controlplane", "127.0.0.1:0", "--wasm", "", "--log-level", "error"}
+	for _, e := range engines {
+		args = append(args, "--engine", fmt.Sprintf("model=llama,addr=%s,kv=%s,replay=%s", e.Addr(), e.EventsEndpoint(), e.ReplayEndpoint()))
+	}
+	o, err := parse(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, &out) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+
+	var proxyURL, cpURL string
+	waitFor(t, "the banner", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("run ended: %v\n%s", err, out.String())
+		default:
+		}
+		s := out.String()
+		p := regexp.MustCompile(`proxy \(kvroute\.wasm, \d VMs\)\s+(http://\S+)`).FindStringSubmatch(s)
+		c := regexp.MustCompile(`control plane\s+(http://\S+)`).FindStringSubmatch(s)
+		if p == nil || c == nil || !strings.Contains(s, "curl") {
+			return false
+		}
+		proxyURL, cpURL = p[1], c[1]
+		return true
+	})
+	banner := out.String()
+	for _, e := range engines {
+		if !strings.Contains(banner, e.URL()) || !strings.Contains(banner, e.EventsEndpoint()) {
+			t.Errorf("the banner does not name engine %s and its KV events %s:\n%s", e.URL(), e.EventsEndpoint(), banner)
+		}
+	}
+	if strings.Contains(banner, "simulated") {
+		t.Errorf("simulated replicas started next to the given engines:\n%s", banner)
+	}
+
+	system := mesh.SystemPrompt(3, 600) // 600 tokens: 37 blocks of 16
+	served := func() []int64 {
+		var n []int64
+		for _, e := range engines {
+			n = append(n, e.Replica().Metrics().PromptTokens)
+		}
+		return n
+	}
+	// send runs one chat request through the proxy and returns the engine that served it
+	// and the cached prompt tokens the engine reported.
+	send := func(question string) (int, int) {
+		t.Helper()
+		before := served()
+		body, _ := json.Marshal(map[string]any{"model": "llama", "max_tokens": 4, "messages": []map[string]string{
+			{"role": "system", "content": system}, {"role": "user", "content": question}}})
+		resp, err := http.Post(proxyURL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r struct{ Usage mesh.Usage }
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		after, who := served(), -1
+		for i := range after {
+			if after[i] > before[i] {
+				if who >= 0 {
+					t.Fatalf("both engines served one request")
+				}
+				who = i
+			}
+		}
+		if who < 0 {
+			t.Fatalf("no engine served the request")
+		}
+		cached := 0
+		if r.Usage.Details != nil {
+			cached = r.Usage.Details.CachedTokens
+		}
+		return who, cached
+	}
+
+	owner, _ := send("Where is my order 1?")
+	ownerAddr := engines[owner].Addr()
+	waitFor(t, "the control plane indexes the owner's KV events", func() bool {
+		resp, err := http.Get(cpURL + "/debug/state")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var st struct {
+			Replicas []struct {
+				Address   string `json:"address"`
+				TokenKeys int    `json:"token_keys"`
+			}
+		}
+		if json.NewDecoder(resp.Body).Decode(&st) != nil {
+			return false
+		}
+		for _, r := range st.Replicas {
+			if r.Address == ownerAddr && r.TokenKeys > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	for i := 2; i <= 6; i++ {
+		who, cached := send(fmt.Sprintf("Where is my order %d?", i))
+		if who != owner {
+			t.Fatalf("request %d with the same prefix went to engine %d, not %d which holds it", i, who, owner)
+		}
+		if cached < 512 {
+			t.Errorf("request %d: %d cached prompt tokens, want the 600-token prefix's complete blocks", i, cached)
+		}
+	}
+}
