@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/rule"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -160,12 +162,16 @@ func TestReportFlood(t *testing.T) {
 		pollMu    sync.Mutex
 		codes     = map[int]int{}
 		pollFails []string
+		timeouts  []string // polls past the filter's 1 s timeout: the leader retries
 		slowest   time.Duration
 		start     time.Time
+		lastOK    time.Time
+		longest   time.Duration // longest time without a successful poll
 		peak      memSample
 		over      atomic.Bool
 	)
 	start = time.Now()
+	lastOK = start
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -184,8 +190,13 @@ func TestReportFlood(t *testing.T) {
 			t0 := time.Now()
 			resp, err := client.Get(url)
 			if err != nil {
+				msg := fmt.Sprintf("%v after the flood's start: %v", time.Since(start).Round(time.Millisecond), err)
 				pollMu.Lock()
-				pollFails = append(pollFails, fmt.Sprintf("%v after the flood's start: %v", time.Since(start).Round(time.Millisecond), err))
+				if errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err) {
+					timeouts = append(timeouts, msg)
+				} else {
+					pollFails = append(pollFails, msg)
+				}
 				pollMu.Unlock()
 				continue
 			}
@@ -200,8 +211,12 @@ func TestReportFlood(t *testing.T) {
 				if _, err := tab.Apply(body); err != nil {
 					pollFails = append(pollFails, "apply: "+err.Error())
 					tab = table.New()
+				} else {
+					longest, lastOK = max(longest, time.Since(lastOK)), time.Now()
 				}
-			} else if resp.StatusCode != http.StatusNotModified {
+			} else if resp.StatusCode == http.StatusNotModified {
+				longest, lastOK = max(longest, time.Since(lastOK)), time.Now()
+			} else {
 				pollFails = append(pollFails, fmt.Sprintf("status %d", resp.StatusCode))
 			}
 			pollMu.Unlock()
@@ -267,7 +282,8 @@ func TestReportFlood(t *testing.T) {
 	wg.Wait()
 	after := settledMem()
 	pollMu.Lock()
-	t.Logf("polls %v (slowest %v), failures %d %q; after expiry %v", codes, slowest.Round(time.Millisecond), len(pollFails), first(pollFails, 3), after)
+	t.Logf("polls %v (slowest %v, longest without a successful poll %v), failures %d %q, timeouts %d %q; after expiry %v",
+		codes, slowest.Round(time.Millisecond), longest.Round(time.Millisecond), len(pollFails), first(pollFails, 3), len(timeouts), first(timeouts, 3), after)
 	pollMu.Unlock()
 
 	if over.Load() || floodPeak.rss > ceilingRSS {
@@ -276,8 +292,15 @@ func TestReportFlood(t *testing.T) {
 	if sent != batches {
 		t.Errorf("only %d of %d batches sent", sent, batches)
 	}
-	if len(pollFails) > 0 || codes[http.StatusOK]+codes[http.StatusNotModified] == 0 {
-		t.Errorf("table polls during the flood: %v, failures %q", codes, first(pollFails, 5))
+	// What routing needs from the polls: every answer valid, and the filter's table never
+	// older than the rule's state-age guard (rule.DefaultParams, 2 s) for want
+	// of one. A single poll past the filter's 1 s timeout is retried on the next tick;
+	// under a loaded CI machine one did time out (slowest successful poll 431 ms), so
+	// timeouts are counted and bounded through the gap, not forbidden one by one.
+	guard := rule.DefaultParams().MaxStateAge
+	if len(pollFails) > 0 || codes[http.StatusOK]+codes[http.StatusNotModified] == 0 || longest > guard {
+		t.Errorf("table polls during the flood: %v, failures %q, timeouts %q, longest without a successful poll %v (guard %v)",
+			codes, first(pollFails, 5), first(timeouts, 5), longest, guard)
 	}
 	if after.heap > before.heap+32<<20 {
 		t.Errorf("memory did not fall back after expiry: before %v, after %v", before, after)

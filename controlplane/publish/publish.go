@@ -16,9 +16,10 @@ import (
 
 // Publisher is safe for concurrent use: one goroutine publishes, many serve frames.
 type Publisher struct {
-	// mu guards t and hist. Composing a delta only reads t (Lookup); a full frame
-	// merges t's pending overlay (Each), so it takes mu exclusively, once per version
-	// thanks to the cache.
+	// pubMu serializes Publish. mu guards t and hist: readers (composing a delta, encoding
+	// a full frame) hold it shared; Publish builds the next table aside and holds it
+	// exclusively only to swap it in, so polls never wait for a version to be applied.
+	pubMu   sync.Mutex
 	mu      sync.RWMutex
 	t       *table.Table
 	hist    []version // oldest first
@@ -33,6 +34,8 @@ type Publisher struct {
 
 	waitMu sync.Mutex
 	wake   chan struct{}
+
+	beforeSwap func() // tests: runs after the next table is built, before it is swapped in
 }
 
 type version struct {
@@ -94,12 +97,16 @@ func (p *Publisher) Version() uint64 {
 
 // Publish makes the next version from the index's updates and returns its number.
 func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, error) {
-	p.mu.Lock()
-	next := p.t.Version + 1
-	if p.t.Version == 0 {
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	p.mu.RLock()
+	cur := p.t // only Publish replaces p.t, and pubMu serializes it
+	p.mu.RUnlock()
+	next := cur.Version + 1
+	if cur.Version == 0 {
 		next = p.first
 	}
-	f := &table.Frame{Kind: table.Delta, Version: next, Base: p.t.Version, GeneratedMs: now.UnixMilli()}
+	f := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
 	rec := version{v: f.Version, base: f.Base, models: make(map[string]*change, len(ups))}
 	for i := range ups {
 		u := &ups[i]
@@ -113,10 +120,17 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		slices.Sort(keys)
 		rec.models[u.Name] = &change{reset: u.Reset, removed: u.Removed, keys: keys}
 	}
-	if err := p.t.ApplyFrame(f); err != nil {
-		p.mu.Unlock()
+	// Apply to a copy outside mu: a large delta takes hundreds of milliseconds to apply
+	// (TestReportFlood: 340-680 ms on a loaded machine), and every poll used to wait for it.
+	nt := cur.CloneFor(f)
+	if err := nt.ApplyFrame(f); err != nil {
 		return 0, fmt.Errorf("publish v%d: %w", f.Version, err)
 	}
+	if p.beforeSwap != nil {
+		p.beforeSwap()
+	}
+	p.mu.Lock()
+	p.t = nt
 	p.hist = append(p.hist, rec)
 	p.histN += rec.keys()
 	// Versions beyond MaxHistory, or whose keys a delta could not carry anyway (more

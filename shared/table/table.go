@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -367,6 +368,47 @@ func (p *setPool) intern(slots []uint32) uint32 {
 	p.off = append(p.off, uint32(len(p.data)))
 	p.ids[string(p.keybuf)] = id
 	return id
+}
+
+// CloneFor returns a table that shares everything with t except the models f would change
+// in place (a delta's models that are neither removed nor reset), which it copies, so
+// that ApplyFrame(f) on the result leaves t as it was. A publisher applies the next
+// version to the clone while readers go on using t, then swaps them.
+func (t *Table) CloneFor(f *Frame) *Table {
+	c := &Table{Version: t.Version, GeneratedMs: t.GeneratedMs, Models: maps.Clone(t.Models)}
+	if c.Models == nil {
+		c.Models = map[string]*Model{}
+	}
+	if f.Kind != Delta {
+		return c
+	}
+	for i := range f.Models {
+		mc := &f.Models[i]
+		if m := c.Models[mc.Name]; m != nil && !mc.Removed && !mc.Reset {
+			c.Models[mc.Name] = m.clone()
+		}
+	}
+	return c
+}
+
+// clone copies what ApplyFrame changes in place (the overlay, the set pool's index, the
+// replica lists) and caps the slices it shares, so an append in the copy never writes
+// into memory the original still reads. The sorted base arrays are only ever replaced
+// (compact), never written, so they are shared.
+func (m *Model) clone() *Model {
+	c := *m
+	c.Replicas = slices.Clone(m.Replicas)
+	c.slotIdx = slices.Clone(m.slotIdx)
+	e := &c.entries
+	e.keys = e.keys[:len(e.keys):len(e.keys)]
+	e.sets = e.sets[:len(e.sets):len(e.sets)]
+	e.over = maps.Clone(e.over)
+	e.pool = setPool{
+		data: e.pool.data[:len(e.pool.data):len(e.pool.data)],
+		off:  e.pool.off[:len(e.pool.off):len(e.pool.off)],
+		ids:  maps.Clone(e.pool.ids),
+	}
+	return &c
 }
 
 // ModelNames returns the table's model names, sorted.

@@ -448,3 +448,65 @@ func TestEachDoesNotMutate(t *testing.T) {
 	assert.True(t, slices.IsSorted(keys))
 	assert.Equal(t, before, len(m.entries.over), "the overlay is untouched")
 }
+
+// ApplyFrame on CloneFor's copy leaves the original exactly as it was, through overlay
+// writes, removals, compactions and new replica sets, so readers of the original can
+// go on while a publisher applies the next version.
+func TestCloneForLeavesTheOriginalAlone(t *testing.T) {
+	cfg := Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	rs := []Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:1"}, {Slot: 1, ID: "b", Addr: "10.0.0.2:1"}, {Slot: 2, ID: "c", Addr: "10.0.0.3:1"}}
+	m, err := NewModel("m", cfg, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := uint64(1); k <= 20000; k++ {
+		if err := m.Set(k, uint32(k%2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orig := New()
+	orig.Version = 1
+	orig.Models["m"] = m
+	snapshot := func(tb *Table) map[uint64][]uint32 {
+		out := map[uint64][]uint32{}
+		tb.Models["m"].Each(func(k uint64, slots []uint32) bool {
+			out[k] = append([]uint32(nil), slots...)
+			return true
+		})
+		return out
+	}
+	before := snapshot(orig)
+
+	f := &Frame{Kind: Delta, Version: 2, Base: 1}
+	mc := ModelChange{Name: "m", Config: cfg, Replicas: rs}
+	for k := uint64(10001); k <= 30000; k++ { // overwrites, new keys, a new set {0,2}: compacts
+		mc.Upserts.Add(k, 0, 2)
+	}
+	for k := uint64(1); k <= 3000; k++ {
+		mc.Removes = append(mc.Removes, k)
+	}
+	f.Models = []ModelChange{mc}
+	next := orig.CloneFor(f)
+	if err := next.ApplyFrame(f); err != nil {
+		t.Fatal(err)
+	}
+
+	after := snapshot(orig)
+	if len(after) != len(before) {
+		t.Fatalf("the original has %d keys after the clone's apply, want %d", len(after), len(before))
+	}
+	for k, v := range before {
+		if got := after[k]; len(got) != len(v) || got[0] != v[0] {
+			t.Fatalf("key %d: original now %v, want %v", k, got, v)
+		}
+	}
+	if orig.Version != 1 || next.Version != 2 {
+		t.Fatalf("versions %d and %d", orig.Version, next.Version)
+	}
+	if got := next.Models["m"].Lookup(20000); len(got) != 2 || got[1] != 2 {
+		t.Fatalf("the clone's key 20000 = %v, want [0 2]", got)
+	}
+	if got := next.Models["m"].Lookup(5); got != nil {
+		t.Fatalf("the clone still holds removed key 5: %v", got)
+	}
+}
