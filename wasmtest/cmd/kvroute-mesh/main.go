@@ -265,7 +265,7 @@ func printBanner(out io.Writer, m *mesh.Mesh, o options) {
 Send a request twice: the second answer's usage.prompt_tokens_details.cached_tokens
 shows the prefix found cached.
 
-  curl -s -w '\n' %s/v1/chat/completions -H 'content-type: application/json' -d '{
+  curl -s %s/v1/chat/completions -H 'content-type: application/json' -d '{
     "model": "%s", "max_tokens": 16,
     "messages": [{"role": "system", "content": "%s"},
                  {"role": "user", "content": "Where is my order 42?"}]}'
