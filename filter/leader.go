@@ -28,6 +28,8 @@ type leader struct {
 	pollBusy, reportBusy   int // ticks a call has been outstanding; 0 when none
 	stuckAfter             int // a call outstanding this long is given up
 	failedPolls            int
+	items                  [][]byte // report queue items, reused
+	reportCalls            int      // report posts outstanding
 }
 
 func newLeader(cfg *api.ControlPlane, tickMs int) leader {
@@ -63,7 +65,7 @@ func (l *leader) tick(p *plugin, now time.Time) {
 	switch {
 	case l.reportBusy > 0:
 		if l.reportBusy++; l.reportBusy > l.stuckAfter {
-			l.reportBusy = 0
+			l.reportBusy, l.reportCalls = 0, 0
 		}
 	case l.reportWait > 0:
 		l.reportWait--
@@ -195,35 +197,34 @@ func (l *leader) postReports(p *plugin) {
 	if !p.queueOK {
 		return
 	}
-	var items [][]byte
-	for len(items) < p.cfg.ControlPlane.MaxReportBatch {
-		b, err := proxywasm.DequeueSharedQueue(p.queueID)
+	p.flushReports() // the leader's own, so they leave on this tick
+	l.items, _ = p.drainReports(l.items[:0], p.cfg.ControlPlane.MaxReportBatch)
+	hdrs := append(p.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	// Each item is a whole batch: post it as the host handed it over (no copy in the
+	// guest), at most max_report_batch reports per tick.
+	for i, it := range l.items {
+		n := uint64(binary.LittleEndian.Uint32(it[len(itemMagic):]))
+		_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, it[itemHead:], nil,
+			uint32(p.cfg.ControlPlane.TimeoutMs), func(int, int, int) {
+				l.reportCalls = max(l.reportCalls-1, 0)
+				if l.reportCalls == 0 {
+					l.reportBusy = 0
+				}
+				if s, _ := callStatus(); s >= 200 && s < 300 {
+					p.metrics.reportsSent.Increment(n)
+				} else {
+					// Reports are hints; a lost batch costs prediction quality, not requests.
+					p.metrics.reportsDropped.Increment(n)
+				}
+			})
+		l.items[i] = nil
 		if err != nil {
-			break
+			p.metrics.reportsDropped.Increment(n)
+			continue
 		}
-		items = append(items, b)
+		l.reportCalls++
+		l.reportBusy = 1
 	}
-	if len(items) == 0 {
-		return
-	}
-	body := api.AppendBatch(nil, p.proxyName(), items)
-	hdrs := append(p.callHeaders("POST", api.ReportsPath), [2]string{"content-type", "application/json"})
-	n := uint64(len(items))
-	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, body, nil,
-		uint32(p.cfg.ControlPlane.TimeoutMs), func(int, int, int) {
-			l.reportBusy = 0
-			if s, _ := callStatus(); s >= 200 && s < 300 {
-				p.metrics.reportsSent.Increment(n)
-			} else {
-				// Reports are hints; a lost batch costs prediction quality, not requests.
-				p.metrics.reportsDropped.Increment(n)
-			}
-		})
-	if err != nil {
-		p.metrics.reportsDropped.Increment(n)
-		return
-	}
-	l.reportBusy = 1
 }
 
 // callStatus is the :status of the current http-call response (0 when the call failed:

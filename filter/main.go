@@ -20,6 +20,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
 )
 
@@ -47,6 +48,12 @@ type plugin struct {
 	queueOK bool // the report queue is registered (ids start at 0 on some hosts)
 	metrics metrics
 	nextReq uint64
+	reports reportBuf // this VM's reports since its last flush (reports.go)
+	name    string    // proxyName, once known
+	free    []*httpContext
+	hdrBuf  []byte        // the endpoint header being built
+	hdrStr  string        // ... and the last one set
+	usage   prompt.Parser // reads usage in responses (its buffers)
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
@@ -65,6 +72,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.vmID = randomID()
 	p.router = route.NewRouter(cfg.RuleParams(), randomID())
 	p.router.Config = cfg
+	p.router.Reuse = true // the request path copies what it keeps (request.go route)
 	p.view = newView()
 	p.metrics = defineMetrics()
 	// Every VM registers the same queue name and gets the same id; only the leader
@@ -88,9 +96,11 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 // table in shared data, and dropping ledger entries of streams that never answered.
 func (p *plugin) OnTick() {
 	now := p.now()
+	p.flushReports()
 	p.leader.tick(p, now)
 	p.view.sync(&p.metrics, now)
 	p.placed.catchUp(p, now)
+	p.placed.flushStarts(p)
 	// Placements a table confirmed current has had the chance to learn are its to say.
 	p.router.Local.Prune(p.view.confirmed, now)
 	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
@@ -101,6 +111,12 @@ func (p *plugin) OnTick() {
 
 func (p *plugin) NewHttpContext(contextID uint32) types.HttpContext {
 	p.nextReq++
+	if n := len(p.free); n > 0 {
+		h := p.free[n-1]
+		p.free = p.free[:n-1]
+		h.reqID = p.nextReq
+		return h
+	}
 	return &httpContext{p: p, reqID: p.nextReq}
 }
 
@@ -116,8 +132,13 @@ func randomID() uint64 {
 
 // proxyName identifies this proxy in reports (Envoy's node id when the host has one).
 func (p *plugin) proxyName() string {
-	if id, err := proxywasm.GetProperty([]string{"node", "id"}); err == nil && len(id) > 0 {
-		return string(id)
+	if p.name != "" {
+		return p.name
 	}
-	return fmt.Sprintf("vm-%016x", p.vmID)
+	if id, err := proxywasm.GetProperty([]string{"node", "id"}); err == nil && len(id) > 0 {
+		p.name = string(id)
+	} else {
+		p.name = fmt.Sprintf("vm-%016x", p.vmID)
+	}
+	return p.name
 }

@@ -22,19 +22,25 @@ import (
 //	                     the request path when nothing is new
 //	kvroute/placed/<i>   record number n in slot n % placedRing: its number, the VM that
 //	                     wrote it and its kind. A placement: when, its prefill tokens,
-//	                     model, replica and the chain's checkpoint keys (hashes only, at
-//	                     most placedMaxKeys). A start: the placement's number.
+//	                     model, replica, the chain's checkpoint keys (hashes only, at
+//	                     most placedMaxKeys) and the VM's placements that started since
+//	                     its last record. A start record: those numbers alone.
 //
-// A writer claims the next number by CAS on the sequence key, then writes the slot. A
-// reader reads the slots after the last number it saw; a slot holding an older number
-// is not written yet (read again next time), a newer one was lapped (skipped). Shared
-// data has no delete: the key set is fixed at placedRing + 1.
+// A writer claims the next number by CAS on the sequence key (with the CAS of the read
+// the same request's catch-up just made), then writes the slot: two writes per
+// placement and no read. Starts ride along with the VM's next placement, or go out on
+// its tick, so they cost no write of their own. A reader reads the slots after the last
+// number it saw; a slot holding an older number is not written yet (read again next
+// time), a newer one was lapped (skipped). Shared data has no delete: the key set is
+// fixed at placedRing + 1.
 const (
 	placedSeqKey  = "kvroute/placed/seq"
 	placedRing    = 64
 	placedMaxKeys = 1024
-	placedMagic   = "KVP2"
+	placedMagic   = "KVP3"
 	peerTTL       = time.Second
+	// maxPendingStarts: more starts than this waiting for a placement go out alone.
+	maxPendingStarts = 64
 )
 
 var placedKeys = func() (k [placedRing]string) {
@@ -47,22 +53,34 @@ var placedKeys = func() (k [placedRing]string) {
 // placed is one VM's side of the exchange.
 type placed struct {
 	seen uint64 // every placement up to this number is read (or its own)
-	buf  []byte
+	// The sequence key as the last catch-up read it: a claim right after tries its CAS.
+	seqVal, seqCas uint64
+	seqFresh       bool
+	seqBuf         [8]byte
+	buf            []byte   // the record being written (hosts copy what they are given)
+	starts         []uint64 // this VM's placements that started, not yet told
+	keys           []uint64 // scratch for a sibling's keys
+	names          map[string]string
 }
 
 // claim takes the next record number (0: the sequence key could not be updated).
 func (s *placed) claim() uint64 {
-	for range 4 {
-		b, cas, err := proxywasm.GetSharedData(placedSeqKey)
-		var v uint64
-		switch {
-		case err == nil && len(b) == 8:
-			v = binary.LittleEndian.Uint64(b)
-		case err != nil && err != types.ErrorStatusNotFound:
-			return 0
+	for try := 0; try < 4; try++ {
+		v, cas := s.seqVal, s.seqCas
+		if !s.seqFresh || try > 0 {
+			b, c, err := proxywasm.GetSharedData(placedSeqKey)
+			v, cas = 0, uint64(c)
+			switch {
+			case err == nil && len(b) == 8:
+				v = binary.LittleEndian.Uint64(b)
+			case err != nil && err != types.ErrorStatusNotFound:
+				return 0
+			}
 		}
+		s.seqFresh = false
 		n := v + 1
-		if proxywasm.SetSharedData(placedSeqKey, binary.LittleEndian.AppendUint64(nil, n), cas) != nil {
+		binary.LittleEndian.PutUint64(s.seqBuf[:], n)
+		if proxywasm.SetSharedData(placedSeqKey, s.seqBuf[:], uint32(cas)) != nil {
 			continue // another VM took n: try n+1
 		}
 		if s.seen+1 == n {
@@ -94,8 +112,7 @@ func (s *placed) share(p *plugin, r *api.Report, tokens float64) uint64 {
 		return 0
 	}
 	keys := r.Keys[:min(len(r.Keys), placedMaxKeys)]
-	b := make([]byte, 0, headLen+18+len(r.Model)+len(r.Replica)+8*len(keys)) // a host may keep it
-	b = recordHead(b, n, p.vmID, kindPlaced)
+	b := recordHead(s.buf[:0], n, p.vmID, kindPlaced)
 	b = binary.LittleEndian.AppendUint64(b, uint64(r.AtMs))
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))
 	b = appendStr(b, r.Model)
@@ -104,20 +121,44 @@ func (s *placed) share(p *plugin, r *api.Report, tokens float64) uint64 {
 	for _, k := range keys {
 		b = binary.LittleEndian.AppendUint64(b, k)
 	}
+	b = s.appendStarts(b)
+	s.buf = b
 	_ = put(placedKeys[n%placedRing], b)
 	return n
 }
 
-// started tells the siblings that placement number placed has started (its first
-// response byte): its prefill is no longer queued.
+// started notes that placement number placed has started (its first response byte):
+// its prefill is no longer queued. The siblings learn it with the VM's next record.
 func (s *placed) started(p *plugin, placed uint64) {
+	s.starts = append(s.starts, placed)
+	if len(s.starts) >= maxPendingStarts {
+		s.flushStarts(p)
+	}
+}
+
+// flushStarts writes the starts no placement has carried yet as a record of their own
+// (on the tick, or when many are waiting).
+func (s *placed) flushStarts(p *plugin) {
+	if len(s.starts) == 0 {
+		return
+	}
 	n := s.claim()
 	if n == 0 {
 		return
 	}
-	b := recordHead(make([]byte, 0, headLen+8), n, p.vmID, kindStarted)
-	b = binary.LittleEndian.AppendUint64(b, placed)
+	b := recordHead(s.buf[:0], n, p.vmID, kindStarted)
+	b = s.appendStarts(b)
+	s.buf = b
 	_ = put(placedKeys[n%placedRing], b)
+}
+
+func (s *placed) appendStarts(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(s.starts)))
+	for _, n := range s.starts {
+		b = binary.LittleEndian.AppendUint64(b, n)
+	}
+	s.starts = s.starts[:0]
+	return b
 }
 
 func appendStr(b []byte, s string) []byte {
@@ -128,11 +169,17 @@ func appendStr(b []byte, s string) []byte {
 // catchUp adds the siblings' records written since the last call: one 8-byte read when
 // there are none.
 func (s *placed) catchUp(p *plugin, now time.Time) {
-	b, _, err := proxywasm.GetSharedData(placedSeqKey)
+	s.seqFresh = false
+	b, cas, err := proxywasm.GetSharedData(placedSeqKey)
+	if err == types.ErrorStatusNotFound {
+		s.seqVal, s.seqCas, s.seqFresh = 0, uint64(cas), true
+		return
+	}
 	if err != nil || len(b) != 8 {
 		return
 	}
 	v := binary.LittleEndian.Uint64(b)
+	s.seqVal, s.seqCas, s.seqFresh = v, uint64(cas), true
 	if v <= s.seen {
 		return
 	}
@@ -163,9 +210,7 @@ func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
 	rest := b[headLen:]
 	switch b[20] {
 	case kindStarted:
-		if len(rest) == 8 {
-			p.router.Ledger.Done(1<<63 | binary.LittleEndian.Uint64(rest))
-		}
+		s.applyStarts(p, rest)
 	case kindPlaced:
 		if len(rest) < 12 {
 			return seq
@@ -173,29 +218,46 @@ func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
 		at := time.UnixMilli(int64(binary.LittleEndian.Uint64(rest)))
 		tokens := float64(math.Float32frombits(binary.LittleEndian.Uint32(rest[8:])))
 		rest = rest[12:]
-		model, rest, ok1 := readStr(rest)
-		addr, rest, ok2 := readStr(rest)
+		model, rest, ok1 := s.readStr(rest)
+		addr, rest, ok2 := s.readStr(rest)
 		if !ok1 || !ok2 || len(rest) < 2 {
 			return seq
 		}
 		k := int(binary.LittleEndian.Uint16(rest))
 		rest = rest[2:]
-		if len(rest) != 8*k || now.Sub(at) > p.router.Local.MaxAge {
+		if len(rest) < 8*k {
 			return seq
 		}
-		keys := make([]uint64, k)
-		for i := range keys {
-			keys[i] = binary.LittleEndian.Uint64(rest[8*i:])
+		if now.Sub(at) <= p.router.Local.MaxAge {
+			s.keys = s.keys[:0]
+			for i := range k {
+				s.keys = append(s.keys, binary.LittleEndian.Uint64(rest[8*i:]))
+			}
+			p.router.Local.Add(model, s.keys, addr, at)
+			if now.Sub(at) < peerTTL {
+				p.router.Ledger.AddPeer(1<<63|seq, addr, tokens, at)
+			}
 		}
-		p.router.Local.Add(model, keys, addr, at)
-		if now.Sub(at) < peerTTL {
-			p.router.Ledger.AddPeer(1<<63|seq, addr, tokens, at)
-		}
+		s.applyStarts(p, rest[8*k:])
 	}
 	return seq
 }
 
-func readStr(b []byte) (string, []byte, bool) {
+// applyStarts ends the ledger entries of a sibling's placements that started.
+func (s *placed) applyStarts(p *plugin, b []byte) {
+	if len(b) < 2 {
+		return
+	}
+	k := int(binary.LittleEndian.Uint16(b))
+	b = b[2:]
+	for i := 0; i < k && len(b) >= 8*(i+1); i++ {
+		p.router.Ledger.Done(1<<63 | binary.LittleEndian.Uint64(b[8*i:]))
+	}
+}
+
+// readStr reads a length-prefixed string; the few distinct models and replicas are
+// kept, so a sibling's record allocates none.
+func (s *placed) readStr(b []byte) (string, []byte, bool) {
 	if len(b) < 2 {
 		return "", nil, false
 	}
@@ -203,5 +265,14 @@ func readStr(b []byte) (string, []byte, bool) {
 	if len(b) < 2+n {
 		return "", nil, false
 	}
-	return string(b[2 : 2+n]), b[2+n:], true
+	raw := b[2 : 2+n]
+	if v, ok := s.names[string(raw)]; ok {
+		return v, b[2+n:], true
+	}
+	if s.names == nil || len(s.names) >= 4096 {
+		s.names = map[string]string{}
+	}
+	v := string(raw)
+	s.names[v] = v
+	return v, b[2+n:], true
 }

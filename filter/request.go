@@ -37,10 +37,24 @@ type httpContext struct {
 	placed   bool
 	shared   uint64 // the placement's number in shared data (filter/placed.go), until it started
 	report   api.Report
+	keys     []uint64 // report.Keys' storage, kept when the context is reused
 	first    string
 	status   int
 	tail     []byte
 	finished bool
+}
+
+// maxFreeContexts bounds the contexts a VM keeps for reuse.
+const maxFreeContexts = 1024
+
+// recycle keeps h for a later request: the SDK calls nothing on a context after
+// OnHttpStreamDone (proxy_on_log); proxy_on_delete only drops its map entry.
+func (p *plugin) recycle(h *httpContext) {
+	if len(p.free) >= maxFreeContexts {
+		return
+	}
+	*h = httpContext{p: p, keys: h.keys[:0], tail: h.tail[:0]}
+	p.free = append(p.free, h)
 }
 
 func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
@@ -206,7 +220,7 @@ func (h *httpContext) route(req *route.Request) {
 		m.unrouted.Increment(1)
 		return
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, d.Header()); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header(d.Addrs)); err != nil {
 		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
 		p.router.Ledger.Done(h.reqID)
 		m.unrouted.Increment(1)
@@ -229,19 +243,27 @@ func (h *httpContext) route(req *route.Request) {
 	if d.Fallback {
 		m.fallbacks.Increment(1)
 	}
+	// The router's buffers are reused by the next request: keep a copy of the keys.
 	h.placed, h.first, h.report = true, d.Addrs[0], res.Placement
+	h.keys = append(h.keys[:0], res.Placement.Keys...)
+	h.report.Keys = h.keys
 	p.enqueue(&h.report)
 	h.shared = p.placed.share(p, &h.report, d.Uncached)
 }
 
-// enqueue hands a report to the leader through the shared queue.
-func (p *plugin) enqueue(r *api.Report) {
-	if !p.queueOK {
-		return
+// header joins addrs as the endpoint header's value, d.Header() without allocating when
+// the order is the previous request's.
+func (p *plugin) header(addrs []string) string {
+	b := p.hdrBuf[:0]
+	for i, a := range addrs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, a...)
 	}
-	// A fresh buffer each time: a host may keep the bytes it is given.
-	b := r.AppendJSON(make([]byte, 0, 256+21*len(r.Keys)))
-	if err := proxywasm.EnqueueSharedQueue(p.queueID, b); err != nil {
-		p.metrics.reportsDropped.Increment(1)
+	p.hdrBuf = b
+	if string(b) != p.hdrStr {
+		p.hdrStr = string(b)
 	}
+	return p.hdrStr
 }

@@ -6,8 +6,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/shared/prompt"
-	"github.com/kvroute/kvroute/shared/route"
+	"github.com/kvroute/kvroute/shared/api"
 )
 
 // tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
@@ -58,6 +57,7 @@ func (h *httpContext) OnHttpStreamDone() {
 	if h.placed && !h.finished {
 		h.finish() // reset or aborted stream: report what is known
 	}
+	h.p.recycle(h)
 }
 
 // started tells the sibling VMs that the placement's prefill is no longer queued.
@@ -86,15 +86,16 @@ func (h *httpContext) finish() {
 	p := h.p
 	served := h.first
 	// The replica that served may be a retry target or the fallback's choice.
-	if up, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(up) > 0 {
+	if up, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(up) > 0 && string(up) != served {
 		served = string(up)
 	}
-	var usage *prompt.Usage
-	if u, ok := prompt.FindUsage(h.tail); ok {
-		usage = &u
+	r := h.report
+	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, served, h.status, p.now().UnixMilli()
+	r.CachedTokens = -1
+	if u, ok := p.usage.FindUsage(h.tail); ok {
+		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
 		p.metrics.outcomes.Increment(1)
 	}
-	h.tail = nil
-	r := route.Outcome(h.report, served, h.status, usage, p.now())
+	h.tail = h.tail[:0]
 	p.enqueue(&r)
 }

@@ -28,13 +28,12 @@ import (
 // bytes) and the frames it is missing; every frame is checksummed and names its base, so
 // a read torn by a concurrent write is detected and retried on the next tick.
 const (
-	headKey     = "kvroute/head"
-	leaseKey    = "kvroute/lease"
-	reportQueue = "kvroute/reports"
-	chunkSize   = 256 << 10
-	deltaRing   = 64
-	headMagic   = "KVH2"
-	headFixed   = 4 + 8 + 1 + 4 + 8 + 1
+	headKey   = "kvroute/head"
+	leaseKey  = "kvroute/lease"
+	chunkSize = 256 << 10
+	deltaRing = 64
+	headMagic = "KVH2"
+	headFixed = 4 + 8 + 1 + 4 + 8 + 1
 )
 
 func baseKey(slot byte, i int) string { return fmt.Sprintf("kvroute/base/%d/%d", slot, i) }

@@ -268,9 +268,12 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+	// Binary batches from current filters, JSON from filters before issue 15 (a rollout
+	// runs both); ParseReportBatch tells them apart by their first bytes.
+	if ct := strings.ToLower(r.Header.Get("Content-Type")); ct != "" && !strings.HasPrefix(ct, "application/json") &&
+		!strings.HasPrefix(ct, api.ReportsContentType) {
 		result = "bad_content_type"
-		writeError(w, http.StatusUnsupportedMediaType, "content type %q: want application/json", ct)
+		writeError(w, http.StatusUnsupportedMediaType, "content type %q: want %s or application/json", ct, api.ReportsContentType)
 		return
 	}
 	// Reserve the body's size (its declared length, else the largest accepted) against

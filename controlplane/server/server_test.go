@@ -339,7 +339,10 @@ func TestReportsAPI(t *testing.T) {
 		{"corrupt JSON", "application/json", `{"reports":[`, 400, "report batch"},
 		{"not a batch", "application/json", `{"reports":{}}`, 400, "report batch"},
 		{"too large", "application/json", `{"reports":[],"proxy":"` + strings.Repeat("x", 5000) + `"}`, 413, "larger than 4096"},
-		{"wrong content type", "text/plain", good, 415, "want application/json"},
+		{"wrong content type", "text/plain", good, 415, "or application/json"},
+		// Current filters post binary batches; the JSON ones above are older filters'.
+		{"valid binary batch", api.ReportsContentType, binaryOf(t, good), 200, ""},
+		{"corrupt binary batch", api.ReportsContentType, binaryOf(t, good)[:12], 400, "report batch"},
 	}
 	for _, c := range cases {
 		code, m := post(t, url, c.ctype, "", []byte(c.body))
@@ -463,6 +466,19 @@ func TestDebugStateFieldsAndReadiness(t *testing.T) {
 	if len(reps) != 3 || rep["id"] != "a" || rep["model"] != "m" || rep["address"] != "10.0.0.1:8000" {
 		t.Fatalf("replicas %v", reps)
 	}
+}
+
+// binaryOf re-encodes a JSON report batch in the binary form current filters post.
+func binaryOf(t *testing.T, batch string) string {
+	rb, rejected, err := api.ParseReportBatch([]byte(batch))
+	if err != nil || len(rejected) > 0 {
+		t.Fatalf("test batch: %v %v", err, rejected)
+	}
+	b := api.AppendBatchHeader(nil, rb.Proxy)
+	for i := range rb.Reports {
+		b = rb.Reports[i].AppendBinary(b)
+	}
+	return string(b)
 }
 
 func FuzzReports(f *testing.F) {

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"testing"
 	"time"
@@ -159,5 +160,98 @@ func BenchmarkAppendJSON(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = r.AppendJSON(buf[:0])
+	}
+}
+
+func TestBinaryBatchParsesBackAndKeepsBadRecordsApart(t *testing.T) {
+	r1, r2 := goodReport(), goodReport()
+	r2.Kind, r2.CachedTokens, r2.PromptTokens, r2.Status = KindPlacement, 0, 0, 0
+	r2.Keys = []uint64{^uint64(0), 1 << 63}
+	r3 := goodReport()
+	r3.CachedTokens, r3.AtMs = -1, -7
+	b := AppendBatchHeader(nil, `proxy "7"`)
+	for _, r := range []Report{r1, r2, r3} {
+		b = r.AppendBinary(b)
+	}
+	rb, rejected, err := ParseReportBatch(b)
+	require.NoError(t, err)
+	assert.Empty(t, rejected)
+	assert.Equal(t, `proxy "7"`, rb.Proxy)
+	assert.Equal(t, []Report{r1, r2, r3}, rb.Reports)
+
+	// A record of an unknown kind, and one with bytes a newer filter added at its end.
+	bad := goodReport()
+	bad.Kind = "future"
+	newer := r1.AppendBinary(nil)
+	newer = append(newer, 0xAA, 0xBB)
+	binary.LittleEndian.PutUint32(newer, uint32(len(newer)-4))
+	b = AppendBatchHeader(nil, "p")
+	b = bad.AppendBinary(b)
+	b = append(b, newer...)
+	rb, rejected, err = ParseReportBatch(b)
+	require.NoError(t, err)
+	require.Len(t, rb.Reports, 1)
+	assert.Equal(t, r1, rb.Reports[0])
+	require.Len(t, rejected, 1)
+	assert.ErrorContains(t, rejected[0], "report 0")
+
+	// Truncations anywhere are an error, never a panic.
+	full := AppendBatchHeader(nil, "p")
+	full = r1.AppendBinary(full)
+	for n := len(batchMagic); n < len(full); n++ {
+		rb, _, err := ParseReportBatch(full[:n])
+		if err == nil {
+			assert.Empty(t, rb.Reports, "a cut at %d", n)
+		}
+	}
+}
+
+// Version skew: the control plane takes the JSON form of filters from before the binary
+// one, and the same reports arrive either way.
+func TestJSONAndBinaryBatchesCarryTheSameReports(t *testing.T) {
+	rs := []Report{goodReport(), goodReport()}
+	rs[1].Kind, rs[1].CachedTokens, rs[1].PromptTokens, rs[1].Status = KindPlacement, 0, 0, 0
+	var enc [][]byte
+	bin := AppendBatchHeader(nil, "p")
+	for i := range rs {
+		enc = append(enc, rs[i].AppendJSON(nil))
+		bin = rs[i].AppendBinary(bin)
+	}
+	fromJSON, rej1, err1 := ParseReportBatch(AppendBatch(nil, "p", enc))
+	fromBin, rej2, err2 := ParseReportBatch(bin)
+	require.NoError(t, err1)
+	require.NoError(t, err2)
+	assert.Empty(t, rej1)
+	assert.Empty(t, rej2)
+	assert.Equal(t, fromJSON, fromBin)
+	assert.Less(t, len(bin)*2, len(AppendBatch(nil, "p", enc)), "binary is well under half the JSON")
+}
+
+func FuzzParseReportBatch(f *testing.F) {
+	r := goodReport()
+	f.Add(r.AppendBinary(AppendBatchHeader(nil, "p")))
+	f.Add(AppendBatch(nil, "p", [][]byte{r.AppendJSON(nil)}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rb, _, err := ParseReportBatch(b)
+		if err != nil {
+			return
+		}
+		for i := range rb.Reports {
+			require.NoError(t, rb.Reports[i].Validate())
+		}
+	})
+}
+
+func BenchmarkAppendBinary(b *testing.B) {
+	r := goodReport()
+	r.Keys = make([]uint64, 125)
+	for i := range r.Keys {
+		r.Keys[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	r.Blocks = 500
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = r.AppendBinary(buf[:0])
 	}
 }

@@ -14,7 +14,7 @@ const (
 	// TablePath: GET ?version=V[&model=M] answers 304 (unchanged), a delta frame (V is
 	// recent) or a full frame, in package table's format.
 	TablePath = "/v1/table"
-	// ReportsPath: POST a ReportBatch as JSON.
+	// ReportsPath: POST a ReportBatch, binary (ReportsContentType) or JSON.
 	ReportsPath = "/v1/reports"
 	// TableContentType is the media type of table frames.
 	TableContentType = "application/vnd.kvroute.table"
@@ -109,11 +109,15 @@ func (r *Report) Validate() error {
 	return nil
 }
 
-// ParseReportBatch decodes a batch. Unknown fields are ignored, so filters and control
-// planes of different versions work together during a rollout. A report that fails
-// validation is dropped on its own and described in rejected (with its index); err is
-// only for a body that is not a report batch at all.
+// ParseReportBatch decodes a batch in either form: binary (ReportsContentType, told
+// apart by its magic) or JSON (filters before issue 15). Unknown fields are ignored, so
+// filters and control planes of different versions work together during a rollout. A
+// report that fails validation is dropped on its own and described in rejected (with its
+// index); err is only for a body that is not a report batch at all.
 func ParseReportBatch(b []byte) (rb ReportBatch, rejected []error, err error) {
+	if IsBinaryBatch(b) {
+		return parseBinaryBatch(b)
+	}
 	if err := json.Unmarshal(b, &rb); err != nil {
 		return rb, nil, fmt.Errorf("report batch: %w", err)
 	}

@@ -93,6 +93,7 @@ var ErrTooLarge = errors.New("request body above the parse limit")
 
 // Parser holds reusable buffers; one per proxy-wasm VM (not safe for concurrent use).
 type Parser struct {
+	model   string // the last model named
 	text    []byte
 	tokens  []uint32
 	key     []byte
@@ -138,7 +139,11 @@ func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
 			var m []byte
 			m, err := s.str(p.scratch[:0], plain)
 			p.scratch = m
-			req.Model = string(m)
+			// Requests name a handful of models: keep the last one's string.
+			if string(m) != p.model {
+				p.model = string(m)
+			}
+			req.Model = p.model
 			return err
 		case "stream":
 			v, _, err := s.boolValue()

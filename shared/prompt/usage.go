@@ -15,6 +15,13 @@ type Usage struct {
 // chunk when stream_options.include_usage is set). A "usage" key cannot be forged by
 // generated text: inside a JSON string its quotes would be escaped.
 func FindUsage(tail []byte) (Usage, bool) {
+	var p Parser
+	return p.FindUsage(tail)
+}
+
+// FindUsage is the package's FindUsage with the Parser's buffers for member names, so a
+// proxy's response path allocates nothing.
+func (p *Parser) FindUsage(tail []byte) (Usage, bool) {
 	key := []byte(`"usage"`)
 	end := len(tail)
 	for {
@@ -31,17 +38,17 @@ func FindUsage(tail []byte) (Usage, bool) {
 		if s.peek() != '{' {
 			continue // "usage": null in intermediate stream chunks
 		}
-		u, ok := s.usage()
+		u, ok := s.usage(p)
 		if ok {
 			return u, true
 		}
 	}
 }
 
-func (s *scanner) usage() (Usage, bool) {
+func (s *scanner) usage(p *Parser) (Usage, bool) {
 	u := Usage{PromptTokens: -1, CachedTokens: -1}
-	var key []byte
-	_, err := s.object(key, func(k []byte) error {
+	var err error
+	p.key, err = s.object(p.key, func(k []byte) error {
 		switch string(k) {
 		case "prompt_tokens":
 			v, err := s.uint32Value()
@@ -51,7 +58,8 @@ func (s *scanner) usage() (Usage, bool) {
 			if s.peek() != '{' {
 				return s.value(nil)
 			}
-			_, err := s.object(nil, func(k []byte) error {
+			var err error
+			p.scratch, err = s.object(p.scratch, func(k []byte) error {
 				if string(k) != "cached_tokens" || s.peek() == 'n' {
 					return s.value(nil)
 				}

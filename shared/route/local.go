@@ -27,6 +27,7 @@ type Local struct {
 	addrID map[string]uint16
 	log    []localPlacement // in the order added (times non-decreasing in practice)
 	head   int
+	arena  []uint64 // the log's keys, in the log's order: log[i].keys is arena[off:off+n]
 	keys   int
 	depths []localDepth
 }
@@ -58,10 +59,10 @@ type localEntry struct {
 }
 
 type localPlacement struct {
-	m    *localModel
-	keys []uint64
-	addr uint16
-	atMs int64
+	m      *localModel
+	off, n int // the keys, in arena
+	addr   uint16
+	atMs   int64
 }
 
 type localDepth struct {
@@ -73,7 +74,7 @@ type localDepth struct {
 func (l *Local) Len() int { return l.keys }
 
 // Add records that the chain whose checkpoint keys are keys (at model's stride) was
-// placed on addr at at. keys is kept (not copied): the caller must not change it.
+// placed on addr at at. keys is copied (into storage reused as placements expire).
 func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	if len(keys) == 0 || addr == "" {
 		return
@@ -121,7 +122,8 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		e.addr[w], e.atMs[w] = id, ms
 		m.entries[k] = e
 	}
-	l.log = append(l.log, localPlacement{m, keys, id, ms})
+	l.log = append(l.log, localPlacement{m, len(l.arena), len(keys), id, ms})
+	l.arena = append(l.arena, keys...)
 	for l.keys > l.MaxKeys && l.head < len(l.log) {
 		l.pop()
 	}
@@ -143,7 +145,7 @@ func (l *Local) Prune(confirmed, now time.Time) {
 func (l *Local) Clear() {
 	clear(l.models)
 	clear(l.addrID)
-	l.addrs, l.log, l.head, l.keys = l.addrs[:0], l.log[:0], 0, 0
+	l.addrs, l.log, l.head, l.keys, l.arena = l.addrs[:0], l.log[:0], 0, 0, l.arena[:0]
 }
 
 // pop removes the oldest placement's holds (those no later placement renewed).
@@ -151,7 +153,7 @@ func (l *Local) pop() {
 	p := l.log[l.head]
 	l.log[l.head] = localPlacement{}
 	l.head++
-	for _, k := range p.keys {
+	for _, k := range l.arena[p.off : p.off+p.n] {
 		e, ok := p.m.entries[k]
 		if !ok {
 			continue
@@ -171,11 +173,16 @@ func (l *Local) pop() {
 		}
 	}
 	if l.head == len(l.log) {
-		l.log, l.head = l.log[:0], 0
+		l.log, l.head, l.arena = l.log[:0], 0, l.arena[:0]
 	} else if l.head > 1024 && l.head*2 > len(l.log) {
 		n := copy(l.log, l.log[l.head:])
 		clear(l.log[n:])
 		l.log, l.head = l.log[:n], 0
+		base := l.log[0].off
+		l.arena = l.arena[:copy(l.arena, l.arena[base:])]
+		for i := range l.log {
+			l.log[i].off -= base
+		}
 	}
 }
 

@@ -12,11 +12,16 @@ import (
 // Placement is the report of decision d for chain c on model m: the chain's checkpoint
 // keys (at the table's stride) on the picked replica. Hashes and counts only.
 func Placement(m *table.Model, c *Chain, d *Decision, at time.Time) api.Report {
+	return placement(m, c, d, at, nil)
+}
+
+// placement is Placement with the keys appended to keys[:0].
+func placement(m *table.Model, c *Chain, d *Decision, at time.Time, keys []uint64) api.Report {
 	stride := max(int(m.Config.Stride), 1)
 	return api.Report{
 		Kind: api.KindPlacement, Model: m.Name, Replica: d.Addrs[0], Domain: c.Domain,
 		BlockSize: c.BlockSize, Stride: stride, Blocks: len(c.Keys),
-		Keys:        prefix.Checkpoints(nil, c.Keys, stride),
+		Keys:        prefix.Checkpoints(keys[:0], c.Keys, stride),
 		PromptBytes: c.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
 		AtMs: at.UnixMilli(),
 	}

@@ -103,7 +103,14 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	}
 	r.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, now)
 	res.Action = Placed
-	res.Placement = Placement(m, &chain, &d, now)
+	var ckpts []uint64
+	if r.Reuse {
+		ckpts = r.ckpts[:0]
+	}
+	res.Placement = placement(m, &chain, &d, now, ckpts)
+	if r.Reuse {
+		r.ckpts = res.Placement.Keys
+	}
 	// The next request sees this placement at once, not only once the table has it.
 	r.Local.Add(m.Name, res.Placement.Keys, d.Addrs[0], now)
 	return d, res

@@ -104,12 +104,19 @@ type Router struct {
 	// Config is the filter's configuration as far as Route reads it: body limits,
 	// adapters, tenants. The zero value has no limits, adapters or isolated tenants.
 	Config api.Config
+	// Reuse lets a Decision's Addrs and a Result's Placement.Keys live in the router's
+	// buffers, valid until its next Route, Decide or LeastQueued: the filter's request
+	// path then allocates nothing, and copies what it keeps. Off, each result is the
+	// caller's to keep.
+	Reuse bool
 
 	parser  prompt.Parser
 	keys    []uint64
 	matched []int
 	cands   []rule.Replica
 	order   []int
+	addrs   []string
+	ckpts   []uint64
 }
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
@@ -161,8 +168,14 @@ func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Ti
 func (r *Router) decision(m *table.Model, rd rule.Decision) Decision {
 	d := Decision{Decision: rd}
 	r.order = d.Order
+	if r.Reuse {
+		d.Addrs = r.addrs[:0]
+	}
 	for _, i := range d.Order {
 		d.Addrs = append(d.Addrs, m.Replicas[i].Addr)
+	}
+	if r.Reuse {
+		r.addrs = d.Addrs
 	}
 	return d
 }
