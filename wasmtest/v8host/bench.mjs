@@ -135,6 +135,33 @@ for (const kv of args.env) {
 const table = args.table ? readFileSync(args.table) : null;
 if (table && (table.length < 36 || table.toString('latin1', 0, 4) !== 'KVRT')) die(64, `--table ${args.table}: not a table frame`);
 const tableVersion = table ? table.readBigUInt64LE(8).toString() : null;
+// countReports counts the reports of a batch in either form the control plane takes
+// (shared/api: the binary "KVRB" batch of length-prefixed records, or the older JSON).
+function countReports(body) {
+  const b = Buffer.from(body);
+  if (b.length >= 5 && b.toString('latin1', 0, 4) === 'KVRB') {
+    let off = 5, len = 0, shift = 0;
+    for (;;) { // the proxy name's uvarint length
+      const c = b[off++];
+      len += (c & 0x7f) * 2 ** shift;
+      shift += 7;
+      if (!(c & 0x80)) break;
+    }
+    off += len;
+    let n = 0;
+    while (off + 4 <= b.length) {
+      off += 4 + b.readUInt32LE(off);
+      n++;
+    }
+    return off === b.length ? n : 0;
+  }
+  try {
+    return JSON.parse(b.toString('utf8')).reports?.length ?? 0;
+  } catch {
+    return 0;
+  }
+}
+
 const cp = { polls: 0, notModified: 0, full: 0, unavailable: 0, reportPosts: 0, reports: 0, other: 0 };
 function controlPlane(req) {
   const h = new Map(req.headers.map(([k, v]) => [k.toLowerCase(), v]));
@@ -159,12 +186,7 @@ function controlPlane(req) {
   }
   if (path === '/v1/reports' && h.get(':method') === 'POST') {
     cp.reportPosts++;
-    let n = 0;
-    try {
-      n = JSON.parse(req.body.toString('utf8')).reports?.length ?? 0;
-    } catch {
-      n = 0;
-    }
+    const n = countReports(req.body);
     cp.reports += n;
     return { headers: [[':status', '200'], ['content-type', 'application/json']], body: JSON.stringify({ received: n, applied: n, rejected: 0 }) };
   }
