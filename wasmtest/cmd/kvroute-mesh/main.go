@@ -230,6 +230,8 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 		fmt.Fprint(stdout, c.Table())
 		return nil
 	}
+	// On a terminal the summary is a table redrawn in place; otherwise one line each.
+	summary := &mesh.SummaryPrinter{W: stdout, Terminal: isTerminal(stdout)}
 	t := time.NewTicker(o.every)
 	defer t.Stop()
 	for {
@@ -238,7 +240,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 			fmt.Fprintln(stdout, "\nkvroute-mesh: stopping")
 			return nil
 		case <-t.C:
-			fmt.Fprintln(stdout, time.Now().Format("15:04:05"), m.Summary())
+			summary.Print(time.Now(), m.Summary())
 		}
 	}
 }

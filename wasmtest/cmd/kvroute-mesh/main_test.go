@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"os"
 	"strings"
 	"testing"
 )
@@ -81,5 +82,29 @@ func TestDemoPicksFreePorts(t *testing.T) {
 	}
 	if o, _ := parse(nil, &bytes.Buffer{}); o.proxyAddr != "127.0.0.1:10000" || o.cpAddr != "127.0.0.1:18080" {
 		t.Fatalf("defaults: %q %q", o.proxyAddr, o.cpAddr)
+	}
+}
+
+// Only a terminal gets the redrawn table: a buffer, a pipe or a file gets lines.
+func TestSummaryTableOnlyOnATerminal(t *testing.T) {
+	if isTerminal(&bytes.Buffer{}) {
+		t.Error("a buffer is not a terminal")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isTerminal(w) {
+		t.Error("a pipe is not a terminal")
+	}
+	f, err := os.Create(t.TempDir() + "/out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if isTerminal(f) {
+		t.Error("a file is not a terminal")
 	}
 }
