@@ -16,7 +16,7 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// The fleet of seed 000 at its affinity size: 22 replicas, 200 customer prefixes of
+// The fleet of the sizing example at its affinity size: 22 replicas, 200 customer prefixes of
 // 6,000 tokens (about 24 KB each), every prefix held by one or two replicas. The request
 // is an 8,000-token chat body (about 32 KB) that shares one of the prefixes.
 func benchFleet(b testing.TB) (*table.Table, string) {

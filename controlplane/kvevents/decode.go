@@ -1,5 +1,5 @@
 // Package kvevents reads vLLM's (and SGLang's) KV cache events: the msgpack EventBatch
-// decoder (every layout of ../shared/reference/kv-events-and-metrics.md section 2) and the
+// decoder (every layout vLLM's vllm/distributed/kv_events.py has published) and the
 // ZMQ subscriber that tracks sequence numbers, asks for replays and reconnects.
 //
 // The decoder never trusts the input: lengths are checked against the bytes left, nesting

@@ -49,7 +49,7 @@ const (
 	goldenHash = 0xDA7A5EED00000001
 )
 
-// The golden vectors of ../shared/reference/kv-events-and-metrics.md section 2.3.
+// The golden vectors of vLLM's KV-event wire format (vllm/distributed/kv_events.py).
 func TestGoldenBytes(t *testing.T) {
 	stored := func(medium string, spec string, group int) Event {
 		return Event{Kind: BlockStored, Tag: "BlockStored", Hashes: []uint64{goldenHash}, Tokens: []uint32{1, 2}, BlockSize: 2,

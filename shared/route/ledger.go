@@ -4,7 +4,7 @@ import "time"
 
 // Ledger is a router's own record of prefill work it sent and has not yet seen start:
 // the control plane's queue numbers are a snapshot, up to a few hundred milliseconds
-// old, and queue depth is the term that goes wrong fastest (seed 000). An entry counts
+// old, and queue depth is the term that goes wrong fastest (docs/rule.md). An entry counts
 // on top of the snapshot only if it was sent after the snapshot was measured.
 type Ledger struct {
 	entries map[uint64]sent

@@ -80,7 +80,7 @@ type Replica struct {
 // Params are the guards and knobs of the rule.
 type Params struct {
 	// MaxKVUsage excludes replicas above this KV usage. 0.95: admitting above it forces
-	// vLLM to preempt running sequences (seed 000).
+	// vLLM to preempt running sequences (docs/rule.md).
 	MaxKVUsage float64
 	// MaxStateAge excludes replicas whose state is older than this; queue depth is the
 	// term that goes wrong fastest. Seed 000 says "a few hundred milliseconds", but ages
@@ -103,7 +103,7 @@ type Params struct {
 	LoadBound float64
 }
 
-// DefaultParams are the values DESIGN.md gives, and the stale regime's (10 min, 1.25).
+// DefaultParams are the values docs/rule.md gives, and the stale regime's (10 min, 1.25).
 func DefaultParams() Params {
 	return Params{MaxKVUsage: 0.95, MaxStateAge: 2 * time.Second, TieEpsilon: 0.02, MaxEndpoints: 3,
 		MaxCacheAge: 10 * time.Minute, LoadBound: 1.25}

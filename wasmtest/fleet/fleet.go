@@ -54,7 +54,7 @@ type Options struct {
 	OracleUncachedWeight float64
 }
 
-// DefaultOptions are seed 000's fleet as the issue states it.
+// DefaultOptions are docs/rule.md's fleet.
 func DefaultOptions() Options {
 	return Options{
 		Replicas: 22, Profile: timing.Seed000(), Seed: 1, Routers: 1, Stream: true, HotGroup: -1,

@@ -21,7 +21,7 @@ import (
 )
 
 // End-to-end: simulated vLLM replicas, the control plane and the real kvroute.wasm in
-// the proxy, all on loopback. Engines run at a tenth of real time (seed 000's timing),
+// the proxy, all on loopback. Engines run at a tenth of real time (docs/rule.md's timing),
 // and each replica's KV pool holds 20,000 tokens.
 
 const timeScale = 0.1

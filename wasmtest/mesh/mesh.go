@@ -55,7 +55,7 @@ type Options struct {
 	TimeScale float64
 	// KVBlocks is each replica's KV pool in 16-token blocks (0 or less: the profile's). The
 	// default mesh uses 1,250 (20,000 tokens): a set of shared prefixes then fits the
-	// fleet but not one replica, which is seed 000's situation scaled down.
+	// fleet but not one replica, which is docs/rule.md's situation scaled down.
 	KVBlocks int
 	// MaxNumSeqs caps running sequences per replica (0: the profile's).
 	MaxNumSeqs int

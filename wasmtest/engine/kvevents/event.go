@@ -1,6 +1,6 @@
 // Package kvevents holds vLLM's KV cache events as plain Go values and their msgpack
 // wire encodings, byte-identical to vLLM's msgspec output
-// (../shared/reference/kv-events-and-metrics.md section 2):
+// (vLLM's vllm/distributed/kv_events.py):
 //
 //	EventBatch       = [ts float64, events, data_parallel_rank]   (always an array)
 //	BlockStored      = array (vLLM <= 0.23) or map with "type" first (>= 0.24)

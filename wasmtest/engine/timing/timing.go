@@ -11,10 +11,10 @@
 //	decode_step(C)    = (weight bytes per GPU + C x KV bytes per token / GPUs)
 //	                    / (HBM bandwidth x MBU)                                (memory bound)
 //
-// The two terms add, as seed 000's fleet arithmetic adds prefill and decode
+// The two terms add, as docs/rule.md's fleet arithmetic adds prefill and decode
 // replica-seconds; a step with prefill only pays no weight read (it is hidden under the
 // compute), which keeps TTFT of a lone request = its uncached tokens x prefill_per_token,
-// seed 000's 570 ms cold / 143 ms warm.
+// docs/rule.md's 570 ms cold / 143 ms warm.
 package timing
 
 import (
@@ -49,20 +49,20 @@ type Profile struct {
 	MaxModelLen         int
 }
 
-// Seed000 is seed 000's replica: Llama 3.3 70B, FP8 weights, BF16 KV, TP=2 H200.
+// Seed000 is docs/rule.md's replica: Llama 3.3 70B, FP8 weights, BF16 KV, TP=2 H200.
 func Seed000() Profile {
 	return Profile{
 		Name:      "seed000",
 		Params:    70.55e9,
 		GPUs:      2,
 		PeakFLOPS: 1979e12, // H200 dense FP8
-		MFU:       0.50,    // seed 000: assumed 50% MFU for prefill
-		// 35.3 GB: half of the 70.55 GB FP8 weights on each of the 2 GPUs (seed 000).
+		MFU:       0.50,    // docs/rule.md: assumed 50% MFU for prefill
+		// 35.3 GB: half of the 70.55 GB FP8 weights on each of the 2 GPUs (docs/rule.md).
 		WeightBytesPerGPU: 35.3e9,
-		// 80 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 B = 320 KiB per token (seed 000).
+		// 80 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 B = 320 KiB per token (docs/rule.md).
 		KVBytesPerToken: 327680,
 		HBMBandwidth:    4.8e12,
-		MBU:             0.75, // seed 000: assumed 75% MBU for decode
+		MBU:             0.75, // docs/rule.md: assumed 75% MBU for decode
 		// Seed 000 states 558,124 tokens for (2 x (141e9 x 0.92 - 3e9) - 70.55e9) / 327,680;
 		// the formula gives 558,136 (see PoolTokensFromMemory). The seed's number is kept.
 		PoolTokens:          558124,
@@ -125,7 +125,7 @@ func (p Profile) Validate() error {
 // NumGPUBlocks is vLLM's num_gpu_blocks: the pool in whole blocks.
 func (p Profile) NumGPUBlocks() int { return p.PoolTokens / p.BlockSize }
 
-// PrefillSecondsPerToken = 2 x params / (GPUs x peak x MFU); seed 000: 71.3 us.
+// PrefillSecondsPerToken = 2 x params / (GPUs x peak x MFU); docs/rule.md: 71.3 us.
 func (p Profile) PrefillSecondsPerToken() float64 {
 	return 2 * p.Params / (float64(p.GPUs) * p.PeakFLOPS * p.MFU)
 }
@@ -136,7 +136,7 @@ func (p Profile) PrefillTime(n int) time.Duration {
 }
 
 // DecodeStepSeconds is one decode step with ctxTokens context tokens summed over the
-// batch; seed 000: (35.3 GB + 64 x 8,150 x 327,680 B / 2) / (4.8e12 x 0.75) = 33.5 ms.
+// batch; docs/rule.md: (35.3 GB + 64 x 8,150 x 327,680 B / 2) / (4.8e12 x 0.75) = 33.5 ms.
 func (p Profile) DecodeStepSeconds(ctxTokens int) float64 {
 	bytes := p.WeightBytesPerGPU + float64(ctxTokens)*p.KVBytesPerToken/float64(p.GPUs)
 	return bytes / (p.HBMBandwidth * p.MBU)

@@ -6,7 +6,7 @@
 //     {"error":{"message","type","param","code"}} from 0.10.1 (PR #22099; ErrorInfo and
 //     ErrorResponse in vllm/entrypoints/openai/engine/protocol.py @040a2cc2, built by
 //     create_error_response in vllm/entrypoints/openai/engine/serving.py @619e4b31).
-//   - KV event layout (../shared/reference/kv-events-and-metrics.md section 2.1):
+//   - KV event layout (vLLM's vllm/distributed/kv_events.py):
 //     0.9.0 6-element BlockStored and a 2-element batch; 0.10.x 7 elements (medium,
 //     PR #19737); 0.23.x 12 elements; >= 0.24 map-encoded events (PR #42892). The
 //     releases in between append fields one at a time; their exact layouts are not

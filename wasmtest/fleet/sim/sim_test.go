@@ -14,7 +14,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
-// TestSeed000Arithmetic pins the profile to seed 000's worked numbers.
+// TestSeed000Arithmetic pins the profile to docs/rule.md's worked numbers.
 func TestSeed000Arithmetic(t *testing.T) {
 	p := timing.Seed000()
 	perTok := p.PrefillSecondsPerToken()
@@ -174,7 +174,7 @@ func TestQuantile(t *testing.T) {
 }
 
 func BenchmarkSeedMinute(b *testing.B) {
-	// One simulated minute of seed 000 at 22 replicas (2,400 requests), oracle policy.
+	// One simulated minute of the sizing example at 22 replicas (2,400 requests), oracle policy.
 	c := workload.DefaultSeed()
 	c.Duration = time.Minute
 	w, err := workload.NewSeed(c)

@@ -7,10 +7,10 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
 )
 
-// SeedConfig is seed 000's load: Poisson arrivals of chat requests whose system message
+// SeedConfig is docs/rule.md's load: Poisson arrivals of chat requests whose system message
 // is one of Customers per-customer prefixes.
 type SeedConfig struct {
-	Rate      float64       // requests per second (seed 000: 40)
+	Rate      float64       // requests per second (docs/rule.md: 40)
 	Duration  time.Duration // arrivals span (10 minutes)
 	Customers int           // distinct prefixes (200)
 	// PromptTokens is each prompt's length as the engine counts it (8,000); the first
@@ -23,7 +23,7 @@ type SeedConfig struct {
 	BlockSize                  int // the engines' KV block size, for the chains (16)
 }
 
-// DefaultSeed is seed 000 as written.
+// DefaultSeed is docs/rule.md's sizing example as written.
 func DefaultSeed() SeedConfig {
 	return SeedConfig{Rate: 40, Duration: 10 * time.Minute, Customers: 200, PromptTokens: 8000,
 		PrefixTokens: 6000, OutputTokens: 300, Seed: 1, Model: DefaultModel, BlockSize: 16}
@@ -122,7 +122,7 @@ func (w *Seed) NewSource() Source {
 }
 
 // twoMessageSource builds [system, user] requests whose system message is their
-// group's: seed 000's customers and GSP's prompt groups.
+// group's: docs/rule.md's customers and GSP's prompt groups.
 type twoMessageSource struct {
 	b        builder
 	prefixes []*prefix

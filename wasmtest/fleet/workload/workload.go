@@ -1,4 +1,4 @@
-// Package workload generates the requests a fleet simulation replays: seed 000's
+// Package workload generates the requests a fleet simulation replays: docs/rule.md's
 // 200-customer load, SGLang's generated-shared-prefix benchmark, multi-turn chat sessions
 // and Mooncake JSONL traces.
 //

@@ -249,7 +249,7 @@ func TestParseMooncake(t *testing.T) {
 	}
 }
 
-// The first 200 requests of ../shared/traces/mooncake_synthetic_trace.jsonl, kept in
+// The first 200 requests of a public synthetic trace in Mooncake's format, kept in
 // the repository's testdata: requests whose hash_ids begin alike share that many
 // 512-token blocks of prompt.
 func TestMooncakeSyntheticTrace(t *testing.T) {
