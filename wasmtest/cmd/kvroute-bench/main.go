@@ -8,6 +8,8 @@
 //	kvroute-bench                                   # seed 000: 40 req/s, 200 customers, 22 replicas
 //	kvroute-bench --hot                             # one customer sends 10% of the traffic
 //	kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
+//	kvroute-bench --plot ttft.svg                   # also draw each policy's TTFT distribution
+//	kvroute-bench --find-replicas --plot r.svg      # also draw TTFT p95 against replicas per policy
 //	kvroute-bench --shared-fraction 0.1             # the reversal condition
 //	kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
@@ -167,6 +169,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
 		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (seed 000: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
+		plotPath    = fs.String("plot", "", "also draw the results to this .svg (or .png, .pdf): each policy's TTFT distribution (an empirical CDF, log time axis); with --find-replicas, TTFT p95 against replicas per policy")
 		find        = fs.Bool("find-replicas", false, "search, per policy, the fewest replicas that hold --slo-ttft-p95")
 		slo         = 1 * time.Second
 		stale       time.Duration
@@ -223,6 +226,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	names, err := fleet.ParsePolicies(*policies)
 	if err != nil {
 		return &cli.UsageError{Err: err}
+	}
+	var plotFormat string
+	if *plotPath != "" {
+		if plotFormat, err = fleet.PlotFormat(*plotPath); err != nil {
+			return &cli.UsageError{Err: fmt.Errorf("--plot %w", err)}
+		}
 	}
 	if *wasm && !slices.Contains(names, kvroute.WasmName) {
 		names = append(names, kvroute.WasmName)
@@ -288,6 +297,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stdout, "\nwall %.1f s\n", time.Since(start).Seconds())
+		if *plotPath != "" {
+			title := fmt.Sprintf("Fewest replicas for TTFT p95 ≤ %s s (GPUs = replicas x %d)\n%s", strconv.FormatFloat(slo.Seconds(), 'g', 4, 64), o.Profile.GPUs, w.Describe())
+			if err := writeFile(*plotPath, func(f io.Writer) error {
+				return fleet.PlotSearch(f, plotFormat, title, searches, slo, "p95")
+			}); err != nil {
+				return err
+			}
+		}
 		if *jsonPath != "" {
 			return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteSearchJSON(f, label, slo, searches) })
 		}
@@ -317,6 +334,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens; max/mean Q: time-averaged max over mean queued prefill tokens;\n")
 	fmt.Fprintf(stdout, "spill: requests not sent to a replica holding the longest cached prefix (engines' real caches).\n")
 	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(start).Seconds(), len(results), o.Parallel)
+	if *plotPath != "" {
+		title := fmt.Sprintf("TTFT per policy at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, w.Describe())
+		if err := writeFile(*plotPath, func(f io.Writer) error { return fleet.PlotTTFT(f, plotFormat, title, results) }); err != nil {
+			return err
+		}
+	}
 	if *jsonPath != "" {
 		return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteJSON(f, label, o.Replicas, results) })
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/fleet"
 )
 
 // tiny: a seconds-long GSP run on the fast profile.
@@ -91,4 +95,81 @@ func TestParseDuration(t *testing.T) {
 	d, err = parseDuration("2m", time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Minute, d)
+}
+
+// svgTexts checks that path holds a well-formed SVG document and returns its text
+// elements' contents.
+func svgTexts(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	var texts []string
+	var root string
+	inText := false
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err, "not well-formed XML")
+		switch el := tok.(type) {
+		case xml.StartElement:
+			if root == "" {
+				root = el.Name.Local
+			}
+			inText = el.Name.Local == "text"
+		case xml.CharData:
+			if inText {
+				texts = append(texts, string(el))
+			}
+		case xml.EndElement:
+			inText = false
+		}
+	}
+	require.Equal(t, "svg", root)
+	return texts
+}
+
+// legendHas reports whether some text element starts with the policy's name and a
+// space (the legend entry "NAME (...)"), so "kvroute" does not match "kvroute-wasm".
+func legendHas(texts []string, policy string) bool {
+	for _, s := range texts {
+		if strings.HasPrefix(s, policy+" (") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPlotTTFT(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ttft.svg")
+	var out bytes.Buffer
+	require.NoError(t, run(append(tiny, "--plot", path), &out, &out), out.String())
+	texts := svgTexts(t, path)
+	for _, p := range fleet.Policies {
+		assert.True(t, legendHas(texts, p), "no legend entry for %s in %q", p, texts)
+	}
+	assert.Contains(t, texts, "time to first token (s, log scale)")
+	assert.Contains(t, texts, "TTFT per policy at 2 replicas (2 GPUs)")
+}
+
+func TestPlotSearch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "replicas.svg")
+	var out bytes.Buffer
+	args := append(tiny, "--find-replicas", "--slo-ttft-p95", "0.5", "--policies", "oracle,random,kvroute", "--plot", path)
+	require.NoError(t, run(args, &out, &out), out.String())
+	texts := svgTexts(t, path)
+	for _, p := range []string{"oracle", "random", "kvroute"} {
+		assert.True(t, legendHas(texts, p), "no legend entry for %s in %q", p, texts)
+	}
+	assert.Contains(t, texts, "oracle (1 replica)")
+	assert.Contains(t, texts, "SLO: p95 ≤ 0.5 s")
+}
+
+func TestPlotFormat(t *testing.T) {
+	var out bytes.Buffer
+	err := run(append(tiny, "--plot", filepath.Join(t.TempDir(), "x.gif")), &out, &out)
+	require.ErrorContains(t, err, "want a .svg, .png or .pdf file")
+	assert.NotContains(t, out.String(), "policy", "the flag is checked before any simulation runs")
 }

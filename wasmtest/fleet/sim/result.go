@@ -24,6 +24,9 @@ type Result struct {
 	TTFTp95         time.Duration
 	TTFTp99         time.Duration
 	E2Ep50          time.Duration
+	// TTFT holds every completed measured request's time to first token, sorted (the
+	// distribution kvroute-bench --plot draws; partial when Aborted).
+	TTFT []time.Duration
 	// MaxMeanQueue is the time-averaged largest queued-prefill-token count over the
 	// time-averaged mean, sampled every 100 ms while requests arrive: 1 is perfectly
 	// even; herding shows as a large value.
@@ -147,6 +150,7 @@ func (r *runner) result() *Result {
 	}
 	slices.Sort(ttft)
 	slices.Sort(e2e)
+	res.TTFT = ttft
 	if r.aborted {
 		inf := time.Duration(math.MaxInt64)
 		res.TTFTp50, res.TTFTp95, res.TTFTp99, res.E2Ep50 = inf, inf, inf, inf
