@@ -5,7 +5,7 @@
 // rate and preemptions. kvroute's policy is the real routing code (shared/route) with
 // the control plane's index in-process.
 //
-//	kvroute-bench                                   # seed 000: 40 req/s, 200 customers, 22 replicas
+//	kvroute-bench                                   # docs/rule.md's example: 40 req/s, 200 customers, 22 replicas
 //	kvroute-bench --hot                             # one customer sends 10% of the traffic
 //	kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
 //	kvroute-bench --plot ttft.svg                   # also draw each policy's TTFT distribution
@@ -15,7 +15,7 @@
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
 //	kvroute-bench --workload burst --burst-size 8 --burst-rate 2   # agent fan-out: new prefix per group
 //	kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
-//	kvroute-bench --trace ../shared/traces/mooncake_synthetic_trace.jsonl --trace-format mooncake --speedup 2
+//	kvroute-bench --trace trace.jsonl --trace-format mooncake --speedup 2
 package main
 
 import (
@@ -167,7 +167,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
-		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (seed 000: 6,000 of 8,000 tokens)")
+		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (docs/rule.md: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
 		plotPath    = fs.String("plot", "", "also draw the results to this .svg (or .png, .pdf): each policy's TTFT distribution (an empirical CDF, log time axis); with --find-replicas, TTFT p95 against replicas per policy")
 		find        = fs.Bool("find-replicas", false, "search, per policy, the fewest replicas that hold --slo-ttft-p95")
