@@ -60,8 +60,11 @@ func eachRuntime(t *testing.T, f func(t *testing.T, vm types.VMContext)) {
 	t.Run("wasm", func(t *testing.T) { f(t, compiledVM(t)) })
 }
 
+// testConfig polls on the tick (wait_ms -1): the emulator numbers a call by how many are
+// outstanding, so a poll dispatched from a response callback can share its id with a
+// later report post. The long poll has its own tests (longpoll_test.go).
 const testConfig = `{
-	"control_plane": {"cluster": "outbound|8080||cp.kvroute.svc.cluster.local", "authority": "cp.kvroute.svc.cluster.local", "poll_ms": 100, "report_ms": 100},
+	"control_plane": {"cluster": "outbound|8080||cp.kvroute.svc.cluster.local", "authority": "cp.kvroute.svc.cluster.local", "poll_ms": 100, "report_ms": 100, "wait_ms": -1},
 	"tenants": {"header": "x-tenant", "secret": "s3cret", "policies": {"acme": "isolated"}, "inject_cache_salt": true},
 	"adapters": {"llama-sql-lora": "llama"},
 	"max_body_bytes": 65536

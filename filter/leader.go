@@ -27,18 +27,24 @@ type leader struct {
 	pollWait, reportWait   int // ticks left before the next poll / post
 	pollBusy, reportBusy   int // ticks a call has been outstanding; 0 when none
 	stuckAfter             int // a call outstanding this long is given up
-	failedPolls            int
-	items                  [][]byte // report queue items, reused
-	reportCalls            int      // report posts outstanding
+	// waitMs is the long poll's wait_ms (0: off). pollSent is when the poll in flight
+	// left; pollMs is the tick-scheduled poll interval.
+	waitMs, pollMs int
+	pollSent       time.Time
+	failedPolls    int
+	items          [][]byte // report queue items, reused
+	reportCalls    int      // report posts outstanding
 }
 
 func newLeader(cfg *api.ControlPlane, tickMs int) leader {
 	return leader{
 		pollEvery:   max(1, cfg.PollMs/tickMs),
 		reportEvery: max(1, cfg.ReportMs/tickMs),
-		// Envoy always answers (the timeout ends the call); this only guards a host
-		// that loses a callback, so the leader is never wedged.
+		// Envoy always answers (the timeout, which exceeds wait_ms, ends the call); this
+		// only guards a host that loses a callback, so the leader is never wedged.
 		stuckAfter: cfg.TimeoutMs/tickMs + 10,
+		waitMs:     max(cfg.WaitMs, 0),
+		pollMs:     max(1, cfg.PollMs/tickMs) * tickMs,
 	}
 }
 
@@ -99,14 +105,21 @@ func (p *plugin) callHeaders(method, path string) [][2]string {
 	return h
 }
 
-// poll asks the control plane for what changed since the leader's version.
+// poll asks the control plane for what changed since the leader's version. With
+// wait_ms it is a long poll: the control plane holds it until a newer version exists
+// (or wait_ms passes, then 304), and onTable asks again at once, so a version reaches
+// this proxy when it is published rather than on the next poll tick.
 func (l *leader) poll(p *plugin) {
 	have := uint64(0)
 	if p.view.loaded {
 		have = p.view.t.Version
 	}
-	hdrs := append(p.callHeaders("GET", api.TablePath+"?version="+strconv.FormatUint(have, 10)),
-		[2]string{"accept", api.TableContentType})
+	path := api.TablePath + "?version=" + strconv.FormatUint(have, 10)
+	if l.waitMs > 0 {
+		path += "&wait_ms=" + strconv.Itoa(l.waitMs)
+	}
+	hdrs := append(p.callHeaders("GET", path), [2]string{"accept", api.TableContentType})
+	l.pollSent = p.now()
 	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, nil, nil,
 		uint32(p.cfg.ControlPlane.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, have, bodySize) })
 	p.metrics.polls.Increment(1)
@@ -153,6 +166,18 @@ func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
 	}
 	l.failedPolls = 0
 	l.pollWait = l.pollEvery - 1
+	// Long poll: ask again now (from the response callback: proxy-wasm hosts allow a
+	// dispatch there; Envoy makes it from the root context, Context::httpCall in
+	// source/extensions/common/wasm/context.cc) when the answer brought a newer
+	// version, or when it took a poll interval anyway (a wait that ran out). A quick
+	// 304 (a control plane that does not hold the call) keeps the tick schedule, so
+	// there is never more than one poll per interval without a new version, and at
+	// most one in flight. Failures return above and wait out the backoff on the tick.
+	newer := p.view.loaded && p.view.t.Version != asked
+	if l.waitMs > 0 && l.is && (newer || now.Sub(l.pollSent) >= time.Duration(l.pollMs)*time.Millisecond) {
+		l.pollWait = 0
+		l.poll(p)
+	}
 }
 
 // publish verifies a frame by applying it to the leader's own copy, then writes it to

@@ -19,6 +19,13 @@ import (
 // inference extension's name for it).
 const DefaultEndpointHeader = "x-gateway-destination-endpoint"
 
+// Long polls: the default control_plane.wait_ms, and the most the control plane holds a
+// poll (controlplane/server MaxWait).
+const (
+	DefaultWaitMs = 1000
+	MaxWaitMs     = 30000
+)
+
 // Tenant policies.
 const (
 	// Shared tenants may hit cache entries other shared tenants created.
@@ -71,7 +78,12 @@ type ControlPlane struct {
 	Token string `json:"token,omitempty"`
 	// PollMs is how often the leader asks for a new table version.
 	PollMs int `json:"poll_ms,omitempty"`
-	// TimeoutMs bounds each call.
+	// WaitMs makes each table poll a long poll: the control plane answers as soon as a
+	// version newer than the filter's exists, or 304 after WaitMs, and the leader asks
+	// again at once, so a version reaches the proxy when it is published. 0 takes the
+	// default (1000); a negative value turns long polling off (a poll every PollMs).
+	WaitMs int `json:"wait_ms,omitempty"`
+	// TimeoutMs bounds each call; it must exceed WaitMs (default WaitMs + 1000).
 	TimeoutMs int `json:"timeout_ms,omitempty"`
 	// ReportMs is how often the leader posts queued reports.
 	ReportMs int `json:"report_ms,omitempty"`
@@ -138,7 +150,8 @@ func (c *Config) fillDefaults() {
 		c.Tenants.DefaultPolicy = PolicyShared
 	}
 	def(&c.ControlPlane.PollMs, 100)
-	def(&c.ControlPlane.TimeoutMs, 1000)
+	def(&c.ControlPlane.WaitMs, DefaultWaitMs)
+	def(&c.ControlPlane.TimeoutMs, max(c.ControlPlane.WaitMs, 0)+1000)
 	def(&c.ControlPlane.ReportMs, 100)
 	def(&c.ControlPlane.MaxReportBatch, 512)
 	def(&c.BlockBytes, prefix.DefaultBlockBytes)
@@ -172,6 +185,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ControlPlane.TimeoutMs < 1 || c.ControlPlane.ReportMs < 10 || c.ControlPlane.MaxReportBatch < 1 {
 		bad("control_plane timeout_ms, report_ms (>=10) and max_report_batch must be positive")
+	}
+	if w := c.ControlPlane.WaitMs; w > MaxWaitMs {
+		bad("control_plane.wait_ms %d is above %d (the control plane holds a poll at most that long)", w, MaxWaitMs)
+	} else if w > 0 && c.ControlPlane.TimeoutMs <= w {
+		bad("control_plane.timeout_ms %d must exceed wait_ms %d, or every long poll times out (e.g. timeout_ms %d)",
+			c.ControlPlane.TimeoutMs, w, w+1000)
 	}
 	if !validHeaderName(c.EndpointHeader) {
 		bad("endpoint_header %q is not a valid header name", c.EndpointHeader)
