@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math/bits"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/table"
@@ -26,8 +27,20 @@ type Local struct {
 	addrs  []string
 	addrID map[string]uint16
 	log    []localPlacement // in the order added (times non-decreasing in practice)
-	head   int
-	arena  []uint64 // the log's keys, in the log's order: log[i].keys is arena[off:off+n]
+	// Expiry is in two steps so that no call walks everything: Prune only moves live
+	// past the expired placements (a comparison each), which hides their holds from
+	// match at once (ways before cut); the map work of dropping them is done oldest
+	// first, at most localPruneBudget units a call, from head (key scan of log[head]).
+	head  int // the first placement whose holds are not all dropped
+	scan  int // where dropping resumes, in arena (within log[head])
+	live  int // the first placement not expired; head <= live
+	cut   int64
+	arena []uint64 // the log's keys, in the log's order: log[i].keys is arena[off:off+n]
+	// held has bit i set while an entry's way names arena[i] (its placement holds the
+	// key): dropping a placement touches the map only for those, and skips whole
+	// placements whose keys later ones all renewed.
+	held   []uint64
+	base   int64 // the position of arena[0] (a multiple of 64): ways name absolute positions
 	keys   int
 	depths []localDepth
 }
@@ -41,6 +54,12 @@ const (
 	DefaultLocalSettle  = time.Second
 )
 
+// localPruneBudget bounds one Prune's work, in units of one key dropped (a map lookup
+// and a write or delete) or one 64-key word of held scanned. At ten ticks a second that
+// drops about 20,000 keys/s; a busier proxy's expired keys past MaxKeys go in Add (the
+// size bound, oldest first), in proportion to what each request adds.
+const localPruneBudget = 2048
+
 // NewLocal returns an empty Local with the default bounds.
 func NewLocal() *Local {
 	return &Local{MaxKeys: DefaultLocalMaxKeys, MaxAge: DefaultLocalMaxAge, Settle: DefaultLocalSettle,
@@ -51,11 +70,13 @@ const localWays = 4
 
 type localModel struct{ entries map[uint64]localEntry }
 
-// localEntry is one checkpoint key: up to localWays replicas it was placed on, and when.
+// localEntry is one checkpoint key: up to localWays replicas it was placed on, and by
+// which placement (the absolute position of the key in the arena, so in the order
+// added). A way whose position is before Local.cut is expired: match ignores it.
 type localEntry struct {
 	n    uint8
 	addr [localWays]uint16
-	atMs [localWays]int64
+	pos  [localWays]int64
 }
 
 type localPlacement struct {
@@ -70,7 +91,8 @@ type localDepth struct {
 	depth int
 }
 
-// Len is the number of checkpoint keys held.
+// Len is the number of checkpoint keys held, counting those of expired placements not
+// dropped yet (Prune drops a bounded number a call).
 func (l *Local) Len() int { return l.keys }
 
 // Add records that the chain whose checkpoint keys are keys (at model's stride) was
@@ -93,8 +115,14 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		l.addrs = append(l.addrs, addr)
 		l.addrID[addr] = id
 	}
-	ms := at.UnixMilli()
-	for _, k := range keys {
+	start := len(l.arena)
+	l.log = append(l.log, localPlacement{m, start, len(keys), id, at.UnixMilli()})
+	l.arena = append(l.arena, keys...)
+	for len(l.held)*64 < len(l.arena) {
+		l.held = append(l.held, 0)
+	}
+	for i, k := range keys {
+		j := start + i
 		e, ok := m.entries[k]
 		if !ok {
 			l.keys++
@@ -106,84 +134,169 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 				break
 			}
 		}
-		if w < 0 {
-			if int(e.n) < localWays {
-				w = int(e.n)
-				e.n++
-			} else {
-				w = 0 // the oldest way
-				for i := 1; i < localWays; i++ {
-					if e.atMs[i] < e.atMs[w] {
-						w = i
-					}
+		switch {
+		case w >= 0:
+			l.unhold(e.pos[w]) // renewed: this placement holds it now
+		case int(e.n) < localWays:
+			w = int(e.n)
+			e.n++
+		default:
+			w = 0 // the oldest way (expired ones first)
+			for i := 1; i < localWays; i++ {
+				if e.pos[i] < e.pos[w] {
+					w = i
 				}
 			}
+			l.unhold(e.pos[w])
 		}
-		e.addr[w], e.atMs[w] = id, ms
+		e.addr[w], e.pos[w] = id, l.base+int64(j)
+		l.held[j>>6] |= 1 << (j & 63)
 		m.entries[k] = e
 	}
-	l.log = append(l.log, localPlacement{m, len(l.arena), len(keys), id, ms})
-	l.arena = append(l.arena, keys...)
 	for l.keys > l.MaxKeys && l.head < len(l.log) {
-		l.pop()
+		l.drop(l.head+1, int(^uint(0)>>1)) // the oldest placement, whole
+		if l.live < l.head {
+			l.live = l.head
+			l.setCut()
+		}
 	}
 }
 
-// Prune drops the placements a table confirmed current at confirmed has had the chance
-// to learn (made more than Settle before it), and those older than MaxAge at now.
+// Prune expires the placements a table confirmed current at confirmed has had the
+// chance to learn (made more than Settle before it), and those older than MaxAge at now:
+// match ignores them from now on. Their keys are dropped oldest first, a bounded amount
+// a call (localPruneBudget), so that a tick never walks everything.
 func (l *Local) Prune(confirmed, now time.Time) {
 	cutoff := now.Add(-l.MaxAge).UnixMilli()
 	if !confirmed.IsZero() {
 		cutoff = max(cutoff, confirmed.Add(-l.Settle).UnixMilli())
 	}
-	for l.head < len(l.log) && l.log[l.head].atMs < cutoff {
-		l.pop()
+	live := l.live
+	for l.live < len(l.log) && l.log[l.live].atMs < cutoff {
+		l.live++
 	}
+	if l.live != live {
+		l.setCut()
+	}
+	l.drop(l.live, localPruneBudget)
 }
 
 // Clear forgets every placement.
 func (l *Local) Clear() {
 	clear(l.models)
 	clear(l.addrID)
-	l.addrs, l.log, l.head, l.keys, l.arena = l.addrs[:0], l.log[:0], 0, 0, l.arena[:0]
+	l.addrs, l.keys = l.addrs[:0], 0
+	l.reset()
 }
 
-// pop removes the oldest placement's holds (those no later placement renewed).
-func (l *Local) pop() {
-	p := l.log[l.head]
-	l.log[l.head] = localPlacement{}
-	l.head++
-	for _, k := range l.arena[p.off : p.off+p.n] {
-		e, ok := p.m.entries[k]
-		if !ok {
-			continue
-		}
-		for i := 0; i < int(e.n); i++ {
-			if e.addr[i] == p.addr && e.atMs[i] == p.atMs {
-				e.n--
-				e.addr[i], e.atMs[i] = e.addr[e.n], e.atMs[e.n]
-				break
+// reset empties the log and the arena (no key is held).
+func (l *Local) reset() {
+	l.base += int64(len(l.held) * 64)
+	clear(l.log)
+	clear(l.held)
+	l.log, l.arena, l.held, l.head, l.scan, l.live = l.log[:0], l.arena[:0], l.held[:0], 0, 0, 0
+	l.cut = l.base
+}
+
+// setCut moves cut to the first key of log[live]: ways before it are expired.
+func (l *Local) setCut() {
+	if l.live < len(l.log) {
+		l.cut = l.base + int64(l.log[l.live].off)
+	} else {
+		l.cut = l.base + int64(len(l.arena))
+	}
+}
+
+// unhold clears the held bit of the key at absolute position pos.
+func (l *Local) unhold(pos int64) {
+	if j := pos - l.base; j >= 0 && j < int64(len(l.arena)) {
+		l.held[j>>6] &^= 1 << (j & 63)
+	}
+}
+
+// drop removes the holds of the placements before log[upto] (those no later placement
+// renewed), oldest first, spending at most budget units (a key dropped, a held word
+// scanned); it resumes where the last call stopped.
+func (l *Local) drop(upto, budget int) {
+	for l.head < upto {
+		p := &l.log[l.head]
+		i, end := max(l.scan, p.off), p.off+p.n
+		for i < end {
+			if budget <= 0 {
+				l.scan = i
+				return
 			}
+			budget--
+			w := i >> 6
+			lim := min(end, (w+1)<<6)
+			hw := l.held[w] >> (i & 63)
+			if lim-i < 64 {
+				hw &= 1<<(lim-i) - 1
+			}
+			for hw != 0 {
+				if budget <= 0 {
+					l.scan = i + bits.TrailingZeros64(hw)
+					return
+				}
+				budget--
+				t := bits.TrailingZeros64(hw)
+				l.release(p.m, i+t)
+				hw &= hw - 1
+			}
+			i = lim
 		}
-		if e.n == 0 {
-			delete(p.m.entries, k)
-			l.keys--
-		} else {
-			p.m.entries[k] = e
+		l.log[l.head] = localPlacement{}
+		l.head++
+		l.scan = 0
+		if l.head == len(l.log) {
+			l.reset()
+			return
+		}
+		if l.head > 1024 && l.head*2 > len(l.log) {
+			l.compact()
 		}
 	}
-	if l.head == len(l.log) {
-		l.log, l.head, l.arena = l.log[:0], 0, l.arena[:0]
-	} else if l.head > 1024 && l.head*2 > len(l.log) {
-		n := copy(l.log, l.log[l.head:])
-		clear(l.log[n:])
-		l.log, l.head = l.log[:n], 0
-		base := l.log[0].off
-		l.arena = l.arena[:copy(l.arena, l.arena[base:])]
-		for i := range l.log {
-			l.log[i].off -= base
+}
+
+// release drops the way of the entry for arena[j] that names position j.
+func (l *Local) release(m *localModel, j int) {
+	l.held[j>>6] &^= 1 << (j & 63)
+	k, pos := l.arena[j], l.base+int64(j)
+	e, ok := m.entries[k]
+	if !ok {
+		return
+	}
+	for i := 0; i < int(e.n); i++ {
+		if e.pos[i] == pos {
+			e.n--
+			e.addr[i], e.pos[i] = e.addr[e.n], e.pos[e.n]
+			e.addr[e.n], e.pos[e.n] = 0, 0
+			break
 		}
 	}
+	if e.n == 0 {
+		delete(m.entries, k)
+		l.keys--
+	} else {
+		m.entries[k] = e
+	}
+}
+
+// compact moves the log from head, and the arena from its first word, to the front.
+func (l *Local) compact() {
+	n := copy(l.log, l.log[l.head:])
+	clear(l.log[n:])
+	l.log, l.live, l.head = l.log[:n], l.live-l.head, 0
+	c := l.log[0].off &^ 63
+	l.arena = l.arena[:copy(l.arena, l.arena[c:])]
+	w := copy(l.held, l.held[c>>6:])
+	clear(l.held[w:])
+	l.held = l.held[:w]
+	l.base += int64(c)
+	for i := range l.log {
+		l.log[i].off -= c
+	}
+	l.setCut()
 }
 
 // match raises matched[i] (blocks of c held by m's replica i) to what this proxy placed.
@@ -198,11 +311,14 @@ func (l *Local) match(m *table.Model, c *Chain, matched []int) {
 	l.depths = l.depths[:0]
 	for i := stride - 1; i < len(c.Keys); i += stride {
 		e, ok := lm.entries[c.Keys[i]]
-		if !ok {
+		if !ok || !l.holds(&e) {
 			break
 		}
 	ways:
 		for w := 0; w < int(e.n); w++ {
+			if e.pos[w] < l.cut {
+				continue // expired, not dropped yet
+			}
 			for j := range l.depths {
 				if l.depths[j].addr == e.addr[w] {
 					l.depths[j].depth = i + 1
@@ -221,4 +337,14 @@ func (l *Local) match(m *table.Model, c *Chain, matched []int) {
 			}
 		}
 	}
+}
+
+// holds says whether e has a way not expired.
+func (l *Local) holds(e *localEntry) bool {
+	for w := 0; w < int(e.n); w++ {
+		if e.pos[w] >= l.cut {
+			return true
+		}
+	}
+	return false
 }

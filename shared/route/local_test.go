@@ -1,0 +1,162 @@
+package route
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// localVisible is what match sees of key: the addresses whose hold is not expired.
+func localVisible(l *Local, model string, key uint64) []string {
+	m := l.models[model]
+	if m == nil {
+		return nil
+	}
+	e, ok := m.entries[key]
+	if !ok {
+		return nil
+	}
+	var addrs []string
+	for w := 0; w < int(e.n); w++ {
+		if e.pos[w] >= l.cut {
+			addrs = append(addrs, l.addrs[e.addr[w]])
+		}
+	}
+	slices.Sort(addrs)
+	return addrs
+}
+
+func localKeys(from, n int) []uint64 {
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = uint64(from+i)*0x9e3779b97f4a7c15 | 1
+	}
+	return keys
+}
+
+// Prune does a bounded amount of map work a call, hides what expired at once, and drops
+// everything expired eventually, oldest first.
+func TestLocalPruneIsIncremental(t *testing.T) {
+	l := NewLocal()
+	t0 := time.Unix(1000, 0)
+	const placements, per = 200, 100
+	for i := range placements {
+		l.Add("llama", localKeys(i*per, per), "10.0.0.1:8000", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	require.Equal(t, placements*per, l.Len())
+	// A table confirmed 1 s after the first 150 placements: those go, the last 50 stay.
+	confirmed := t0.Add(l.Settle + 150*time.Millisecond)
+	calls := 0
+	for prev := l.Len(); ; calls++ {
+		l.Prune(confirmed, confirmed)
+		assert.LessOrEqual(t, prev-l.Len(), localPruneBudget, "call %d: bounded work", calls)
+		assert.Empty(t, localVisible(l, "llama", localKeys(0, 1)[0]), "expired at once, dropped or not")
+		assert.Empty(t, localVisible(l, "llama", localKeys(149*per+per-1, 1)[0]))
+		assert.Equal(t, []string{"10.0.0.1:8000"}, localVisible(l, "llama", localKeys(150*per, 1)[0]))
+		if prev == l.Len() {
+			break
+		}
+		prev = l.Len()
+	}
+	assert.Greater(t, calls, 150*per/localPruneBudget-1, "more than one call")
+	assert.Equal(t, 50*per, l.Len(), "the confirmed ones dropped, the rest kept")
+	// MaxAge with no table: everything goes in the end; storage is reused.
+	for range 100 {
+		l.Prune(time.Time{}, t0.Add(l.MaxAge+time.Second))
+	}
+	assert.Zero(t, l.Len())
+	assert.Empty(t, l.log)
+	assert.Empty(t, l.arena)
+	assert.Empty(t, l.models["llama"].entries)
+}
+
+// Placements whose keys later ones renewed cost a word scan, not a map operation each.
+func TestLocalPruneSkipsRenewedPlacements(t *testing.T) {
+	l := NewLocal()
+	t0 := time.Unix(1000, 0)
+	keys := localKeys(0, 125)
+	for i := range 5000 {
+		l.Add("llama", keys, "10.0.0.1:8000", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	// All but the last expired: 4,999 placements whose holds the last one took over.
+	for range 20 {
+		l.Prune(t0.Add(l.Settle+4999*time.Millisecond), t0.Add(5*time.Second))
+	}
+	assert.Equal(t, 125, l.Len())
+	assert.Equal(t, 1, len(l.log)-l.head, "one placement left")
+	for _, k := range keys {
+		assert.Equal(t, []string{"10.0.0.1:8000"}, localVisible(l, "llama", k))
+	}
+}
+
+// The size bound drops the oldest placements, whole, in Add.
+func TestLocalMaxKeys(t *testing.T) {
+	l := NewLocal()
+	l.MaxKeys = 1000
+	t0 := time.Unix(1000, 0)
+	for i := range 30 {
+		l.Add("llama", localKeys(i*100, 100), "a", t0)
+		assert.LessOrEqual(t, l.Len(), 1000)
+	}
+	assert.Empty(t, localVisible(l, "llama", localKeys(1999, 1)[0]))
+	assert.Equal(t, []string{"a"}, localVisible(l, "llama", localKeys(2000, 1)[0]))
+}
+
+// Against a plain model: a key is matched to the addresses of the placements not yet
+// expired that contain it, whatever Prune has dropped so far.
+func TestLocalMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	l := NewLocal()
+	l.Settle = 0
+	type placement struct {
+		keys []uint64
+		addr string
+		at   time.Time
+	}
+	var ref []placement
+	t0 := time.Unix(1000, 0)
+	now, cutoff := t0, time.Time{}
+	addrs := []string{"a", "b", "c", "d"}
+	for step := range 3000 {
+		now = now.Add(time.Duration(rng.IntN(3)) * time.Millisecond)
+		if rng.IntN(10) == 0 {
+			c := now.Add(-time.Duration(rng.IntN(200)) * time.Millisecond)
+			l.Prune(c, now)
+			if c.After(cutoff) {
+				cutoff = c
+			}
+		} else {
+			from, n := rng.IntN(2000), 1+rng.IntN(300)
+			p := placement{localKeys(from, n), addrs[rng.IntN(len(addrs))], now}
+			ref = append(ref, p)
+			l.Add("llama", p.keys, p.addr, p.at)
+		}
+		if step%50 != 0 {
+			continue
+		}
+		want := map[uint64]map[string]bool{}
+		for _, p := range ref {
+			if !p.at.Before(cutoff) {
+				for _, k := range p.keys {
+					if want[k] == nil {
+						want[k] = map[string]bool{}
+					}
+					want[k][p.addr] = true
+				}
+			}
+		}
+		for i := range 2300 {
+			k := localKeys(i, 1)[0]
+			var w []string
+			for a := range want[k] {
+				w = append(w, a)
+			}
+			slices.Sort(w)
+			require.Equal(t, w, localVisible(l, "llama", k), "step %d key %d", step, i)
+		}
+	}
+}
