@@ -253,6 +253,7 @@ func (l *Local) drop(upto, budget int) {
 			return
 		}
 		if l.head > 1024 && l.head*2 > len(l.log) {
+			upto -= l.head // compact moves the log down by head
 			l.compact()
 		}
 	}
@@ -286,7 +287,8 @@ func (l *Local) release(m *localModel, j int) {
 func (l *Local) compact() {
 	n := copy(l.log, l.log[l.head:])
 	clear(l.log[n:])
-	l.log, l.live, l.head = l.log[:n], l.live-l.head, 0
+	// live may trail head here (Add's bound drops placements before raising it).
+	l.log, l.live, l.head = l.log[:n], max(l.live-l.head, 0), 0
 	c := l.log[0].off &^ 63
 	l.arena = l.arena[:copy(l.arena, l.arena[c:])]
 	w := copy(l.held, l.held[c>>6:])

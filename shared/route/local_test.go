@@ -160,3 +160,34 @@ func TestLocalMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// Past MaxKeys, Add drops the oldest placements whole; once more than 1,024 have gone the
+// log is compacted inside that drop. The drop's bound was not moved with the log, and
+// compact took live-head while live still trailed head: the V8 host's 20,000-request run
+// (wasmtest/v8host) died at request 2,064 with an index out of range in Local.compact
+// (setCut on log[-1]). Thousands of placements of new prefixes past the bound must simply
+// keep the newest ones.
+func TestLocalBoundSurvivesCompaction(t *testing.T) {
+	l := NewLocal()
+	r := rand.New(rand.NewPCG(1, 2))
+	now := time.Unix(1_800_000_000, 0)
+	var last []uint64
+	for i := 0; i < 5000; i++ {
+		keys := make([]uint64, 100+r.IntN(60))
+		for j := range keys {
+			keys[j] = r.Uint64()
+		}
+		l.Add("m", keys, "10.0.0.1:8000", now)
+		last = keys
+		now = now.Add(time.Millisecond)
+		if i%100 == 0 {
+			l.Prune(time.Time{}, now)
+		}
+		if l.keys > l.MaxKeys {
+			t.Fatalf("placement %d: %d keys held, bound %d", i, l.keys, l.MaxKeys)
+		}
+	}
+	if _, ok := l.models["m"].entries[last[len(last)-1]]; !ok {
+		t.Fatal("the newest placement was dropped")
+	}
+}
