@@ -107,10 +107,9 @@ func (b *logBook) entries() []LogEntry {
 	return append(append([]LogEntry(nil), b.ring[b.next:]...), b.ring[:b.next]...)
 }
 
-// lineWriter turns a guest's stdout or stderr into log lines, like cpp-host's fd_write.
+// lineWriter keeps the end of what a guest wrote to stderr, line by line, so a VM that
+// fails can say why (fd_write itself logs every call, wasi.go).
 type lineWriter struct {
-	emit     func(line string)
-	keepTail bool
 	mu       sync.Mutex
 	buf      []byte
 	panicked string // the last "panic:" or "fatal error:" line (Go's runtime writes it to stderr)
@@ -119,8 +118,8 @@ type lineWriter struct {
 
 func (w *lineWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.buf = append(w.buf, p...)
-	var lines []string
 	for {
 		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
@@ -128,18 +127,11 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		}
 		line := string(w.buf[:i])
 		w.buf = w.buf[i+1:]
-		lines = append(lines, line)
-		if w.keepTail && strings.TrimSpace(line) != "" {
+		if strings.TrimSpace(line) != "" {
 			w.last = line
 			if strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") {
 				w.panicked = line
 			}
-		}
-	}
-	w.mu.Unlock()
-	if w.emit != nil {
-		for _, l := range lines {
-			w.emit(l)
 		}
 	}
 	return len(p), nil

@@ -23,7 +23,6 @@ type VM struct {
 	mem   api.Memory
 	ctx   context.Context // carries the VM to the host functions
 	fn    guestFuncs
-	out   *lineWriter // guest stdout
 	err   *lineWriter // guest stderr
 	rand  io.Reader   // WASI random_get
 
@@ -85,9 +84,9 @@ func (h *Host) newVM(ctx context.Context, compiled wazero.CompiledModule, i int)
 		metricIDs: map[uint32]*metric{},
 	}
 	vm.ctx = context.WithValue(context.Background(), vmKey{}, vm)
-	// fd_write logs each call itself (wasi.go); these only keep what the guest last wrote.
-	vm.out = &lineWriter{}
-	vm.err = &lineWriter{keepTail: true}
+	// fd_write logs each call itself (wasi.go); this only keeps what the guest last wrote
+	// to stderr, for the message of a VM that fails.
+	vm.err = &lineWriter{}
 	vm.rand = h.cfg.Rand(i)
 
 	mc := wazero.NewModuleConfig().

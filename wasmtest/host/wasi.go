@@ -202,11 +202,10 @@ func wasiFdPwrite(vm *VM, a []uint64) uint32 {
 
 func (vm *VM) writev(fd, iovs, count uint32) (uint32, uint32) {
 	level := LevelInfo
-	w := vm.out
 	switch fd {
 	case 1:
 	case 2:
-		level, w = LevelError, vm.err
+		level = LevelError
 	default:
 		return 0, errnoBadf
 	}
@@ -228,7 +227,9 @@ func (vm *VM) writev(fd, iovs, count uint32) (uint32, uint32) {
 	}
 	text := s.String()
 	if text != "" {
-		_, _ = io.WriteString(w, text) // keeps the tail of stderr for error messages
+		if fd == 2 {
+			_, _ = io.WriteString(vm.err, text) // the tail names a failed VM's panic
+		}
 		vm.host.logs.add(vm.host.clock.Now(), vm.index, level, strings.TrimSuffix(text, "\n"))
 	}
 	return uint32(len(text)), errnoSuccess
