@@ -1,12 +1,49 @@
 package index
 
 import (
+	"encoding/binary"
 	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/shared/prefix"
 )
+
+// rank is one DP rank's KV-event state: the engine's block hashes mapped to our keys.
+type rank struct {
+	blocks map[uint64]blockRef
+	// multi holds the checkpoint keys of engine blocks larger than our blocks.
+	multi     map[uint64][]uint64
+	blockSize int
+	sg        *sglangRank // SGLang's pages (sglang.go)
+
+	connected                 bool
+	lastSeq                   int64
+	batches, stored, removed  uint64
+	clears, gaps, restarts    uint64
+	decodeErrors, skipped     uint64
+	orphans, uncertainDrops   uint64
+	lastDecodeErr             string
+	everConnected, hasBatches bool
+	lastEvent                 time.Time // when the last batch arrived (live or replayed)
+}
+
+// blockRef is the key of an engine block's last (our-size) block and its chain position,
+// and how many physical copies of the block the engine holds. vLLM caches a recomputed
+// block whose hash is already cached as a second copy and publishes BlockStored for it;
+// each copy's eviction publishes its own BlockRemoved (vllm/v1/core/block_pool.py
+// @c59cb794, cache_full_blocks and _maybe_evict_cached_block), so the block stays
+// cached until every copy is removed.
+type blockRef struct {
+	key    uint64
+	pos    uint32
+	copies int32
+}
+
+type seedKey struct {
+	model, lora string
+	salt        prefix.Salt
+}
 
 // Events adapts the index to kvevents.Handler.
 func (ix *Index) Events() kvevents.Handler { return (*eventSink)(ix) }
@@ -214,4 +251,112 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 	}
 	// vLLM emits BlockRemoved only when it evicts a cached block to reuse it.
 	ix.ageText(r, float64(len(ev.Hashes)*ix.engineBlockSize(r, rk)))
+}
+
+// seed is a token chain's seed, cached per replica (caller holds r.mu).
+func (r *replica) seed(model, lora string, salt prefix.Salt) uint64 {
+	k := seedKey{model, lora, salt}
+	if s, ok := r.seeds[k]; ok {
+		return s
+	}
+	s := prefix.Seed(prefix.Token, model, lora, salt)
+	if r.seeds == nil || len(r.seeds) > 4096 {
+		r.seeds = map[seedKey]uint64{}
+	}
+	r.seeds[k] = s
+	return s
+}
+
+func (ix *Index) tokRef(r *replica, k uint64, delta int32) {
+	i := r.ensure(k)
+	h := &r.slab[i]
+	was := h.held()
+	before := h.tokRefs > 0
+	h.tokRefs += delta
+	if h.tokRefs < 0 {
+		h.tokRefs = 0
+	}
+	if after := h.tokRefs > 0; after != before {
+		if after {
+			r.tokenKeys++
+		} else {
+			r.tokenKeys--
+		}
+	}
+	ix.settle(r, i, was)
+}
+
+func (ix *Index) unrefBlock(r *replica, rk *rank, hash uint64, ref blockRef) {
+	if ks, ok := rk.multi[hash]; ok {
+		for _, k := range ks {
+			ix.tokRef(r, k, -1)
+		}
+		delete(rk.multi, hash)
+	} else if prefix.IsCheckpoint(int(ref.pos), ix.cfg.Stride) {
+		ix.tokRef(r, ref.key, -1)
+	}
+	delete(rk.blocks, hash)
+}
+
+func (ix *Index) dropRank(r *replica, rk *rank) {
+	for h, ref := range rk.blocks {
+		ix.unrefBlock(r, rk, h, ref)
+	}
+	rk.blocks, rk.multi = nil, nil
+}
+
+func (r *replica) rank(n int) *rank {
+	rk := r.ranks[n]
+	if rk == nil {
+		rk = &rank{lastSeq: -1}
+		r.ranks[n] = rk
+	}
+	return rk
+}
+
+// engineBlockSize is the engine's KV block size for eviction accounting.
+func (ix *Index) engineBlockSize(r *replica, rk *rank) int {
+	if rk != nil && rk.blockSize > 0 {
+		return rk.blockSize
+	}
+	if r.sample.BlockSize > 0 {
+		return r.sample.BlockSize
+	}
+	return ix.cfg.BlockTokens
+}
+
+// ageText applies eviction pressure: the engine evicted tokens' worth of blocks, and it
+// evicts least recently used blocks first, so the least recently used reported keys of
+// the replica go too (reported keys have no events of their own).
+func (ix *Index) ageText(r *replica, tokens float64) {
+	if r.tail < 0 {
+		r.evictDebt = 0
+		return
+	}
+	r.evictDebt += tokens
+	for r.tail >= 0 {
+		fp := ix.textFootprint(r.m)
+		if r.slab[r.tail].flags&lruToken != 0 {
+			fp = ix.tokenFootprint()
+		}
+		if r.evictDebt < fp {
+			break
+		}
+		r.evictDebt -= ix.evictTail(r)
+	}
+	if r.tail < 0 {
+		r.evictDebt = 0
+	}
+}
+
+func isGPU(medium string) bool {
+	return medium == "" || medium == "GPU" || medium == "gpu" || medium == "cuda"
+}
+
+// le32 appends token ids as 4 little-endian bytes each, as prefix.TokenKeys hashes them.
+func le32(dst []byte, toks []uint32) []byte {
+	for _, t := range toks {
+		dst = binary.LittleEndian.AppendUint32(dst, t)
+	}
+	return dst
 }

@@ -1,0 +1,181 @@
+package index
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// ModelUpdate is one model's part of a version: its config and replica list (always
+// whole), and the keys whose replica set changed.
+type ModelUpdate struct {
+	Name     string
+	Removed  bool
+	Reset    bool // first version with the model: Upserts hold every key
+	Config   table.Config
+	Replicas []table.Replica
+	Upserts  table.Entries
+	Removes  []uint64
+}
+
+// Flush expires speculative entries and returns the next version's content, or nil
+// when nothing changed. Every model is included (replica state is fresh on every
+// version); keys only where they changed. force produces a version regardless.
+func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	nowMs := now.UnixMilli()
+	ix.expire(nowMs)
+
+	changed := force || len(ix.goneModels) > 0
+	names := make([]string, 0, len(ix.models))
+	for n, m := range ix.models {
+		names = append(names, n)
+		m.mu.Lock()
+		dirty := len(m.dirty) > 0
+		m.mu.Unlock()
+		if m.created || m.members || dirty || math.Abs(m.bytesPerToken()-m.bptPub) > 0.01*m.bptPub {
+			changed = true
+		}
+	}
+	if !changed {
+		for _, r := range ix.replicas {
+			if !r.published || !sameState(r.pub, ix.replicaState(r, now)) {
+				changed = true
+				break
+			}
+		}
+	}
+	if !changed && ix.scraped && now.Sub(ix.lastFlush) >= ix.cfg.RefreshInterval {
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	slices.Sort(names)
+	out := make([]ModelUpdate, 0, len(names)+len(ix.goneModels))
+	var slots []uint32
+	for _, n := range names {
+		m := ix.models[n]
+		if bpt := m.bytesPerToken(); math.Abs(bpt-m.bptPub) > 0.01*m.bptPub {
+			m.bptPub = math.Round(bpt*1000) / 1000
+		}
+		u := ModelUpdate{Name: n, Reset: m.created, Config: ix.tableConfig(m)}
+		for _, r := range m.slots {
+			if r == nil {
+				continue
+			}
+			st := ix.replicaState(r, now)
+			r.pub, r.published = st, true
+			u.Replicas = append(u.Replicas, st)
+		}
+		m.mu.Lock() // the keys as of whole batches: replicas commit a batch's changes at once
+		var keys []uint64
+		if m.created {
+			keys = make([]uint64, 0, len(m.keys))
+			for k := range m.keys {
+				keys = append(keys, k)
+			}
+		} else {
+			keys = make([]uint64, 0, len(m.dirty))
+			for k := range m.dirty {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			s := m.keys[k]
+			if len(s) == 0 {
+				if !m.created {
+					u.Removes = append(u.Removes, k)
+				}
+				continue
+			}
+			slots = slots[:0]
+			for _, x := range s {
+				slots = append(slots, uint32(x))
+			}
+			u.Upserts.Add(k, slots...)
+		}
+		clearDirty(m) // budget.go
+		m.mu.Unlock()
+		m.created, m.members = false, false
+		m.free = append(m.free, m.freeNext...)
+		m.freeNext = m.freeNext[:0]
+		out = append(out, u)
+	}
+	for _, n := range ix.goneModels {
+		out = append(out, ModelUpdate{Name: n, Removed: true})
+	}
+	ix.goneModels = ix.goneModels[:0]
+	ix.lastFlush, ix.scraped = now, false
+	return out
+}
+
+func sameState(a, b table.Replica) bool {
+	a.StateAgeMs, b.StateAgeMs = 0, 0
+	return a == b
+}
+
+// replicaState is what the table says about r now.
+func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
+	since := r.addedAt
+	if r.scrapedOK {
+		since = r.lastOK
+	}
+	age := now.Sub(since).Milliseconds()
+	if age < 0 {
+		age = 0
+	}
+	if age > math.MaxUint32 {
+		age = math.MaxUint32
+	}
+	kv := r.sample.KVUsage
+	if kv < 0 || math.IsNaN(kv) {
+		kv = 0
+	}
+	if kv > 1 {
+		kv = 1
+	}
+	return table.Replica{
+		Slot:       r.slot,
+		ID:         r.spec.ID,
+		Addr:       r.spec.Addr,
+		Speed:      r.spec.Speed,
+		Queued:     uint64(math.Round(math.Max(0, ix.queued(r)))),
+		KVUsage:    math.Round(kv*1e4) / 1e4,
+		StateAgeMs: uint32(age),
+		Healthy:    r.healthy,
+	}
+}
+
+// queued is Q(r): the engine's own count of queued prefill tokens when it exports one,
+// else waiting requests x the model's mean uncached prompt (from outcomes, else from the
+// engine's lifetime prompt histogram and hit rate, else a default).
+func (ix *Index) queued(r *replica) float64 {
+	if r.sample.HasQueuedTokens {
+		return r.sample.QueuedTokens
+	}
+	return r.sample.Waiting * ix.meanUncached(r)
+}
+
+func (ix *Index) meanUncached(r *replica) float64 {
+	if r.m.uncachedN > 0 {
+		return r.m.uncached
+	}
+	if r.sample.PromptTokensMean > 0 {
+		return r.sample.PromptTokensMean * (1 - r.sample.HitRate)
+	}
+	return ix.cfg.DefaultUncachedTokens
+}
+
+func (ix *Index) tableConfig(m *model) table.Config {
+	return table.Config{
+		BlockBytes:    uint32(ix.cfg.BlockBytes),
+		BlockTokens:   uint32(ix.cfg.BlockTokens),
+		Stride:        uint32(ix.cfg.Stride),
+		BytesPerToken: m.bptPub,
+	}
+}

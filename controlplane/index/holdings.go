@@ -1,0 +1,187 @@
+package index
+
+import "slices"
+
+// holding is one key's state on one replica. The replica holds the key (and the table
+// lists its slot) while any of: engine blocks map to it, it is in the LRU of reported
+// keys, or a placement made it speculative.
+type holding struct {
+	key        uint64
+	prev, next int32
+	specUntil  int64 // Unix ms; 0 = not speculative
+	tokRefs    int32
+	flags      uint8
+}
+
+const (
+	inLRU    = 1
+	lruToken = 2 // the LRU entry is token domain (no KV events for this replica)
+)
+
+func (h *holding) held() bool { return h.tokRefs > 0 || h.flags&inLRU != 0 || h.specUntil != 0 }
+
+// flip is a change of whether a replica holds a key.
+type flip struct {
+	key uint64
+	on  bool
+}
+
+func (r *replica) ensure(k uint64) int32 {
+	if i, ok := r.hold[k]; ok {
+		return i
+	}
+	var i int32
+	if n := len(r.freeIdx); n > 0 {
+		i, r.freeIdx = r.freeIdx[n-1], r.freeIdx[:n-1]
+		r.slab[i] = holding{key: k, prev: -1, next: -1}
+	} else {
+		i = int32(len(r.slab))
+		r.slab = append(r.slab, holding{key: k, prev: -1, next: -1})
+	}
+	r.hold[k] = i
+	return i
+}
+
+// settle publishes a change of whether r holds the key of holding i, and frees the
+// holding once nothing refers to it.
+func (ix *Index) settle(r *replica, i int32, was bool) {
+	h := &r.slab[i]
+	now := h.held()
+	if now != was {
+		r.flips = append(r.flips, flip{h.key, now}) // unlockReplica commits them
+	}
+	if !now {
+		delete(r.hold, h.key)
+		r.freeIdx = append(r.freeIdx, i)
+	}
+}
+
+// setSlot changes whether slot holds k. Caller holds m.mu.
+func (m *model) setSlot(k uint64, slot uint32, on bool) {
+	s := m.keys[k]
+	j, found := slices.BinarySearch(s, uint16(slot))
+	switch {
+	case on && !found:
+		s = slices.Insert(s, j, uint16(slot))
+	case !on && found:
+		s = slices.Delete(s, j, j+1)
+	default:
+		return
+	}
+	if len(s) == 0 {
+		delete(m.keys, k)
+	} else {
+		m.keys[k] = s
+	}
+	m.dirty[k] = struct{}{}
+}
+
+func (r *replica) lruUnlink(i int32) {
+	h := &r.slab[i]
+	if h.flags&inLRU == 0 {
+		return
+	}
+	if h.prev >= 0 {
+		r.slab[h.prev].next = h.next
+	} else {
+		r.head = h.next
+	}
+	if h.next >= 0 {
+		r.slab[h.next].prev = h.prev
+	} else {
+		r.tail = h.prev
+	}
+	if h.flags&lruToken != 0 {
+		r.lruTok--
+	} else {
+		r.lruText--
+	}
+	h.prev, h.next = -1, -1
+	h.flags &^= inLRU | lruToken
+}
+
+func (r *replica) lruPushFront(i int32, token bool) {
+	r.lruUnlink(i)
+	h := &r.slab[i]
+	h.flags |= inLRU
+	if token {
+		h.flags |= lruToken
+		r.lruTok++
+	} else {
+		r.lruText++
+	}
+	h.prev, h.next = -1, r.head
+	if r.head >= 0 {
+		r.slab[r.head].prev = i
+	}
+	r.head = i
+	if r.tail < 0 {
+		r.tail = i
+	}
+}
+
+// footprints in tokens of one checkpoint key: it stands for stride blocks.
+func (ix *Index) textFootprint(m *model) float64 {
+	return float64(ix.cfg.Stride) * float64(ix.cfg.BlockBytes) / m.bytesPerToken()
+}
+
+func (ix *Index) tokenFootprint() float64 { return float64(ix.cfg.Stride * ix.cfg.BlockTokens) }
+
+func (ix *Index) lruTokens(r *replica) float64 {
+	return float64(r.lruText)*ix.textFootprint(r.m) + float64(r.lruTok)*ix.tokenFootprint()
+}
+
+// evictTail drops the least recently used reported key; it returns its footprint.
+func (ix *Index) evictTail(r *replica) float64 {
+	i := r.tail
+	if i < 0 {
+		return 0
+	}
+	fp := ix.textFootprint(r.m)
+	if r.slab[i].flags&lruToken != 0 {
+		fp = ix.tokenFootprint()
+	}
+	r.lruUnlink(i)
+	ix.lruEvicted.Add(1)
+	ix.settle(r, i, true)
+	return fp
+}
+
+// fitCapacity keeps the reported keys' estimated tokens within the engine's KV capacity
+// (num_gpu_blocks x block_size): an engine cannot hold more than that, so the oldest
+// reported prefixes must have been evicted by now.
+func (ix *Index) fitCapacity(r *replica) {
+	capTok := float64(r.sample.CapacityTokens)
+	for r.tail >= 0 && ((capTok > 0 && ix.lruTokens(r) > capTok) || r.lruText+r.lruTok > ix.cfg.MaxKeysPerReplica) {
+		ix.evictTail(r)
+	}
+}
+
+// dropHoldings removes every holding for which drop is true, whatever its sources.
+func (ix *Index) dropHoldings(r *replica, drop func(*holding) bool) {
+	for _, i := range r.hold {
+		h := &r.slab[i]
+		if !drop(h) {
+			continue
+		}
+		r.lruUnlink(i)
+		if h.tokRefs > 0 {
+			r.tokenKeys--
+		}
+		if h.specUntil != 0 {
+			r.specN--
+		}
+		h.tokRefs, h.specUntil = 0, 0
+		ix.settle(r, i, true)
+	}
+}
+
+// clearReplica: the engine's cache is empty (AllBlocksCleared, or its publisher
+// restarted): every entry of the replica vanishes, both domains, speculative ones too.
+func (ix *Index) clearReplica(r *replica) {
+	ix.dropHoldings(r, func(*holding) bool { return true })
+	for _, rk := range r.ranks {
+		rk.blocks, rk.multi = nil, nil
+	}
+	r.evictDebt = 0
+}

@@ -1,0 +1,179 @@
+package index
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/scrape"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+type model struct {
+	name    string
+	created bool // not yet published: the next version resets it
+	// bpt: bytes per token of canonical prompt text, learned from outcomes (float64
+	// bits: read by the KV-event path, which does not hold Index.mu).
+	bpt    atomic.Uint64
+	bptPub float64
+	bptN   int
+	// uncached: mean uncached prompt tokens per request, learned from outcomes.
+	uncached  float64
+	uncachedN int
+	slots     []*replica // by slot; nil = free
+	free      []uint32   // reusable slots
+	freeNext  []uint32   // freed since the last Flush: reusable once it is published
+	keys      map[uint64][]uint16
+	dirty     map[uint64]struct{}
+	members   bool // replica list changed
+	// mu guards keys and dirty (the only model state the KV-event path changes).
+	mu sync.Mutex
+}
+
+func (m *model) bytesPerToken() float64     { return math.Float64frombits(m.bpt.Load()) }
+func (m *model) setBytesPerToken(v float64) { m.bpt.Store(math.Float64bits(v)) }
+
+type replica struct {
+	// mu guards the holdings, the LRU, the ranks and the pending slot changes; spec and
+	// sample are written under both Index.mu and mu, so either lock reads them.
+	mu      sync.Mutex
+	flips   []flip // slot changes not yet committed to the model (commit)
+	scratch []byte
+	seeds   map[seedKey]uint64
+	size    atomic.Int64 // budget entries at the last unlock (budget.go recount)
+
+	spec    Spec
+	m       *model
+	slot    uint32
+	gone    bool
+	addedAt time.Time
+
+	hold    map[uint64]int32
+	slab    []holding
+	freeIdx []int32
+	// LRU of reported keys, most recent at head.
+	head, tail       int32
+	lruText, lruTok  int
+	specN, tokenKeys int
+	evictDebt        float64
+
+	ranks map[int]*rank
+
+	// scrape state
+	sample        scrape.Sample
+	scrapedOK     bool
+	lastOK        time.Time
+	fails         int
+	scrapeErrs    uint64
+	healthy       bool
+	pub           table.Replica // last published values
+	published     bool
+	lastScrapeErr string
+}
+
+// SetReplicas replaces the replica list (discovery's latest view). Replicas that
+// disappear lose their entries in the next version; a replica whose model or address
+// changed is a new replica (a different engine process).
+func (ix *Index) SetReplicas(specs []Spec, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.ready = true
+	specs = ix.admitReplicas(specs) // budget.go
+	want := map[string]Spec{}
+	for _, s := range specs {
+		if s.ID == "" || s.Model == "" || s.Addr == "" {
+			continue
+		}
+		want[s.ID] = s
+	}
+	for id, r := range ix.replicas {
+		s, ok := want[id]
+		if !ok || s.Model != r.spec.Model || s.Addr != r.spec.Addr {
+			ix.removeReplica(r)
+			continue
+		}
+		if s != r.spec {
+			r.mu.Lock()
+			r.spec = s
+			r.mu.Unlock()
+			r.m.members = true
+		}
+	}
+	ids := make([]string, 0, len(want))
+	for id := range want {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // deterministic slot assignment
+	for _, id := range ids {
+		if _, ok := ix.replicas[id]; !ok {
+			ix.addReplica(want[id], now)
+		}
+	}
+	ix.publishIDs()
+}
+
+func (ix *Index) addReplica(s Spec, now time.Time) {
+	m := ix.models[s.Model]
+	if m == nil {
+		m = &model{
+			name: s.Model, created: true, bptPub: ix.cfg.DefaultBytesPerToken,
+			keys: map[uint64][]uint16{}, dirty: map[uint64]struct{}{},
+		}
+		m.setBytesPerToken(ix.cfg.DefaultBytesPerToken)
+		ix.models[s.Model] = m
+		ix.goneModels = slices.DeleteFunc(ix.goneModels, func(n string) bool { return n == s.Model })
+	}
+	var slot uint32
+	if n := len(m.free); n > 0 {
+		slices.Sort(m.free)
+		slot, m.free = m.free[0], m.free[1:]
+	} else {
+		slot = uint32(len(m.slots))
+		m.slots = append(m.slots, nil)
+	}
+	r := &replica{
+		spec: s, m: m, slot: slot, addedAt: now, healthy: true,
+		hold: map[uint64]int32{}, head: -1, tail: -1, ranks: map[int]*rank{},
+	}
+	m.slots[slot] = r
+	m.members = true
+	ix.replicas[s.ID] = r
+}
+
+func (ix *Index) removeReplica(r *replica) {
+	r.mu.Lock()
+	ix.dropHoldings(r, func(*holding) bool { return true })
+	r.gone = true
+	ix.unlockReplica(r)
+	m := r.m
+	m.slots[r.slot] = nil
+	// The slot is reused only after a version without it is published, so no delta
+	// ever shows a new replica in a slot whose old entries a filter still holds.
+	m.freeNext = append(m.freeNext, r.slot)
+	m.members = true
+	delete(ix.replicas, r.spec.ID)
+	empty := true
+	for _, x := range m.slots {
+		if x != nil {
+			empty = false
+			break
+		}
+	}
+	if empty {
+		delete(ix.models, m.name)
+		if !m.created {
+			ix.goneModels = append(ix.goneModels, m.name)
+		}
+	}
+}
+
+// publishIDs refreshes byID after the replica set changed. Caller holds mu.
+func (ix *Index) publishIDs() {
+	m := make(map[string]*replica, len(ix.replicas))
+	for id, r := range ix.replicas {
+		m[id] = r
+	}
+	ix.byID.Store(&m)
+}

@@ -1,0 +1,59 @@
+package index
+
+type specItem struct {
+	r     *replica
+	key   uint64
+	until int64
+}
+
+func (ix *Index) setSpec(r *replica, k uint64, until int64) {
+	i := r.ensure(k)
+	h := &r.slab[i]
+	was := h.held()
+	if h.specUntil == 0 {
+		r.specN++
+	}
+	h.specUntil = until
+	ix.specQ = append(ix.specQ, specItem{r, k, until})
+	ix.settle(r, i, was)
+}
+
+func (ix *Index) clearSpec(r *replica, k uint64) {
+	i, ok := r.hold[k]
+	if !ok {
+		return
+	}
+	h := &r.slab[i]
+	if h.specUntil == 0 {
+		return
+	}
+	h.specUntil = 0
+	r.specN--
+	ix.settle(r, i, true)
+}
+
+// expire drops speculative entries whose TTL passed. The queue is in TTL order since
+// the TTL is fixed; a refreshed entry leaves a stale item, recognised by its time.
+func (ix *Index) expire(nowMs int64) {
+	for ix.specHead < len(ix.specQ) {
+		it := ix.specQ[ix.specHead]
+		if it.until > nowMs {
+			break
+		}
+		ix.specQ[ix.specHead] = specItem{}
+		ix.specHead++
+		if it.r.gone {
+			continue
+		}
+		it.r.mu.Lock()
+		if i, ok := it.r.hold[it.key]; ok && it.r.slab[i].specUntil == it.until {
+			ix.clearSpec(it.r, it.key)
+			ix.stats.SpecExpired++
+		}
+		ix.unlockReplica(it.r)
+	}
+	if ix.specHead > 4096 && ix.specHead > len(ix.specQ)/2 {
+		ix.specQ = append(ix.specQ[:0], ix.specQ[ix.specHead:]...)
+		ix.specHead = 0
+	}
+}
