@@ -40,7 +40,13 @@ const (
 // WasmPlugin `pluginConfig`, as JSON. Durations are milliseconds. Unknown fields are
 // rejected so that a misspelt knob is a start-up error, not a silent default.
 type Config struct {
+	// ControlPlane is the one control plane that serves every model. Set it or Shards,
+	// not both; it is the same as one shard with no models (see Shards).
 	ControlPlane ControlPlane `json:"control_plane"`
+	// Shards, instead of ControlPlane: one control plane per model or pool of models.
+	// A request is routed on the table of the shard that serves its (base) model, and
+	// its reports go to that shard's control plane (shards.go).
+	Shards []Shard `json:"shards,omitempty"`
 	// EndpointHeader receives "ip:port,ip:port,..." (best first).
 	EndpointHeader string `json:"endpoint_header,omitempty"`
 	// ModelHeader, when set, names a header that carries the model and wins over the
@@ -89,6 +95,41 @@ type ControlPlane struct {
 	ReportMs int `json:"report_ms,omitempty"`
 	// MaxReportBatch caps reports per POST.
 	MaxReportBatch int `json:"max_report_batch,omitempty"`
+}
+
+func (cp *ControlPlane) fillDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&cp.PollMs, 100)
+	def(&cp.WaitMs, DefaultWaitMs)
+	def(&cp.TimeoutMs, max(cp.WaitMs, 0)+1000)
+	def(&cp.ReportMs, 100)
+	def(&cp.MaxReportBatch, 512)
+}
+
+// validate reports cp's problems, each named from path ("control_plane", or a shard's).
+func (cp *ControlPlane) validate(path string, bad func(string, ...any)) {
+	if cp.Cluster == "" {
+		bad("%s.cluster is required (e.g. outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.local)", path)
+	}
+	if cp.Authority == "" {
+		bad("%s.authority is required", path)
+	}
+	if cp.PollMs < 10 {
+		bad("%s.poll_ms %d is below 10", path, cp.PollMs)
+	}
+	if cp.TimeoutMs < 1 || cp.ReportMs < 10 || cp.MaxReportBatch < 1 {
+		bad("%s timeout_ms, report_ms (>=10) and max_report_batch must be positive", path)
+	}
+	if w := cp.WaitMs; w > MaxWaitMs {
+		bad("%s.wait_ms %d is above %d (the control plane holds a poll at most that long)", path, w, MaxWaitMs)
+	} else if w > 0 && cp.TimeoutMs <= w {
+		bad("%s.timeout_ms %d must exceed wait_ms %d, or every long poll times out (e.g. timeout_ms %d)",
+			path, cp.TimeoutMs, w, w+1000)
+	}
 }
 
 // Tenants says who a request belongs to and whether it may share cache.
@@ -149,11 +190,12 @@ func (c *Config) fillDefaults() {
 	if c.Tenants.DefaultPolicy == "" {
 		c.Tenants.DefaultPolicy = PolicyShared
 	}
-	def(&c.ControlPlane.PollMs, 100)
-	def(&c.ControlPlane.WaitMs, DefaultWaitMs)
-	def(&c.ControlPlane.TimeoutMs, max(c.ControlPlane.WaitMs, 0)+1000)
-	def(&c.ControlPlane.ReportMs, 100)
-	def(&c.ControlPlane.MaxReportBatch, 512)
+	if len(c.Shards) == 0 {
+		c.ControlPlane.fillDefaults()
+	}
+	for i := range c.Shards {
+		c.Shards[i].ControlPlane.fillDefaults()
+	}
 	def(&c.BlockBytes, prefix.DefaultBlockBytes)
 	def(&c.BlockTokens, prefix.DefaultBlockTokens)
 	def(&c.MaxBodyBytes, 1<<20-64<<10)
@@ -174,23 +216,10 @@ func (c *Config) fillDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.ControlPlane.Cluster == "" {
-		bad("control_plane.cluster is required (e.g. outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.local)")
-	}
-	if c.ControlPlane.Authority == "" {
-		bad("control_plane.authority is required")
-	}
-	if c.ControlPlane.PollMs < 10 {
-		bad("control_plane.poll_ms %d is below 10", c.ControlPlane.PollMs)
-	}
-	if c.ControlPlane.TimeoutMs < 1 || c.ControlPlane.ReportMs < 10 || c.ControlPlane.MaxReportBatch < 1 {
-		bad("control_plane timeout_ms, report_ms (>=10) and max_report_batch must be positive")
-	}
-	if w := c.ControlPlane.WaitMs; w > MaxWaitMs {
-		bad("control_plane.wait_ms %d is above %d (the control plane holds a poll at most that long)", w, MaxWaitMs)
-	} else if w > 0 && c.ControlPlane.TimeoutMs <= w {
-		bad("control_plane.timeout_ms %d must exceed wait_ms %d, or every long poll times out (e.g. timeout_ms %d)",
-			c.ControlPlane.TimeoutMs, w, w+1000)
+	if len(c.Shards) == 0 {
+		c.ControlPlane.validate("control_plane", bad)
+	} else {
+		c.validateShards(bad)
 	}
 	if !validHeaderName(c.EndpointHeader) {
 		bad("endpoint_header %q is not a valid header name", c.EndpointHeader)
