@@ -11,30 +11,40 @@ import (
 
 // Wire format (all integers little-endian; "uv" is an unsigned varint):
 //
-//	header   "KVRT" | u8 format (1) | u8 kind (1 full, 2 delta) | u16 reserved (0)
+//	header   "KVRT" | u8 format (1 or 2) | u8 kind (1 full, 2 delta) | u16 reserved (0)
 //	         u64 version | u64 base version (delta only, else 0) | i64 generated Unix ms
 //	         u32 payload length
 //	payload  uv model count, then per model:
 //	           str name | u8 flags (1 removed, 2 reset: entries start empty)
 //	           unless removed:
 //	             uv block_bytes | uv block_tokens | uv stride | uv bytes_per_token x1000
+//	             format 2 only: uv tier count (<= 8), then per tier: str medium name
 //	             uv replica count, then per replica:
 //	               uv slot | str id | str addr | uv speed | uv queued | uv kv_usage x10000
 //	               uv state_age_ms | u8 flags (1 healthy)
 //	             uv upsert count, then per upsert (keys strictly increasing):
 //	               u64 key | uv slot count (>= 1) | slots (uv, strictly increasing)
+//	               (format 2: each is a holder, tier << 16 | slot, tier <= tier count)
 //	             uv remove count, then u64 keys strictly increasing (0 when reset)
 //	trailer  u32 CRC-32C of header and payload
 //	str = uv length | bytes
 //
 // A full frame resets every model; a delta names only the models that changed and always
 // carries their whole replica list, so queue terms are fresh on every version.
+//
+// Format 2 adds the slower KV tiers (offloaded blocks, see Holder): a filter says in its
+// poll which formats it reads (api.TableFormatsHeader) and gets format 2 only if it
+// listed it. A format-1 frame of a table with tiers carries its GPU holders only, and is
+// byte for byte the frame a control plane without tiers sends for the same GPU holdings.
 
 const (
-	magic         = "KVRT"
+	magic = "KVRT"
+	// FormatVersion is the original format, which every filter reads.
 	FormatVersion = 1
-	headerSize    = 36
-	trailerSize   = 4
+	// FormatTiers is format 2: format 1 plus slower tiers.
+	FormatTiers = 2
+	headerSize  = 36
+	trailerSize = 4
 
 	flagRemoved = 1
 	flagReset   = 2
@@ -89,12 +99,16 @@ type ModelChange struct {
 	Reset    bool
 	Config   Config
 	Replicas []Replica
-	Upserts  Entries
-	Removes  []uint64
+	// Tiers are the model's slower tiers (format 2; see Model.Tiers).
+	Tiers   []string
+	Upserts Entries
+	Removes []uint64
 }
 
 // Frame is a decoded frame: a full snapshot (every model Reset) or a delta.
 type Frame struct {
+	// Format is the wire format (FormatVersion or FormatTiers; 0 means FormatVersion).
+	Format      uint8
 	Kind        Kind
 	Version     uint64
 	Base        uint64
@@ -102,27 +116,58 @@ type Frame struct {
 	Models      []ModelChange
 }
 
-// EncodeFull writes the whole table as a full frame.
-func EncodeFull(t *Table) []byte {
-	w := newWriter(Full, t.Version, 0, t.GeneratedMs)
+// EncodeFull writes the whole table as a full frame in format 1 (GPU holders only).
+func EncodeFull(t *Table) []byte { return EncodeFullFormat(t, FormatVersion) }
+
+// EncodeFullFormat writes the whole table as a full frame in the given format.
+func EncodeFullFormat(t *Table, format uint8) []byte {
+	format = normFormat(format)
+	w := newWriter(format, Full, t.Version, 0, t.GeneratedMs)
 	names := t.ModelNames()
 	w.uv(uint64(len(names)))
 	for _, n := range names {
 		m := t.Models[n]
-		w.modelHead(m.Name, flagReset, m.Config, m.Replicas)
-		w.uv(uint64(m.Len()))
-		m.Each(func(k uint64, slots []uint32) bool {
-			w.entry(k, slots)
-			return true
-		})
+		w.modelHead(m.Name, flagReset, m.Config, m.Replicas, m.Tiers)
+		if format == FormatTiers {
+			w.uv(uint64(m.Len()))
+			m.Each(func(k uint64, slots []uint32) bool {
+				w.entry(k, slots)
+				return true
+			})
+		} else {
+			// Keys held only in slower tiers are not in a format-1 table; count first.
+			nk := 0
+			m.Each(func(k uint64, slots []uint32) bool {
+				if len(GPUPart(slots)) > 0 {
+					nk++
+				}
+				return true
+			})
+			w.uv(uint64(nk))
+			m.Each(func(k uint64, slots []uint32) bool {
+				if g := GPUPart(slots); len(g) > 0 {
+					w.entry(k, g)
+				}
+				return true
+			})
+		}
 		w.uv(0)
 	}
 	return w.finish()
 }
 
-// Encode writes f.
+func normFormat(f uint8) uint8 {
+	if f == FormatTiers {
+		return FormatTiers
+	}
+	return FormatVersion
+}
+
+// Encode writes f in f.Format. In format 1 an upserted set keeps its GPU holders only,
+// and a key left with none is removed (or, in a reset section, left out).
 func Encode(f *Frame) []byte {
-	w := newWriter(f.Kind, f.Version, f.Base, f.GeneratedMs)
+	format := normFormat(f.Format)
+	w := newWriter(format, f.Kind, f.Version, f.Base, f.GeneratedMs)
 	w.uv(uint64(len(f.Models)))
 	for i := range f.Models {
 		mc := &f.Models[i]
@@ -135,28 +180,56 @@ func Encode(f *Frame) []byte {
 		if mc.Reset {
 			flags = flagReset
 		}
-		w.modelHead(mc.Name, flags, mc.Config, mc.Replicas)
-		w.uv(uint64(mc.Upserts.Len()))
-		for j := 0; j < mc.Upserts.Len(); j++ {
-			w.entry(mc.Upserts.At(j))
+		w.modelHead(mc.Name, flags, mc.Config, mc.Replicas, mc.Tiers)
+		ups, rems := &mc.Upserts, mc.Removes
+		if format == FormatVersion {
+			ups, rems = gpuView(mc)
 		}
-		w.uv(uint64(len(mc.Removes)))
-		for _, k := range mc.Removes {
+		w.uv(uint64(ups.Len()))
+		for j := 0; j < ups.Len(); j++ {
+			w.entry(ups.At(j))
+		}
+		w.uv(uint64(len(rems)))
+		for _, k := range rems {
 			w.b = binary.LittleEndian.AppendUint64(w.b, k)
 		}
 	}
 	return w.finish()
 }
 
+// gpuView is a section's upserts and removes as format 1 sees them: GPU holders only.
+// It returns the section's own slices when nothing is held in a slower tier.
+func gpuView(mc *ModelChange) (*Entries, []uint64) {
+	if !slices.ContainsFunc(mc.Upserts.slots, func(h uint32) bool { return h > MaxSlot }) {
+		return &mc.Upserts, mc.Removes
+	}
+	var ups Entries
+	var gone []uint64
+	for j := 0; j < mc.Upserts.Len(); j++ {
+		k, s := mc.Upserts.At(j)
+		if g := GPUPart(s); len(g) > 0 {
+			ups.Add(k, g...)
+		} else if !mc.Reset {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) == 0 {
+		return &ups, mc.Removes
+	}
+	rems := append(slices.Clone(mc.Removes), gone...)
+	slices.Sort(rems)
+	return &ups, slices.Compact(rems)
+}
+
 // Diff returns the delta that takes old to next: changed models with their full replica
 // lists and config, key upserts and removals; models whose block geometry changed are
 // reset (their keys mean something else now).
 func Diff(old, next *Table) *Frame {
-	f := &Frame{Kind: Delta, Version: next.Version, Base: old.Version, GeneratedMs: next.GeneratedMs}
+	f := &Frame{Format: next.Format, Kind: Delta, Version: next.Version, Base: old.Version, GeneratedMs: next.GeneratedMs}
 	for _, name := range next.ModelNames() {
 		nm := next.Models[name]
 		om, ok := old.Models[name]
-		mc := ModelChange{Name: name, Config: nm.Config, Replicas: nm.Replicas}
+		mc := ModelChange{Name: name, Config: nm.Config, Replicas: nm.Replicas, Tiers: nm.Tiers}
 		if !ok || !om.Config.SameGeometry(nm.Config) {
 			mc.Reset = true
 			nm.Each(func(k uint64, s []uint32) bool { mc.Upserts.Add(k, s...); return true })
@@ -211,8 +284,8 @@ func Decode(b []byte) (*Frame, error) {
 	if string(b[:4]) != magic {
 		return nil, fmt.Errorf("%w: bad magic %q", ErrCorrupt, b[:4])
 	}
-	if b[4] != FormatVersion {
-		return nil, fmt.Errorf("%w: format %d, this build reads %d", ErrCorrupt, b[4], FormatVersion)
+	if b[4] != FormatVersion && b[4] != FormatTiers {
+		return nil, fmt.Errorf("%w: format %d, this build reads %d and %d", ErrCorrupt, b[4], FormatVersion, FormatTiers)
 	}
 	kind := Kind(b[5])
 	if kind != Full && kind != Delta {
@@ -230,6 +303,7 @@ func Decode(b []byte) (*Frame, error) {
 		return nil, fmt.Errorf("%w: checksum %08x, expected %08x", ErrCorrupt, got, want)
 	}
 	f := &Frame{
+		Format:      b[4],
 		Kind:        kind,
 		Version:     binary.LittleEndian.Uint64(b[8:]),
 		Base:        binary.LittleEndian.Uint64(b[16:]),
@@ -238,7 +312,7 @@ func Decode(b []byte) (*Frame, error) {
 	if kind == Full && f.Base != 0 {
 		return nil, fmt.Errorf("%w: full frame with base version %d", ErrCorrupt, f.Base)
 	}
-	r := reader{b: body[headerSize:]}
+	r := reader{b: body[headerSize:], format: f.Format}
 	n := r.count(2) // a model section is at least a name length and flags
 	seen := map[string]bool{}
 	for i := 0; i < n && r.err == nil; i++ {
@@ -280,6 +354,12 @@ func (t *Table) ApplyFrame(f *Frame) error {
 	if f.Kind == Delta && f.Base != t.Version {
 		return fmt.Errorf("%w: delta %d->%d, table at %d", ErrBaseMismatch, f.Base, f.Version, t.Version)
 	}
+	format := normFormat(f.Format)
+	if f.Kind == Delta && t.Format != 0 && t.Format != format {
+		// The same version holds GPU holders only in format 1 and every tier in format
+		// 2: a delta of the other format would leave a mix.
+		return fmt.Errorf("%w: format %d delta, table in format %d", ErrBaseMismatch, format, t.Format)
+	}
 	// Stage every change first so a bad section leaves t as it was.
 	staged := make([]*Model, len(f.Models))
 	for i := range f.Models {
@@ -293,14 +373,18 @@ func (t *Table) ApplyFrame(f *Frame) error {
 			}
 		}
 		m, err := NewModel(mc.Name, mc.Config, mc.Replicas)
+		if err == nil {
+			err = m.SetTiers(mc.Tiers)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrCorrupt, err)
 		}
 		for j := 0; j < mc.Upserts.Len(); j++ {
 			k, slots := mc.Upserts.At(j)
-			for _, s := range slots {
-				if m.ReplicaIndex(s) < 0 {
-					return fmt.Errorf("%w: model %q key %#x names slot %d, which has no replica", ErrCorrupt, mc.Name, k, s)
+			for _, h := range slots {
+				s, tier := SplitHolder(h)
+				if m.ReplicaIndex(s) < 0 || tier > len(m.Tiers) {
+					return fmt.Errorf("%w: model %q key %#x names slot %d tier %d, which has no replica or tier", ErrCorrupt, mc.Name, k, s, tier)
 				}
 			}
 		}
@@ -323,6 +407,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 			m := models[mc.Name]
 			m.Config = mc.Config
 			m.Replicas, m.slotIdx = staged[i].Replicas, staged[i].slotIdx
+			m.Tiers = staged[i].Tiers
 			for j := 0; j < mc.Upserts.Len(); j++ {
 				k, slots := mc.Upserts.At(j)
 				m.entries.upsert(k, slots)
@@ -332,7 +417,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 			}
 		}
 	}
-	t.Models, t.Version, t.GeneratedMs = models, f.Version, f.GeneratedMs
+	t.Models, t.Version, t.GeneratedMs, t.Format = models, f.Version, f.GeneratedMs, format
 	return nil
 }
 
@@ -348,12 +433,15 @@ func (e *entries) loadSorted(u *Entries) {
 	e.live = len(e.keys)
 }
 
-type writer struct{ b []byte }
+type writer struct {
+	b      []byte
+	format uint8
+}
 
-func newWriter(k Kind, version, base uint64, generatedMs int64) *writer {
-	w := &writer{b: make([]byte, headerSize, 4096)}
+func newWriter(format uint8, k Kind, version, base uint64, generatedMs int64) *writer {
+	w := &writer{b: make([]byte, headerSize, 4096), format: format}
 	copy(w.b, magic)
-	w.b[4] = FormatVersion
+	w.b[4] = format
 	w.b[5] = byte(k)
 	binary.LittleEndian.PutUint64(w.b[8:], version)
 	binary.LittleEndian.PutUint64(w.b[16:], base)
@@ -364,13 +452,19 @@ func newWriter(k Kind, version, base uint64, generatedMs int64) *writer {
 func (w *writer) uv(v uint64)  { w.b = binary.AppendUvarint(w.b, v) }
 func (w *writer) str(s string) { w.uv(uint64(len(s))); w.b = append(w.b, s...) }
 
-func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica) {
+func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica, tiers []string) {
 	w.str(name)
 	w.b = append(w.b, flags)
 	w.uv(uint64(c.BlockBytes))
 	w.uv(uint64(c.BlockTokens))
 	w.uv(uint64(c.Stride))
 	w.uv(quantize(c.BytesPerToken, 1000))
+	if w.format == FormatTiers {
+		w.uv(uint64(len(tiers)))
+		for _, t := range tiers {
+			w.str(t)
+		}
+	}
 	w.uv(uint64(len(rs)))
 	for _, r := range rs {
 		w.uv(uint64(r.Slot))
@@ -415,8 +509,9 @@ func quantize(v, scale float64) uint64 {
 // reader decodes the payload with a sticky error: after the first problem every read
 // returns zero values, so the decoding code reads straight through and checks once.
 type reader struct {
-	b   []byte
-	err error
+	b      []byte
+	err    error
+	format uint8
 }
 
 func (r *reader) fail(format string, args ...any) {
@@ -517,6 +612,24 @@ func (r *reader) model() ModelChange {
 		Stride:        uint32(r.uvMax(math.MaxUint32, "stride")),
 		BytesPerToken: float64(r.uvMax(math.MaxUint32, "bytes_per_token")) / 1000,
 	}
+	if r.format == FormatTiers {
+		nt := r.count(2)
+		if nt > MaxTiers {
+			r.fail("model %q: %d tiers, at most %d", mc.Name, nt, MaxTiers)
+		}
+		for i := 0; i < nt && r.err == nil; i++ {
+			mc.Tiers = append(mc.Tiers, r.str("tier name"))
+		}
+		if r.err == nil {
+			if err := checkTiers(mc.Tiers); err != nil {
+				r.fail("model %q: %v", mc.Name, err)
+			}
+		}
+	}
+	maxHolder := uint64(MaxSlot)
+	if r.format == FormatTiers {
+		maxHolder = uint64(Holder(MaxSlot, len(mc.Tiers)))
+	}
 	nr := r.count(10) // slot, two strings, four varints, flags
 	if nr > MaxSlot+1 {
 		r.fail("model %q: %d replicas", mc.Name, nr)
@@ -551,7 +664,7 @@ func (r *reader) model() ModelChange {
 		mc.Upserts.Keys = append(mc.Upserts.Keys, k)
 		var ps uint64
 		for j := 0; j < ns && r.err == nil; j++ {
-			s := r.uvMax(MaxSlot, "slot")
+			s := r.uvMax(maxHolder, "slot")
 			if j > 0 && s <= ps {
 				r.fail("model %q: key %#x slots not increasing", mc.Name, k)
 			}

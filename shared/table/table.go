@@ -20,7 +20,33 @@ import (
 const (
 	MaxSlot      = 1<<16 - 1 // replica slots are small integers assigned by the control plane
 	MaxStringLen = 1024      // model names, replica ids and addresses
+	// MaxTiers is how many slower KV tiers (media other than GPU memory) a model may name.
+	MaxTiers = 8
+	// MaxTierName bounds a tier's (medium's) name.
+	MaxTierName = 32
 )
+
+// A holder is one value of an entry's set: the replica's slot in the low 16 bits and the
+// tier that holds the key above them. Tier 0 is GPU memory, the only tier format-1 frames
+// carry, so a format-1 set is a plain slot list; tier i > 0 is the model's Tiers[i-1]
+// (e.g. "CPU"): the replica holds the key only there, and must load it before reuse.
+// Sets are sorted, so GPU holders come first. See docs/table.md.
+const tierShift = 16
+
+// Holder packs a slot and a tier into one set value.
+func Holder(slot uint32, tier int) uint32 { return uint32(tier)<<tierShift | slot&MaxSlot }
+
+// SplitHolder is the inverse of Holder.
+func SplitHolder(h uint32) (slot uint32, tier int) { return h & MaxSlot, int(h >> tierShift) }
+
+// GPUOnly reports whether a set names GPU holders only (what a format-1 frame can carry).
+func GPUOnly(set []uint32) bool { return len(set) == 0 || set[len(set)-1] <= MaxSlot }
+
+// GPUPart is the GPU holders of a sorted set: a prefix of it, shared, not copied.
+func GPUPart(set []uint32) []uint32 {
+	n, _ := slices.BinarySearch(set, MaxSlot+1)
+	return set[:n]
+}
 
 // Replica is one engine replica serving a model.
 type Replica struct {
@@ -60,8 +86,11 @@ type Model struct {
 	Name     string
 	Config   Config
 	Replicas []Replica // sorted by Slot
-	slotIdx  []int32   // slot -> index in Replicas, -1 when unused
-	entries  entries
+	// Tiers names the slower KV tiers the entries refer to: tier i is Tiers[i-1]
+	// (vLLM's medium string, e.g. "CPU"). Empty in format-1 tables.
+	Tiers   []string
+	slotIdx []int32 // slot -> index in Replicas, -1 when unused
+	entries entries
 }
 
 // Table is the whole table at one version.
@@ -69,6 +98,10 @@ type Table struct {
 	Version     uint64
 	GeneratedMs int64 // control plane clock, Unix milliseconds
 	Models      map[string]*Model
+	// Format is the wire format of the frames the table was built from (0 before the
+	// first): a delta applies only to a table of its own format, since the same version
+	// holds less in format 1 (GPU holders only) than in format 2.
+	Format uint8
 }
 
 // New returns an empty table at version 0.
@@ -117,7 +150,8 @@ func (m *Model) ReplicaIndex(s uint32) int {
 }
 
 // Set records that the replicas in slots hold key; an empty slots removes the key.
-// Every slot must belong to a replica of the model.
+// Every slot must belong to a replica of the model. Slots may be holders (Holder) of
+// the model's tiers; a replica listed in several tiers keeps the fastest.
 func (m *Model) Set(key uint64, slots ...uint32) error {
 	if len(slots) == 0 {
 		m.entries.remove(key)
@@ -126,12 +160,57 @@ func (m *Model) Set(key uint64, slots ...uint32) error {
 	s := slices.Clone(slots)
 	slices.Sort(s)
 	s = slices.Compact(s)
-	for _, sl := range s {
+	for _, h := range s {
+		sl, tier := SplitHolder(h)
+		if tier > len(m.Tiers) {
+			return fmt.Errorf("model %q: key %#x names tier %d of %d", m.Name, key, tier, len(m.Tiers))
+		}
 		if m.ReplicaIndex(sl) < 0 {
 			return fmt.Errorf("model %q: key %#x names slot %d, which has no replica", m.Name, key, sl)
 		}
 	}
-	m.entries.upsert(key, s)
+	m.entries.upsert(key, fastest(s))
+	return nil
+}
+
+// fastest drops from a sorted set the holders of a slot already listed in a faster
+// tier, in place.
+func fastest(s []uint32) []uint32 {
+	if GPUOnly(s) {
+		return s
+	}
+	out := s[:0]
+	for _, h := range s {
+		sl, _ := SplitHolder(h)
+		if !slices.ContainsFunc(out, func(o uint32) bool { return o&MaxSlot == sl }) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// SetTiers names the model's slower tiers (see Model.Tiers). Names must be non-empty,
+// distinct and at most MaxTierName bytes; at most MaxTiers of them.
+func (m *Model) SetTiers(names []string) error {
+	if err := checkTiers(names); err != nil {
+		return fmt.Errorf("model %q: %w", m.Name, err)
+	}
+	m.Tiers = slices.Clone(names)
+	return nil
+}
+
+func checkTiers(names []string) error {
+	if len(names) > MaxTiers {
+		return fmt.Errorf("%d tiers, at most %d", len(names), MaxTiers)
+	}
+	for i, n := range names {
+		if n == "" || len(n) > MaxTierName {
+			return fmt.Errorf("tier %d name %q: want 1 to %d bytes", i+1, n, MaxTierName)
+		}
+		if slices.Contains(names[:i], n) {
+			return fmt.Errorf("tier %q named twice", n)
+		}
+	}
 	return nil
 }
 
@@ -199,12 +278,7 @@ func (c Config) SameGeometry(d Config) bool {
 // block's checkpoint key; the longest such checkpoint counts. matched is reused when it
 // has room. The result's largest value is returned too.
 func (m *Model) Match(keys []uint64, matched []int) ([]int, int) {
-	n := len(m.Replicas)
-	if cap(matched) < n {
-		matched = make([]int, n)
-	}
-	matched = matched[:n]
-	clear(matched)
+	matched = resize(matched, len(m.Replicas))
 	stride := int(m.Config.Stride)
 	if stride < 1 {
 		stride = 1
@@ -223,6 +297,63 @@ func (m *Model) Match(keys []uint64, matched []int) ([]int, int) {
 		longest = i + 1
 	}
 	return matched, longest
+}
+
+// MatchTiers is Match plus the slower tiers. matched is as Match gives it (GPU holders
+// only). For each replica, loadable[i] is how many blocks past matched[i] it holds in
+// slower tiers without a gap (vLLM looks up its offloaded blocks from the first block
+// the GPU misses and stops at the first one it lacks), and loadCost[i] is those blocks
+// weighted by their tier's cost: ratios[t-1] for tier t (a missing ratio counts 1, as
+// if uncached). The slices are reused when they have room.
+func (m *Model) MatchTiers(keys []uint64, ratios []float64, matched, loadable []int, loadCost []float64) ([]int, []int, []float64) {
+	n := len(m.Replicas)
+	matched = resize(matched, n)
+	loadable = resize(loadable, n) // during the walk: end of the covered run, in blocks
+	if cap(loadCost) < n {
+		loadCost = make([]float64, n)
+	}
+	loadCost = loadCost[:n]
+	clear(loadCost)
+	stride := int(m.Config.Stride)
+	if stride < 1 {
+		stride = 1
+	}
+	for i := stride - 1; i < len(keys); i += stride {
+		id, ok := m.entries.get(keys[i])
+		if !ok {
+			continue
+		}
+		for _, h := range m.entries.pool.get(id) {
+			sl, tier := SplitHolder(h)
+			r := m.ReplicaIndex(sl)
+			if r < 0 {
+				continue
+			}
+			switch {
+			case tier == 0:
+				matched[r], loadable[r], loadCost[r] = i+1, i+1, 0
+			case loadable[r] == i+1-stride: // contiguous with what r already covers
+				ratio := 1.0
+				if tier <= len(ratios) {
+					ratio = ratios[tier-1]
+				}
+				loadable[r], loadCost[r] = i+1, loadCost[r]+float64(stride)*ratio
+			}
+		}
+	}
+	for r := range loadable {
+		loadable[r] -= matched[r]
+	}
+	return matched, loadable, loadCost
+}
+
+func resize(s []int, n int) []int {
+	if cap(s) < n {
+		s = make([]int, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // entries: sorted base arrays plus an overlay of changes since the last merge.
@@ -375,7 +506,7 @@ func (p *setPool) intern(slots []uint32) uint32 {
 // that ApplyFrame(f) on the result leaves t as it was. A publisher applies the next
 // version to the clone while readers go on using t, then swaps them.
 func (t *Table) CloneFor(f *Frame) *Table {
-	c := &Table{Version: t.Version, GeneratedMs: t.GeneratedMs, Models: maps.Clone(t.Models)}
+	c := &Table{Version: t.Version, GeneratedMs: t.GeneratedMs, Models: maps.Clone(t.Models), Format: t.Format}
 	if c.Models == nil {
 		c.Models = map[string]*Model{}
 	}
