@@ -23,6 +23,28 @@
 // chance to learn it (route.Local: the proxy's own recent placements, shared by its
 // worker VMs).
 //
+// # Slower tiers
+//
+// An engine that offloads KV blocks to a slower medium (vLLM's OffloadingConnector to CPU
+// memory, LMCache) can reuse them after loading them back, which costs less than
+// prefilling them but not nothing. So U counts such a hit at its load cost:
+//
+//	U(r, x) = (prompt - Cached(r) - Offloaded(r)) + LoadCost(r)
+//
+// where Offloaded(r) is the tokens of x past Cached(r) that r holds only in a slower
+// tier (contiguous, as the engine loads them) and LoadCost(r) is those tokens weighted by
+// each tier's load-cost ratio (api.Guards.OffloadCost; the default for vLLM's "CPU" is
+// 0.046: 3.28 us to load a token over PCIe against 71.3 us to prefill it, docs/rule.md).
+// Worked example, with the numbers of docs/rule.md: an 8,000-token prompt whose 6,000-token
+// prefix replica A holds in GPU memory, B holds only in CPU memory, and C not at all.
+// U(A) = 2,000; U(B) = 2,000 + 6,000 x 0.046 = 2,276; U(C) = 8,000. With queues Q(A) =
+// 1,000, Q(B) = 0, Q(C) = 0 the costs are 3,000, 2,276 and 8,000 tokens: B wins, since
+// loading the prefix (276 token-equivalents, 20 ms) costs less than A's extra queue. Before
+// tiers counted, B and C tied at 8,000 and A kept the request while its queue was up to
+// 6,000 tokens deeper; now B, not a cold replica, takes A's spill while A's queue is more
+// than 276 tokens deeper than B's, and a cold replica only when B is 5,724 tokens deeper
+// still. A replica that holds a block in GPU and CPU memory counts it as GPU (Cached).
+//
 // # What the rule does at each age
 //
 // A replica's state age is how old its numbers are: the table's age (since the control
@@ -64,6 +86,12 @@ type Replica struct {
 	Queued float64
 	// Cached is the number of this request's prompt tokens already cached on r.
 	Cached float64
+	// Offloaded is the prompt tokens past Cached that r holds only in a slower KV tier
+	// (CPU memory, disk), which it loads instead of prefilling them.
+	Offloaded float64
+	// LoadCost is what loading Offloaded costs, in prefill-token equivalents: Offloaded
+	// weighted by each tier's load-cost ratio (see the package doc, "Slower tiers").
+	LoadCost float64
 	// Speed is r's prefill rate in tokens per second; 0 means "same as the others" (1).
 	Speed float64
 	// KVUsage is r's KV-cache usage, 0..1.
@@ -130,15 +158,23 @@ type Decision struct {
 
 // Cost is (Q + U) / speed for a prompt of promptTokens tokens.
 func Cost(promptTokens float64, r Replica) float64 {
-	uncached := promptTokens - r.Cached
-	if uncached < 0 {
-		uncached = 0
-	}
 	speed := r.Speed
 	if speed <= 0 {
 		speed = 1
 	}
-	return (r.Queued + uncached) / speed
+	return (r.Queued + Uncached(promptTokens, r)) / speed
+}
+
+// Uncached is U(r, x): the prompt tokens r must prefill, plus the prefill-token
+// equivalent of loading those it holds in a slower tier.
+func Uncached(promptTokens float64, r Replica) float64 {
+	rest := max(promptTokens-r.Cached, 0)
+	off := min(max(r.Offloaded, 0), rest)
+	load := 0.0
+	if off > 0 && r.LoadCost > 0 {
+		load = min(r.LoadCost*off/r.Offloaded, off) // never dearer than prefilling them
+	}
+	return rest - off + load
 }
 
 // Eligible reports whether r passes the guards.
@@ -257,7 +293,7 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 		if !r.Healthy || r.StateAge > p.MaxCacheAge {
 			continue
 		}
-		load := r.Pending + math.Max(promptTokens-r.Cached, 0)
+		load := r.Pending + Uncached(promptTokens, r)
 		if load > bound {
 			continue
 		}

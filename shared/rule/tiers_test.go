@@ -1,0 +1,78 @@
+package rule
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// offloaded is a replica holding off prompt tokens only in a slower tier at ratio.
+func offloaded(queued, cached, off, ratio float64) Replica {
+	r := healthy(queued, cached)
+	r.Offloaded, r.LoadCost = off, off*ratio
+	return r
+}
+
+// The package doc's worked example: A holds the 6,000-token prefix in GPU memory with
+// 1,000 tokens queued, B holds it only in CPU memory (ratio 0.046), C not at all.
+func TestOffloadedHitCountsAtItsLoadCost(t *testing.T) {
+	const prompt = 8000
+	a, b, c := healthy(1000, 6000), offloaded(0, 0, 6000, 0.046), healthy(0, 0)
+	assert.InDelta(t, 2000, Uncached(prompt, a), 1e-9)
+	assert.InDelta(t, 2276, Uncached(prompt, b), 1e-9)
+	assert.InDelta(t, 8000, Uncached(prompt, c), 1e-9)
+
+	pk := NewPicker(exact(), 1)
+	d := pk.Pick(prompt, []Replica{a, b, c}, nil)
+	require.False(t, d.Fallback)
+	assert.Equal(t, []int{1, 0, 2}, d.Order, "B loads the prefix for less than A's extra queue")
+	assert.InDelta(t, 2276, d.Cost, 1e-9)
+	assert.True(t, d.Spill, "B does not hold the prefix in GPU memory")
+
+	// A keeps it while its queue is under 276 tokens deeper than B's ...
+	a.Queued = 275
+	assert.Equal(t, 0, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	// ... and B, not the cold replica, takes A's spill until B is 5,724 tokens deeper.
+	a.Queued = 20000
+	b.Queued = 5723
+	assert.Equal(t, 1, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	b.Queued = 5725
+	assert.Equal(t, 2, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+}
+
+// Before tiers counted (Offloaded 0), B and the cold replica tied: a CPU-tier hit was
+// worth nothing.
+func TestOffloadedZeroIsTheGPUOnlyRule(t *testing.T) {
+	r := healthy(500, 3000)
+	assert.Equal(t, Cost(8000, r), Cost(8000, Replica{Queued: 500, Cached: 3000}))
+	assert.InDelta(t, 5500, Cost(8000, r), 1e-9)
+}
+
+func TestUncachedClampsOffloadedAndLoadCost(t *testing.T) {
+	// Offloaded beyond the prompt is cut to what is left, its cost in proportion.
+	r := offloaded(0, 6000, 4000, 0.1) // only 2,000 tokens are left to cover
+	assert.InDelta(t, 2000*0.1, Uncached(8000, r), 1e-9)
+	// A ratio above 1 is never dearer than prefilling.
+	r = offloaded(0, 0, 1000, 3)
+	assert.InDelta(t, 8000, Uncached(8000, r), 1e-9)
+	// Negative inputs count as none.
+	r = Replica{Cached: 0, Offloaded: -5, LoadCost: -1, Healthy: true}
+	assert.InDelta(t, 8000, Uncached(8000, r), 1e-9)
+}
+
+// The stale regime's cost and load bound use the same U.
+func TestStaleRegimeCountsOffloadedHits(t *testing.T) {
+	p := exact()
+	old := 5 * time.Second
+	b := offloaded(0, 0, 6000, 0.046)
+	b.StateAge = old
+	c := healthy(0, 0)
+	c.StateAge = old
+	b.Pending, c.Pending = 1000, 0
+	d := NewPicker(p, 1).Pick(8000, []Replica{b, c}, nil)
+	require.True(t, d.Stale)
+	assert.Equal(t, 0, d.Order[0], "1,000 pending + 2,276 beats 8,000")
+	assert.InDelta(t, 3276, d.Cost, 1e-9)
+}
