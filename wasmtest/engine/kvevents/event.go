@@ -8,7 +8,9 @@
 //	AllBlocksCleared = ["AllBlocksCleared"] / {"type": "AllBlocksCleared"}
 //
 // Hashes are uint64 on the wire (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1). The package
-// has no transport; see package publisher for ZMQ.
+// only writes events: the one decoder is production's (controlplane/kvevents), and the
+// tests here read the encoder's bytes with it. The package has no transport; see
+// package publisher for ZMQ.
 package kvevents
 
 // Kind is an event's type (msgspec tag).
@@ -75,6 +77,4 @@ type Batch struct {
 	TS               float64 // time.time() when the step published, Unix seconds
 	Events           []Event
 	DataParallelRank int
-	// HasRank is false when a decoded batch had no (or a nil) data_parallel_rank.
-	HasRank bool
 }

@@ -170,7 +170,7 @@ func (p *Publisher) Subscribed() bool {
 // it, unless paused (then it is only kept: subscribers see a gap they can replay).
 // The batch's data_parallel_rank is set to the publisher's rank, as vLLM does.
 func (p *Publisher) Publish(b kvevents.Batch) (uint64, error) {
-	b.DataParallelRank, b.HasRank = p.opt.DataParallelRank, true
+	b.DataParallelRank = p.opt.DataParallelRank
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	payload, err := p.enc.Encode(b)

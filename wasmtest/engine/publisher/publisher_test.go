@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	cpkv "github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 )
 
@@ -162,10 +163,13 @@ func TestInteropSubscribeAndReplay(t *testing.T) {
 		require.Len(t, m.Frames, 3, "topic, seq, payload")
 		assert.Equal(t, "kv@sim@m", string(m.Frames[0]))
 		assert.Equal(t, uint64(i), binary.BigEndian.Uint64(m.Frames[1]), "8-byte big-endian seq from 0")
-		b, _, err := kvevents.Decode(m.Frames[2])
+		b, err := cpkv.Decode(m.Frames[2])
 		require.NoError(t, err)
-		assert.Equal(t, []uint64{uint64(100 + i)}, b.Events[0].BlockHashes)
-		assert.Equal(t, 0, b.DataParallelRank)
+		assert.Equal(t, []uint64{uint64(100 + i)}, b.Events[0].Hashes)
+		assert.Equal(t, cpkv.BlockRemoved, b.Events[0].Kind)
+		assert.Equal(t, "GPU", b.Events[0].Medium)
+		assert.True(t, b.HasDPRank)
+		assert.Equal(t, 0, b.DPRank)
 	}
 
 	// Paused: seq 3 and 4 are kept but not sent; the subscriber sees 2 -> 5 and replays.
@@ -185,9 +189,9 @@ func TestInteropSubscribeAndReplay(t *testing.T) {
 		assert.Empty(t, r.Frames[0])
 		assert.Equal(t, "kv@sim@m", string(r.Frames[1]))
 		assert.Equal(t, want, binary.BigEndian.Uint64(r.Frames[2]))
-		b, _, err := kvevents.Decode(r.Frames[3])
+		b, err := cpkv.Decode(r.Frames[3])
 		require.NoError(t, err)
-		assert.Equal(t, []uint64{100 + want}, b.Events[0].BlockHashes)
+		assert.Equal(t, []uint64{100 + want}, b.Events[0].Hashes)
 	}
 	end := recv(t, d)
 	require.Len(t, end.Frames, 4)
@@ -265,7 +269,8 @@ func TestConnectModeWithDataParallelOffset(t *testing.T) {
 	m := recv(t, sub)
 	require.Len(t, m.Frames, 3)
 	assert.Empty(t, m.Frames[0], "empty topic: empty frame 0")
-	b, _, err := kvevents.Decode(m.Frames[2])
+	b, err := cpkv.Decode(m.Frames[2])
 	require.NoError(t, err)
-	assert.Equal(t, 1, b.DataParallelRank)
+	assert.True(t, b.HasDPRank)
+	assert.Equal(t, 1, b.DPRank)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	cpkv "github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
@@ -652,17 +653,20 @@ func TestKVEventsOverZMQ(t *testing.T) {
 	require.Len(t, m.Frames, 3)
 	assert.Equal(t, "kv@sim@test/model", string(m.Frames[0]))
 	assert.Equal(t, uint64(0), binary.BigEndian.Uint64(m.Frames[1]))
-	b, _, err := kvevents.Decode(m.Frames[2])
+	b, err := cpkv.Decode(m.Frames[2])
 	require.NoError(t, err)
 	require.NotEmpty(t, b.Events)
 	ev := b.Events[0]
 	toks := tokenizer.Encode(prompt, true)
 	full := len(toks) / 16
-	assert.Equal(t, kvevents.BlockStored, ev.Kind)
-	assert.Len(t, ev.BlockHashes, full, "all full blocks of the prompt in one event")
-	assert.Equal(t, toks[:full*16], ev.TokenIDs)
+	assert.Equal(t, cpkv.BlockStored, ev.Kind)
+	assert.Len(t, ev.Hashes, full, "all full blocks of the prompt in one event")
+	assert.Equal(t, toks[:full*16], ev.Tokens)
+	assert.Equal(t, 16, ev.BlockSize)
 	assert.False(t, ev.HasParent)
-	assert.Equal(t, []string{"t1"}, ev.ExtraKeys[0], "cache_salt in the first block's extra keys")
+	assert.Equal(t, []string{"t1"}, ev.FirstExtra, "cache_salt in the first block's extra keys")
+	assert.Equal(t, "t1", ev.CacheSalt())
+	assert.Equal(t, kvevents.MediumGPU, ev.Medium)
 	assert.InDelta(t, float64(time.Now().Unix()), b.TS, 60, "ts is Unix time")
 }
 
