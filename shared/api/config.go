@@ -155,6 +155,10 @@ type Guards struct {
 	MaxStateAgeMs int     `json:"max_state_age_ms,omitempty"`
 	TieEpsilon    float64 `json:"tie_epsilon,omitempty"`
 	MaxEndpoints  int     `json:"max_endpoints,omitempty"`
+	// OffloadCost is the load-cost ratio to prefill of a hit in each slower KV medium
+	// (vLLM's medium string, case-blind), e.g. {"CPU": 0.046}; "CPU" defaults to
+	// DefaultCPULoadCost, a medium not named counts as uncached (tiers.go).
+	OffloadCost map[string]float64 `json:"offload_cost,omitempty"`
 }
 
 // ParseConfig decodes and validates a plugin configuration, filling defaults.
@@ -210,6 +214,7 @@ func (c *Config) fillDefaults() {
 		c.Guards.TieEpsilon = p.TieEpsilon
 	}
 	def(&c.Guards.MaxEndpoints, p.MaxEndpoints)
+	c.Guards.fillOffloadDefaults()
 }
 
 // Validate reports every problem at once, so an operator fixes the config in one pass.
@@ -264,6 +269,7 @@ func (c *Config) Validate() error {
 	if c.Guards.MaxEndpoints < 1 || c.Guards.MaxEndpoints > 16 {
 		bad("guards.max_endpoints %d out of range 1..16", c.Guards.MaxEndpoints)
 	}
+	c.Guards.validateOffload(bad)
 	if c.LedgerTimeoutMs < 1 {
 		bad("ledger_timeout_ms must be positive")
 	}
