@@ -87,7 +87,8 @@ type Decision struct {
 	Addrs []string
 	// PredictedCached is the tokens of the prompt expected cached on the pick.
 	PredictedCached float64
-	// Uncached is the prefill work the pick gets: prompt - predicted cached tokens.
+	// Uncached is the prefill work the pick gets: prompt - predicted cached tokens, with
+	// tokens it loads from a slower tier at their load cost (rule.Uncached).
 	Uncached float64
 }
 
@@ -117,6 +118,7 @@ type Router struct {
 	order   []int
 	addrs   []string
 	ckpts   []uint64
+	tiers   tierScratch
 }
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
@@ -127,27 +129,30 @@ func NewRouter(p rule.Params, seed uint64) *Router {
 // Decide picks replicas of m for chain c. tableAge is how long ago the table was last
 // confirmed current; each replica's state age adds to it.
 func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
-	r.matched, _ = m.Match(c.Keys, r.matched)
+	r.matchTiers(m, c) // tiers.go: Match, plus the slower tiers when m has any
 	r.Local.match(m, c, r.matched)
 	r.cands = r.cands[:0]
 	for i, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		recent, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
+		off, load := r.offloaded(c, i)
 		r.cands = append(r.cands, rule.Replica{
-			Queued:   float64(rep.Queued) + recent,
-			Pending:  pending,
-			Cached:   min(c.Tokens(r.matched[i]), c.PromptTokens),
-			Speed:    float64(rep.Speed),
-			KVUsage:  rep.KVUsage,
-			StateAge: age,
-			Healthy:  rep.Healthy,
+			Queued:    float64(rep.Queued) + recent,
+			Pending:   pending,
+			Cached:    min(c.Tokens(r.matched[i]), c.PromptTokens),
+			Offloaded: off,
+			LoadCost:  load,
+			Speed:     float64(rep.Speed),
+			KVUsage:   rep.KVUsage,
+			StateAge:  age,
+			Healthy:   rep.Healthy,
 		})
 	}
 	d := r.decision(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order))
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
 		d.PredictedCached = pick.Cached
-		d.Uncached = c.PromptTokens - pick.Cached
+		d.Uncached = rule.Uncached(c.PromptTokens, pick)
 	}
 	return d
 }
