@@ -76,4 +76,3 @@ func (c *Config) OffloadRatios(tiers []string, dst []float64) []float64 {
 	}
 	return dst
 }
-
