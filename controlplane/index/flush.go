@@ -16,8 +16,10 @@ type ModelUpdate struct {
 	Reset    bool // first version with the model: Upserts hold every key
 	Config   table.Config
 	Replicas []table.Replica
-	Upserts  table.Entries
-	Removes  []uint64
+	// Tiers names the slower KV tiers the upserts' holders refer to (table.Model.Tiers).
+	Tiers   []string
+	Upserts table.Entries
+	Removes []uint64
 }
 
 // Flush expires speculative entries and returns the next version's content, or nil

@@ -46,19 +46,32 @@ type version struct {
 func (v version) keys() int {
 	n := 0
 	for _, ch := range v.models {
-		n += len(ch.keys)
+		n += len(ch.keys) + len(ch.gpuKeys)
 	}
 	return n
 }
 
 type change struct {
 	reset, removed bool
-	keys           []uint64 // sorted: every key whose replica set changed
+	keys           []uint64 // sorted: every key whose holder set changed
+	// gpuKeys are the keys whose GPU holders changed (format 1's view), nil when they
+	// are keys (no slower tier touched this version): a slower tier's churn costs an
+	// older filter nothing.
+	gpuKeys []uint64
+}
+
+// view is keys as format seen: format 1 sees only changes of GPU holders.
+func (ch *change) view(format uint8) []uint64 {
+	if format == table.FormatTiers || ch.gpuKeys == nil {
+		return ch.keys
+	}
+	return ch.gpuKeys
 }
 
 type frameKey struct {
-	base  uint64 // 0 = full
-	model string // "" = all models
+	base   uint64 // 0 = full
+	model  string // "" = all models
+	format uint8
 }
 
 // Options: MaxHistory versions are kept for deltas (at a 50 ms publish interval, 600
@@ -106,19 +119,25 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	if cur.Version == 0 {
 		next = p.first
 	}
-	f := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
+	f := &table.Frame{Format: table.FormatTiers, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
+	// f1 is the same version as a format-1 filter sees it (GPU holders only).
+	f1 := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: f.GeneratedMs}
 	rec := version{v: f.Version, base: f.Base, models: make(map[string]*change, len(ups))}
 	for i := range ups {
 		u := &ups[i]
-		f.Models = append(f.Models, table.ModelChange{
+		mc := table.ModelChange{
 			Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config,
-			Replicas: u.Replicas, Upserts: u.Upserts, Removes: u.Removes,
-		})
+			Replicas: u.Replicas, Tiers: u.Tiers, Upserts: u.Upserts, Removes: u.Removes,
+		}
+		f.Models = append(f.Models, mc)
 		keys := make([]uint64, 0, u.Upserts.Len()+len(u.Removes))
 		keys = append(keys, u.Upserts.Keys...)
 		keys = append(keys, u.Removes...)
 		slices.Sort(keys)
-		rec.models[u.Name] = &change{reset: u.Reset, removed: u.Removed, keys: keys}
+		ch := &change{reset: u.Reset, removed: u.Removed, keys: keys}
+		mc1 := gpuChange(cur.Models[u.Name], &mc, ch)
+		f1.Models = append(f1.Models, mc1)
+		rec.models[u.Name] = ch
 	}
 	// Apply to a copy outside mu: a large delta takes hundreds of milliseconds to apply
 	// (TestReportFlood: 340-680 ms on a loaded machine), and every poll used to wait for it.
@@ -145,14 +164,16 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		p.hist = append(p.hist[:0:0], p.hist[drop:]...)
 	}
 	// The frame just applied is the delta from the previous version for all models,
-	// the one most pollers want.
+	// the one most pollers want, in both formats.
 	enc := table.Encode(f)
+	enc1 := table.Encode(f1)
 	p.mu.Unlock()
 
 	p.cacheMu.Lock()
 	p.cacheV = f.Version
 	clear(p.frames)
-	p.frames[frameKey{base: f.Base}] = enc
+	p.frames[frameKey{base: f.Base, format: table.FormatTiers}] = enc
+	p.frames[frameKey{base: f.Base, format: table.FormatVersion}] = enc1
 	p.cacheMu.Unlock()
 
 	p.waitMu.Lock()
@@ -189,8 +210,17 @@ type Result struct {
 
 // Frame answers a filter at version have (hasHave false: none): Current when it is up
 // to date, a delta when have is in the recent history, else a full frame. model ""
-// means every model.
+// means every model. The frame is in format 1 (GPU holders only), which every filter
+// reads; FrameFormat answers in another.
 func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
+	return p.FrameFormat(have, hasHave, model, table.FormatVersion)
+}
+
+// FrameFormat is Frame in the given table format (table.FormatVersion or FormatTiers).
+func (p *Publisher) FrameFormat(have uint64, hasHave bool, model string, format uint8) Result {
+	if format != table.FormatTiers {
+		format = table.FormatVersion
+	}
 	p.mu.RLock()
 	cur := p.t.Version
 	if cur == 0 {
@@ -205,22 +235,22 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 	// Only versions this process published and still remembers get a delta.
 	delta := hasHave && have >= p.first && have < cur && len(p.hist) > 0 && have >= p.hist[0].base
 	if delta {
-		if b := p.cached(cur, frameKey{have, model}); b != nil {
+		if b := p.cached(cur, frameKey{have, model, format}); b != nil {
 			p.mu.RUnlock()
 			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}
-		if f := p.compose(have, model); f != nil {
+		if f := p.compose(have, model, format); f != nil {
 			p.mu.RUnlock()
 			// f holds copies (Entries copy the slots; replica lists are replaced, never
 			// changed in place), so it is encoded outside the lock a Publish waits for:
 			// polls queued behind that Publish do not wait for this encoding too.
 			b := table.Encode(f)
-			p.store(cur, frameKey{have, model}, b)
+			p.store(cur, frameKey{have, model, format}, b)
 			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
 		}
 	}
 	p.mu.RUnlock()
-	return p.full(model)
+	return p.full(model, format)
 }
 
 func (p *Publisher) cached(cur uint64, k frameKey) []byte {
@@ -242,11 +272,11 @@ func (p *Publisher) store(cur uint64, k frameKey, b []byte) {
 
 // full encodes the current table (or one model of it). Encoding only reads the table
 // (table.Model.Each), so concurrent requests share the read lock.
-func (p *Publisher) full(model string) Result {
+func (p *Publisher) full(model string, format uint8) Result {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	cur, gen := p.t.Version, p.t.GeneratedMs
-	k := frameKey{0, model}
+	k := frameKey{0, model, format}
 	if b := p.cached(cur, k); b != nil {
 		return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
 	}
@@ -257,7 +287,7 @@ func (p *Publisher) full(model string) Result {
 			t.Models[model] = m
 		}
 	}
-	b := table.EncodeFull(t)
+	b := table.EncodeFullFormat(t, format)
 	p.store(cur, k, b)
 	return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
 }
@@ -265,7 +295,7 @@ func (p *Publisher) full(model string) Result {
 // compose builds the delta from version have to the current one from the keys that
 // changed in between, valued as the current table holds them. It returns nil when a
 // full frame would be smaller. Caller holds mu (read).
-func (p *Publisher) compose(have uint64, model string) *table.Frame {
+func (p *Publisher) compose(have uint64, model string, format uint8) *table.Frame {
 	type acc struct {
 		reset, removed bool
 		keys           []uint64
@@ -293,18 +323,18 @@ func (p *Publisher) compose(have uint64, model string) *table.Frame {
 			case ch.reset:
 				// A Reset section must list every key; every key the model has now
 				// changed at or after its (re)creation, so these versions cover it.
-				*a = acc{reset: true, keys: append([]uint64(nil), ch.keys...)}
+				*a = acc{reset: true, keys: append([]uint64(nil), ch.view(format)...)}
 			default:
-				a.keys = append(a.keys, ch.keys...)
+				a.keys = append(a.keys, ch.view(format)...)
 			}
-			total += len(ch.keys)
+			total += len(ch.view(format))
 			if total > p.maxKeys {
 				return nil
 			}
 		}
 	}
 	slices.Sort(names)
-	f := &table.Frame{Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
+	f := &table.Frame{Format: format, Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
 	for _, name := range names {
 		a := accs[name]
 		m := p.t.Models[name]
@@ -313,9 +343,16 @@ func (p *Publisher) compose(have uint64, model string) *table.Frame {
 			continue
 		}
 		mc := table.ModelChange{Name: name, Reset: a.reset, Config: m.Config, Replicas: m.Replicas}
+		if format == table.FormatTiers {
+			mc.Tiers = m.Tiers
+		}
 		slices.Sort(a.keys)
 		for _, k := range slices.Compact(a.keys) {
-			if s := m.Lookup(k); len(s) > 0 {
+			s := m.Lookup(k)
+			if format != table.FormatTiers {
+				s = table.GPUPart(s)
+			}
+			if len(s) > 0 {
 				mc.Upserts.Add(k, s...)
 			} else if !a.reset {
 				mc.Removes = append(mc.Removes, k)
@@ -331,4 +368,47 @@ func (p *Publisher) Table(fn func(t *table.Table)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fn(p.t)
+}
+
+// gpuChange is mc as a format-1 filter sees it, given the model's holders before the
+// version (old, nil for a new model): GPU holders only, without the keys whose change
+// was in slower tiers alone. That is the section a control plane without slower tiers
+// sends for the same GPU holdings (it would not have seen those changes). It records
+// the keys it keeps in ch.gpuKeys when they differ from ch.keys.
+func gpuChange(old *table.Model, mc *table.ModelChange, ch *change) table.ModelChange {
+	out := table.ModelChange{Name: mc.Name, Removed: mc.Removed, Reset: mc.Reset, Config: mc.Config, Replicas: mc.Replicas}
+	if mc.Removed {
+		return out
+	}
+	if old == nil || mc.Reset {
+		old = &table.Model{} // every lookup empty
+	}
+	var gone, kept []uint64
+	for j := 0; j < mc.Upserts.Len(); j++ {
+		k, s := mc.Upserts.At(j)
+		o := old.Lookup(k)
+		g, og := table.GPUPart(s), table.GPUPart(o)
+		switch {
+		case len(g) > 0 && (!slices.Equal(g, og) || slices.Equal(s, o)):
+			out.Upserts.Add(k, g...)
+		case len(g) == 0 && len(og) > 0:
+			gone = append(gone, k) // left GPU memory: gone for a format-1 filter
+		default:
+			continue // only slower tiers changed
+		}
+		kept = append(kept, k)
+	}
+	for _, k := range mc.Removes {
+		if o := old.Lookup(k); len(o) == 0 || len(table.GPUPart(o)) > 0 {
+			gone = append(gone, k)
+			kept = append(kept, k)
+		}
+	}
+	slices.Sort(gone)
+	out.Removes = gone
+	if len(kept) != len(ch.keys) {
+		slices.Sort(kept)
+		ch.gpuKeys = append([]uint64{}, kept...)
+	}
+	return out
 }

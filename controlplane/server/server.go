@@ -211,7 +211,8 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		s.Publisher.Wait(ctx, have)
 		cancel()
 	}
-	res := s.Publisher.Frame(have, hasHave, model)
+	res := s.Publisher.FrameFormat(have, hasHave, model, tableFormat(r.Header.Get(api.TableFormatsHeader)))
+	w.Header().Set("Vary", api.TableFormatsHeader)
 	switch {
 	case res.NotReady:
 		w.Header().Set("Retry-After", "1")
