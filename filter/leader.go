@@ -118,7 +118,10 @@ func (l *leader) poll(p *plugin) {
 	if l.waitMs > 0 {
 		path += "&wait_ms=" + strconv.Itoa(l.waitMs)
 	}
-	hdrs := append(p.callHeaders("GET", path), [2]string{"accept", api.TableContentType})
+	// The formats header asks for the slower KV tiers (table format 2); a control plane
+	// that does not know it answers format 1, which this build reads too.
+	hdrs := append(p.callHeaders("GET", path), [2]string{"accept", api.TableContentType},
+		[2]string{api.TableFormatsHeader, api.TableFormats})
 	l.pollSent = p.now()
 	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, nil, nil,
 		uint32(p.cfg.ControlPlane.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, have, bodySize) })
@@ -211,7 +214,7 @@ func (l *leader) publish(p *plugin, body []byte, asked uint64, now time.Time) er
 	}
 	frame := body
 	if f.Kind == table.Delta {
-		frame = table.EncodeFull(t)
+		frame = table.EncodeFullFormat(t, t.Format) // the chain's deltas are in t's format
 	}
 	return publishFull(frame, t.Version, now)
 }
