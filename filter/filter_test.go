@@ -263,7 +263,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 
 		// The other VM's table, published in shared data, reaches this VM on its tick.
 		tb := fleet(t, 7, 3, nil, map[uint32][]string{0: {chat(system, "a")}})
-		require.NoError(t, publishFull(table.EncodeFull(tb), tb.Version, time.Now()))
+		require.NoError(t, rootKeys.publishFull(table.EncodeFull(tb), tb.Version, time.Now()))
 		h.Tick()
 		_, hs := h.send(request{body: chat(system, "b")})
 		assert.Equal(t, "10.1.0.1:8000", strings.Split(endpoint(hs), ",")[0], "routed on the table from shared data")
@@ -287,23 +287,23 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		next := fleet(t, 8, 3, nil, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
 		delta := table.Encode(table.Diff(tb, next))
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, delta)
-		hd, err := decodeHead(readShared(t, headKey))
+		hd, err := decodeHead(readShared(t, rootKeys.head))
 		require.NoError(t, err)
 		assert.Equal(t, uint64(8), hd.version())
 		assert.Equal(t, uint64(7), hd.base)
-		assert.Equal(t, delta, readShared(t, deltaKey(1)))
+		assert.Equal(t, delta, readShared(t, rootKeys.delta(1)))
 
 		// Another VM that is at v7 catches up through the chain.
 		behind := newView()
 		m := defineMetrics()
-		behind.sync(&m, time.Now())
+		behind.sync(&rootKeys, &m, time.Now())
 		require.True(t, behind.loaded)
 		assert.Equal(t, table.EncodeFull(next), table.EncodeFull(behind.t))
 
 		// The control plane composes deltas across versions (8 -> 10): versions skip,
 		// and VMs at 8 and at 7 still catch up.
 		at8 := newView()
-		at8.sync(&m, time.Now())
+		at8.sync(&rootKeys, &m, time.Now())
 		h.Tick()
 		poll, polled = h.lastCallout(api.TablePath)
 		require.True(t, polled)
@@ -312,23 +312,23 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		v10 := fleet(t, 10, 3, []uint64{0, 777, 0}, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
 		composed := table.Encode(table.Diff(next, v10))
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, composed)
-		hd, err = decodeHead(readShared(t, headKey))
+		hd, err = decodeHead(readShared(t, rootKeys.head))
 		require.NoError(t, err)
 		assert.Equal(t, []uint64{8, 10}, hd.chain)
 		for name, v := range map[string]*view{"from v8": &at8, "from v7": func() *view { v := newView(); return &v }()} {
-			v.sync(&m, time.Now())
+			v.sync(&rootKeys, &m, time.Now())
 			assert.Equal(t, uint64(10), v.t.Version, name)
 			assert.Equal(t, uint64(777), v.t.Models["llama"].Replicas[1].Queued, name)
 		}
-		got, err := loadBase(hd)
+		got, err := rootKeys.loadBase(hd)
 		require.NoError(t, err)
-		require.NoError(t, applyDeltas(got, hd, 1))
+		require.NoError(t, rootKeys.applyDeltas(got, hd, 1))
 		assert.Equal(t, table.EncodeFull(v10), table.EncodeFull(got))
 
 		// 304: the table is confirmed current.
 		before := hd.confirmedMs
 		h.serveTable(nil)
-		hd, err = decodeHead(readShared(t, headKey))
+		hd, err = decodeHead(readShared(t, rootKeys.head))
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, hd.confirmedMs, before)
 		assert.Equal(t, uint64(10), hd.version())
@@ -346,7 +346,7 @@ func TestCorruptTableIsRejectedAndTheOldOneKept(t *testing.T) {
 		h.serveTable(bad)
 		errs, _ := h.GetCounterMetric("kvroute_table_poll_errors_total")
 		assert.Equal(t, uint64(1), errs)
-		hd, err := decodeHead(readShared(t, headKey))
+		hd, err := decodeHead(readShared(t, rootKeys.head))
 		require.NoError(t, err)
 		assert.Equal(t, uint64(3), hd.version(), "the corrupt version is not published")
 		_, hs := h.send(request{body: `not json`})

@@ -214,31 +214,45 @@ func endpoint(hs [][2]string) string {
 // fleet builds a table of n replicas of model "llama"; hold lists, per slot, the chat
 // bodies whose prefixes that replica holds (as placement reports would record them).
 func fleet(t *testing.T, version uint64, n int, queued []uint64, hold map[uint32][]string) *table.Table {
+	return modelTable(t, newTable(version), "llama", 1, n, queued, hold)
+}
+
+func newTable(version uint64) *table.Table {
+	tb := table.New()
+	tb.Version, tb.GeneratedMs = version, time.Now().UnixMilli()
+	return tb
+}
+
+// modelTable adds model's n replicas, at 10.<net>.0.<i+1>:8000, to tb: queued tokens
+// per replica (nil: none) and, per slot, the bodies whose prefixes it holds.
+func modelTable(t *testing.T, tb *table.Table, model string, net, n int, queued []uint64, hold map[uint32][]string) *table.Table {
 	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := make([]table.Replica, n)
 	for i := range rs {
-		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.1.0.%d:8000", i+1),
+		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.%d.0.%d:8000", net, i+1),
 			Speed: 14025, StateAgeMs: 30, KVUsage: 0.4, Healthy: true}
 		if queued != nil {
 			rs[i].Queued = queued[i]
 		}
 	}
-	m, err := table.NewModel("llama", cfg, rs)
+	m, err := table.NewModel(model, cfg, rs)
 	require.NoError(t, err)
 	for slot, bodies := range hold {
 		for _, body := range bodies {
-			for _, k := range checkpointsOf(t, cfg, body, "") {
+			for _, k := range checkpointsFor(t, cfg, model, body, "") {
 				require.NoError(t, m.Set(k, append(m.Lookup(k), slot)...))
 			}
 		}
 	}
-	tb := table.New()
-	tb.Version, tb.GeneratedMs = version, time.Now().UnixMilli()
-	tb.Models["llama"] = m
+	tb.Models[model] = m
 	return tb
 }
 
 func checkpointsOf(t *testing.T, cfg table.Config, body, tenantCacheSalt string) []uint64 {
+	return checkpointsFor(t, cfg, "llama", body, tenantCacheSalt)
+}
+
+func checkpointsFor(t *testing.T, cfg table.Config, model, body, tenantCacheSalt string) []uint64 {
 	var p prompt.Parser
 	a := prompt.Chat
 	if strings.Contains(body, `"prompt"`) {
@@ -246,7 +260,7 @@ func checkpointsOf(t *testing.T, cfg table.Config, body, tenantCacheSalt string)
 	}
 	req, err := p.Parse(a, []byte(body), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 64})
 	require.NoError(t, err)
-	c := route.NewChain(cfg, route.Identity{Model: "llama", Salt: prefix.SaltFromCacheSalt(tenantCacheSalt)}, &req, nil)
+	c := route.NewChain(cfg, route.Identity{Model: model, Salt: prefix.SaltFromCacheSalt(tenantCacheSalt)}, &req, nil)
 	return prefix.Checkpoints(nil, c.Keys, int(cfg.Stride))
 }
 

@@ -19,8 +19,11 @@ import (
 // worker VM; without a lease N workers would poll N times. The lease is a CAS-written
 // (owner, expiry) pair in shared data: whoever holds it renews it on every tick, and
 // when its VM stops ticking the lease expires and another VM takes over.
+//
+// The lease is one for all shards; each shard has a leader value of its own (its poll
+// and report schedule), and the VM holding the lease runs them all, each independently:
+// one shard's control plane failing backs off that shard's polls alone.
 type leader struct {
-	is bool
 	// The leader's work is scheduled in ticks, the host's own clock: Envoy ticks every
 	// tickMs, so pollEvery ticks is the poll interval.
 	pollEvery, reportEvery int
@@ -53,11 +56,18 @@ func (p *plugin) leaseTTL() time.Duration {
 	return max(time.Second, 3*time.Duration(p.tickMs)*time.Millisecond)
 }
 
-func (l *leader) tick(p *plugin, now time.Time) {
-	l.is = tryLease(p.vmID, now, p.leaseTTL())
-	if !l.is {
+// leadTick takes or renews the lease and, holding it, runs every shard's schedule.
+func (p *plugin) leadTick(now time.Time) {
+	p.isLeader = tryLease(p.vmID, now, p.leaseTTL())
+	if !p.isLeader {
 		return
 	}
+	for _, s := range p.shards {
+		s.leader.tick(p, s)
+	}
+}
+
+func (l *leader) tick(p *plugin, s *shard) {
 	switch {
 	case l.pollBusy > 0:
 		if l.pollBusy++; l.pollBusy > l.stuckAfter {
@@ -66,7 +76,7 @@ func (l *leader) tick(p *plugin, now time.Time) {
 	case l.pollWait > 0:
 		l.pollWait--
 	default:
-		l.poll(p)
+		l.poll(p, s)
 	}
 	switch {
 	case l.reportBusy > 0:
@@ -76,7 +86,7 @@ func (l *leader) tick(p *plugin, now time.Time) {
 	case l.reportWait > 0:
 		l.reportWait--
 	default:
-		l.postReports(p)
+		l.postReports(p, s)
 	}
 }
 
@@ -97,10 +107,10 @@ func tryLease(me uint64, now time.Time, ttl time.Duration) bool {
 	return proxywasm.SetSharedData(leaseKey, v, cas) == nil
 }
 
-func (p *plugin) callHeaders(method, path string) [][2]string {
-	h := [][2]string{{":method", method}, {":path", path}, {":authority", p.cfg.ControlPlane.Authority}}
-	if p.cfg.ControlPlane.Token != "" {
-		h = append(h, [2]string{"authorization", "Bearer " + p.cfg.ControlPlane.Token})
+func (s *shard) callHeaders(method, path string) [][2]string {
+	h := [][2]string{{":method", method}, {":path", path}, {":authority", s.cp.Authority}}
+	if s.cp.Token != "" {
+		h = append(h, [2]string{"authorization", "Bearer " + s.cp.Token})
 	}
 	return h
 }
@@ -109,10 +119,10 @@ func (p *plugin) callHeaders(method, path string) [][2]string {
 // wait_ms it is a long poll: the control plane holds it until a newer version exists
 // (or wait_ms passes, then 304), and onTable asks again at once, so a version reaches
 // this proxy when it is published rather than on the next poll tick.
-func (l *leader) poll(p *plugin) {
+func (l *leader) poll(p *plugin, s *shard) {
 	have := uint64(0)
-	if p.view.loaded {
-		have = p.view.t.Version
+	if s.view.loaded {
+		have = s.view.t.Version
 	}
 	path := api.TablePath + "?version=" + strconv.FormatUint(have, 10)
 	if l.waitMs > 0 {
@@ -120,31 +130,38 @@ func (l *leader) poll(p *plugin) {
 	}
 	// The formats header asks for the slower KV tiers (table format 2); a control plane
 	// that does not know it answers format 1, which this build reads too.
-	hdrs := append(p.callHeaders("GET", path), [2]string{"accept", api.TableContentType},
+	hdrs := append(s.callHeaders("GET", path), [2]string{"accept", api.TableContentType},
 		[2]string{api.TableFormatsHeader, api.TableFormats})
 	l.pollSent = p.now()
-	_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, nil, nil,
-		uint32(p.cfg.ControlPlane.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, have, bodySize) })
+	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, nil, nil,
+		uint32(s.cp.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, s, have, bodySize) })
 	p.metrics.polls.Increment(1)
 	if err != nil {
-		l.pollFailed(p, fmt.Errorf("dispatch to cluster %q: %w", p.cfg.ControlPlane.Cluster, err))
+		l.pollFailed(p, s, fmt.Errorf("dispatch to cluster %q: %w", s.cp.Cluster, err))
 		return
 	}
 	l.pollBusy = 1
 }
 
-func (l *leader) pollFailed(p *plugin, err error) {
+func (l *leader) pollFailed(p *plugin, s *shard, err error) {
 	p.metrics.pollErrors.Increment(1)
+	if s.gauges != nil {
+		s.gauges.pollErrors.Increment(1)
+	}
 	l.failedPolls++
 	// Back off (doubling, up to about 2 s) so a dead control plane is not hammered;
 	// log the first failure and then every 50th, not every tick.
 	l.pollWait = min(l.pollEvery<<min(l.failedPolls, 5), max(1, 2000/p.tickMs)) - 1
 	if l.failedPolls == 1 || l.failedPolls%50 == 0 {
-		proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", l.failedPolls, err)
+		if s.name != "" {
+			proxywasm.LogWarnf("kvroute: shard %s: table poll failed (%d in a row), routing its models on its last table: %v", s.name, l.failedPolls, err)
+		} else {
+			proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", l.failedPolls, err)
+		}
 	}
 }
 
-func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
+func (l *leader) onTable(p *plugin, s *shard, asked uint64, bodySize int) {
 	l.pollBusy = 0
 	now := p.now()
 	status, age := callStatus()
@@ -153,18 +170,18 @@ func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
 	built := now.Add(-age)
 	switch {
 	case status == 304:
-		confirm(built)
+		s.keys.confirm(built)
 	case status == 200:
 		body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		if err == nil {
-			err = l.publish(p, body, asked, built)
+			err = l.publish(p, s, body, asked, built)
 		}
 		if err != nil {
-			l.pollFailed(p, err)
+			l.pollFailed(p, s, err)
 			return
 		}
 	default:
-		l.pollFailed(p, fmt.Errorf("control plane answered status %d", status))
+		l.pollFailed(p, s, fmt.Errorf("control plane answered status %d", status))
 		return
 	}
 	l.failedPolls = 0
@@ -176,37 +193,37 @@ func (l *leader) onTable(p *plugin, asked uint64, bodySize int) {
 	// 304 (a control plane that does not hold the call) keeps the tick schedule, so
 	// there is never more than one poll per interval without a new version, and at
 	// most one in flight. Failures return above and wait out the backoff on the tick.
-	newer := p.view.loaded && p.view.t.Version != asked
-	if l.waitMs > 0 && l.is && (newer || now.Sub(l.pollSent) >= time.Duration(l.pollMs)*time.Millisecond) {
+	newer := s.view.loaded && s.view.t.Version != asked
+	if l.waitMs > 0 && p.isLeader && (newer || now.Sub(l.pollSent) >= time.Duration(l.pollMs)*time.Millisecond) {
 		l.pollWait = 0
-		l.poll(p)
+		l.poll(p, s)
 	}
 }
 
 // publish verifies a frame by applying it to the leader's own copy, then writes it to
 // shared data for the other VMs.
-func (l *leader) publish(p *plugin, body []byte, asked uint64, now time.Time) error {
+func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now time.Time) error {
 	f, err := table.Decode(body)
 	if err != nil {
 		return err
 	}
-	if f.Kind == table.Delta && (!p.view.loaded || f.Base != asked || p.view.t.Version != asked) {
-		return fmt.Errorf("delta %d->%d does not apply to v%d", f.Base, f.Version, p.view.t.Version)
+	if f.Kind == table.Delta && (!s.view.loaded || f.Base != asked || s.view.t.Version != asked) {
+		return fmt.Errorf("delta %d->%d does not apply to v%d", f.Base, f.Version, s.view.t.Version)
 	}
-	t := p.view.t
+	t := s.view.t
 	if f.Kind == table.Full {
 		t = table.New()
 	}
 	if err := t.ApplyFrame(f); err != nil {
 		if errors.Is(err, table.ErrBaseMismatch) {
-			p.view.loaded = false // ask for a full table next time
+			s.view.loaded = false // ask for a full table next time
 		}
 		return err
 	}
-	p.view.t, p.view.loaded, p.view.confirmed = t, true, now
-	set(p.metrics.tableVersion, int64(t.Version))
+	s.view.t, s.view.loaded, s.view.confirmed = t, true, now
+	p.versionLoaded(s)
 	if f.Kind == table.Delta {
-		err = publishDelta(body, f, now)
+		err = s.keys.publishDelta(body, f, now)
 		if err == nil {
 			return nil
 		}
@@ -216,24 +233,25 @@ func (l *leader) publish(p *plugin, body []byte, asked uint64, now time.Time) er
 	if f.Kind == table.Delta {
 		frame = table.EncodeFullFormat(t, t.Format) // the chain's deltas are in t's format
 	}
-	return publishFull(frame, t.Version, now)
+	return s.keys.publishFull(frame, t.Version, now)
 }
 
-// postReports sends what the VMs queued since the last post, in one batch.
-func (l *leader) postReports(p *plugin) {
+// postReports sends what the VMs queued for s since the last post, in one batch, to
+// s's control plane.
+func (l *leader) postReports(p *plugin, s *shard) {
 	l.reportWait = l.reportEvery - 1
-	if !p.queueOK {
+	if !s.queueOK {
 		return
 	}
-	p.flushReports() // the leader's own, so they leave on this tick
-	l.items, _ = p.drainReports(l.items[:0], p.cfg.ControlPlane.MaxReportBatch)
-	hdrs := append(p.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	p.flushReports(s) // the leader's own, so they leave on this tick
+	l.items, _ = p.drainReports(s, l.items[:0], s.cp.MaxReportBatch)
+	hdrs := append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
 	// Each item is a whole batch: post it as the host handed it over (no copy in the
 	// guest), at most max_report_batch reports per tick.
 	for i, it := range l.items {
 		n := uint64(binary.LittleEndian.Uint32(it[len(itemMagic):]))
-		_, err := proxywasm.DispatchHttpCall(p.cfg.ControlPlane.Cluster, hdrs, it[itemHead:], nil,
-			uint32(p.cfg.ControlPlane.TimeoutMs), func(int, int, int) {
+		_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, it[itemHead:], nil,
+			uint32(s.cp.TimeoutMs), func(int, int, int) {
 				l.reportCalls = max(l.reportCalls-1, 0)
 				if l.reportCalls == 0 {
 					l.reportBusy = 0

@@ -5,8 +5,10 @@
 // override_host load balancer reads.
 //
 // Files: main.go (contexts, tick), request.go (request path), response.go (usage and
-// outcome reports), store.go (the table in shared data), placed.go (placements shared
-// between the worker VMs), leader.go (lease, polling the control plane, posting
+// outcome reports), reports.go (report batches and their queues), shards.go (the
+// control planes polled, one per model or pool, and which one serves a request's model),
+// store.go (each shard's table in shared data), placed.go (placements shared between
+// the worker VMs), leader.go (lease, polling each shard's control plane, posting its
 // reports), metrics.go.
 package main
 
@@ -40,20 +42,24 @@ type plugin struct {
 	vmID    uint64
 	now     func() time.Time
 	router  *route.Router
-	view    view
 	placed  placed
-	leader  leader
 	tickMs  int
-	queueID uint32
-	queueOK bool // the report queue is registered (ids start at 0 on some hosts)
 	metrics metrics
 	nextReq uint64
-	reports reportBuf // this VM's reports since its last flush (reports.go)
-	name    string    // proxyName, once known
-	free    []*httpContext
-	hdrBuf  []byte        // the endpoint header being built
-	hdrStr  string        // ... and the last one set
-	usage   prompt.Parser // reads usage in responses (its buffers)
+	name    string // proxyName, once known
+	// The control planes polled (shards.go): every shard, the one serving each model,
+	// the one serving every model (a configuration without shards), whether this VM
+	// holds the lease (leader.go), and the shard of the request being routed.
+	shards   []*shard
+	byModel  map[string]*shard
+	every    *shard
+	isLeader bool
+	routed   *shard
+	reqNow   time.Time // when the request being routed is routed
+	free     []*httpContext
+	hdrBuf   []byte        // the endpoint header being built
+	hdrStr   string        // ... and the last one set
+	usage    prompt.Parser // reads usage in responses (its buffers)
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
@@ -73,36 +79,31 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.router = route.NewRouter(cfg.RuleParams(), randomID())
 	p.router.Config = cfg
 	p.router.Reuse = true // the request path copies what it keeps (request.go route)
-	p.view = newView()
+	p.router.Tables = p.tableFor
 	p.metrics = defineMetrics()
-	// Every VM registers the same queue name and gets the same id; only the leader
-	// drains it, on its tick.
-	if p.queueID, err = proxywasm.RegisterSharedQueue(reportQueue); err != nil {
-		proxywasm.LogErrorf("kvroute: cannot register the report queue, reports are off: %v", err)
-	}
-	p.queueOK = err == nil
-	tick := max(10, min(cfg.ControlPlane.PollMs, cfg.ControlPlane.ReportMs, 100))
+	tick := p.minTick()
 	p.tickMs = tick
-	p.leader = newLeader(&cfg.ControlPlane, tick)
+	p.setupShards(tick)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed
 	}
-	proxywasm.LogInfof("kvroute: started (vm %016x, control plane %s, tick %d ms)", p.vmID, cfg.ControlPlane.Cluster, tick)
+	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms)", p.vmID, p.describeShards(), tick)
 	return types.OnPluginStartStatusOK
 }
 
 // OnTick runs on every VM: the lease, the leader's work, then catching up with the
-// table in shared data, and dropping ledger entries of streams that never answered.
+// tables in shared data, and dropping ledger entries of streams that never answered.
 func (p *plugin) OnTick() {
 	now := p.now()
-	p.flushReports()
-	p.leader.tick(p, now)
-	p.view.sync(&p.metrics, now)
+	p.flushAllReports()
+	p.leadTick(now)
+	p.syncTables(now)
 	p.placed.catchUp(p, now)
 	p.placed.flushStarts(p)
-	// Placements a table confirmed current has had the chance to learn are its to say.
-	p.router.Local.Prune(p.view.confirmed, now)
+	// Placements a table confirmed current has had the chance to learn are its to say
+	// (with shards, once every shard's table has).
+	p.router.Local.Prune(p.confirmed(), now)
 	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
 	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))

@@ -11,6 +11,7 @@ type metrics struct {
 	staleDecisions proxywasm.MetricCounter // ... with state too old for queue numbers (shared/rule's stale regime)
 	fallbacks      proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
 	unrouted       proxywasm.MetricCounter // header left unset: no table or unknown model
+	unservedModel  proxywasm.MetricCounter // ... because no shard serves the model (failed open)
 	parseErrors    proxywasm.MetricCounter // bodies that could not be parsed
 	oversized      proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
 	saltInjected   proxywasm.MetricCounter // cache_salt set for isolated tenants
@@ -24,8 +25,8 @@ type metrics struct {
 	reportsSent    proxywasm.MetricCounter
 	reportsDropped proxywasm.MetricCounter
 
-	tableVersion proxywasm.MetricGauge
-	tableAgeMs   proxywasm.MetricGauge
+	tableVersion proxywasm.MetricGauge // with shards: the lowest shard's (shards.go)
+	tableAgeMs   proxywasm.MetricGauge // with shards: the stalest shard's
 }
 
 func defineMetrics() metrics {
@@ -38,6 +39,7 @@ func defineMetrics() metrics {
 		staleDecisions: c("kvroute_stale_decisions_total"),
 		fallbacks:      c("kvroute_fallbacks_total"),
 		unrouted:       c("kvroute_unrouted_total"),
+		unservedModel:  c("kvroute_unserved_model_total"),
 		parseErrors:    c("kvroute_parse_errors_total"),
 		oversized:      c("kvroute_oversized_bodies_total"),
 		saltInjected:   c("kvroute_cache_salt_injected_total"),

@@ -16,6 +16,10 @@ import (
 // report was its own queue item, and the leader dequeues one item per VM per tick
 // instead of one per report.
 //
+// Each shard has its own buffer in each VM and its own queue (keys.queue: the report
+// queue below for the control_plane block, kvroute/shard/<name>/reports/v2 for a named
+// shard), so the leader posts each shard's reports to that shard's control plane.
+//
 // A queue item is itemMagic, the number of records (uint32, little endian), then a whole
 // binary batch (its header with the proxy's name, then the records): the leader posts
 // each item's batch as it was dequeued, without copying it. The queue is named for its format, so VMs of an older filter (a configuration
@@ -35,42 +39,49 @@ type reportBuf struct {
 	cap int // the last flush's size: the next buffer starts that large
 }
 
-// enqueue appends one report to the VM's batch.
-func (p *plugin) enqueue(r *api.Report) {
-	if !p.queueOK {
+// enqueue appends one report to the VM's batch for shard s.
+func (p *plugin) enqueue(s *shard, r *api.Report) {
+	if !s.queueOK {
 		return
 	}
-	rb := &p.reports
+	rb := &s.reports
 	if rb.b == nil {
-		p.freshReports()
+		p.freshReports(s)
 	}
 	rb.b = r.AppendBinary(rb.b)
 	rb.n++
-	if rb.n >= min(maxItemRecords, p.cfg.ControlPlane.MaxReportBatch) {
-		p.flushReports()
+	if rb.n >= min(maxItemRecords, s.cp.MaxReportBatch) {
+		p.flushReports(s)
 	}
 }
 
-// flushReports hands the VM's batch to the shared queue. The buffer is not reused: a
-// host may keep the bytes it is given (the SDK's emulator does).
-func (p *plugin) flushReports() {
-	rb := &p.reports
+// flushAllReports hands every shard's batch to its queue (each VM, each tick).
+func (p *plugin) flushAllReports() {
+	for _, s := range p.shards {
+		p.flushReports(s)
+	}
+}
+
+// flushReports hands the VM's batch for s to s's shared queue. The buffer is not
+// reused: a host may keep the bytes it is given (the SDK's emulator does).
+func (p *plugin) flushReports(s *shard) {
+	rb := &s.reports
 	if rb.n == 0 {
 		return
 	}
 	binary.LittleEndian.PutUint32(rb.b[len(itemMagic):], uint32(rb.n))
-	if err := proxywasm.EnqueueSharedQueue(p.queueID, rb.b); err != nil {
+	if err := proxywasm.EnqueueSharedQueue(s.queueID, rb.b); err != nil {
 		p.metrics.reportsDropped.Increment(uint64(rb.n))
 	}
 	// Twice the last batch (halving back over quiet ticks), so a busier tick seldom
 	// grows it on the request path.
 	rb.cap = max(2*len(rb.b), rb.cap/2)
-	p.freshReports() // here, on the tick, rather than on the next request
+	p.freshReports(s) // here, on the tick, rather than on the next request
 }
 
 // fresh starts a new buffer of rb.cap bytes.
-func (p *plugin) freshReports() {
-	rb := &p.reports
+func (p *plugin) freshReports(s *shard) {
+	rb := &s.reports
 	rb.b = append(make([]byte, 0, max(rb.cap, 4096)), itemMagic...)
 	rb.b = append(rb.b, 0, 0, 0, 0)
 	rb.b = api.AppendBatchHeader(rb.b, p.proxyName())
@@ -80,11 +91,11 @@ func (p *plugin) freshReports() {
 // drainReports dequeues items until the next one might take the batch past limit
 // reports, and returns them and their report count. Items that are not this format's
 // are dropped and counted.
-func (p *plugin) drainReports(items [][]byte, limit int) ([][]byte, int) {
+func (p *plugin) drainReports(s *shard, items [][]byte, limit int) ([][]byte, int) {
 	n := 0
 	step := min(maxItemRecords, limit)
 	for n == 0 || n+step <= limit {
-		b, err := proxywasm.DequeueSharedQueue(p.queueID)
+		b, err := proxywasm.DequeueSharedQueue(s.queueID)
 		if err != nil {
 			break
 		}

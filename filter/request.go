@@ -35,6 +35,7 @@ type httpContext struct {
 
 	// Set when the request was placed by the rule; the response completes the report.
 	placed   bool
+	shard    *shard // whose control plane gets the reports
 	shared   uint64 // the placement's number in shared data (filter/placed.go), until it started
 	report   api.Report
 	keys     []uint64 // report.Keys' storage, kept when the context is reused
@@ -190,15 +191,12 @@ func (h *httpContext) route(req *route.Request) {
 	h.decided = true
 	p := h.p
 	now := p.now()
-	if !p.view.loaded {
-		// A worker that has not loaded a table yet (just started, or a config reload)
-		// reads the one in shared data now instead of failing open until its next tick.
-		p.view.sync(&p.metrics, now)
-	}
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
 	p.placed.catchUp(p, now)
 	req.ID, req.API, req.ModelHeader, req.Tenant = h.reqID, h.api, h.modelHeader, h.tenant
-	d, res := p.router.Route(p.view.t, req, p.view.age(now), now)
+	// Route asks p.tableFor for the table of the model's shard once it knows the model.
+	p.routed, p.reqNow = nil, now
+	d, res := p.router.Route(nil, req, 0, now)
 	m := &p.metrics
 	if res.Oversized {
 		m.oversized.Increment(1)
@@ -216,8 +214,12 @@ func (h *httpContext) route(req *route.Request) {
 		}
 	}
 	if res.Action == route.Unrouted {
-		// No table yet, or a model the control plane does not know: Envoy decides.
+		// No table yet, or a model the control plane does not know, or a model no shard
+		// serves: fail open, Envoy decides.
 		m.unrouted.Increment(1)
+		if p.routed == nil {
+			m.unservedModel.Increment(1)
+		}
 		return
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header(d.Addrs)); err != nil {
@@ -244,10 +246,10 @@ func (h *httpContext) route(req *route.Request) {
 		m.fallbacks.Increment(1)
 	}
 	// The router's buffers are reused by the next request: keep a copy of the keys.
-	h.placed, h.first, h.report = true, d.Addrs[0], res.Placement
+	h.placed, h.first, h.report, h.shard = true, d.Addrs[0], res.Placement, p.routed
 	h.keys = append(h.keys[:0], res.Placement.Keys...)
 	h.report.Keys = h.keys
-	p.enqueue(&h.report)
+	p.enqueue(h.shard, &h.report)
 	h.shared = p.placed.share(p, &h.report, d.Uncached)
 }
 

@@ -97,5 +97,5 @@ func (h *httpContext) finish() {
 		p.metrics.outcomes.Increment(1)
 	}
 	h.tail = h.tail[:0]
-	p.enqueue(&r)
+	p.enqueue(h.shard, &r)
 }

@@ -13,7 +13,10 @@ import (
 )
 
 // The table lives in proxy-wasm shared data, written by the leader VM and read by all.
-// Istio gives every WasmPlugin on a proxy the same vm_id, so keys carry a prefix.
+// Istio gives every WasmPlugin on a proxy the same vm_id, so keys carry a prefix. Each
+// shard (api.Shard, shards.go) has its own set of these keys: the control_plane block's
+// under "kvroute/" as below (the keys the filter always used), a named shard's under
+// "kvroute/shard/<name>/" (kvroute/shard/<name>/head, ...).
 //
 //	kvroute/head               the base version, its slot and chunk count, the chain of
 //	                           versions the deltas since then lead to, and when the leader
@@ -28,7 +31,6 @@ import (
 // bytes) and the frames it is missing; every frame is checksummed and names its base, so
 // a read torn by a concurrent write is detected and retried on the next tick.
 const (
-	headKey   = "kvroute/head"
 	leaseKey  = "kvroute/lease"
 	chunkSize = 256 << 10
 	deltaRing = 64
@@ -36,8 +38,24 @@ const (
 	headFixed = 4 + 8 + 1 + 4 + 8 + 1
 )
 
-func baseKey(slot byte, i int) string { return fmt.Sprintf("kvroute/base/%d/%d", slot, i) }
-func deltaKey(n int) string           { return fmt.Sprintf("kvroute/delta/%d", n) }
+// keys are one shard's keys in shared data, and the name of its report queue.
+type keys struct {
+	prefix, head, queue string
+}
+
+// rootKeys are the control_plane block's: the keys of a filter without shards.
+var rootKeys = newKeys("")
+
+func newKeys(shard string) keys {
+	p := "kvroute/"
+	if shard != "" {
+		p += "shard/" + shard + "/"
+	}
+	return keys{prefix: p, head: p + "head", queue: p + reportQueue}
+}
+
+func (k *keys) base(slot byte, i int) string { return fmt.Sprintf("%sbase/%d/%d", k.prefix, slot, i) }
+func (k *keys) delta(n int) string           { return fmt.Sprintf("%sdelta/%d", k.prefix, n) }
 
 type head struct {
 	base        uint64 // version of the full frame in baseSlot
@@ -107,8 +125,8 @@ func decodeHead(b []byte) (head, error) {
 	return h, nil
 }
 
-func readHead() (head, uint32, error) {
-	b, cas, err := proxywasm.GetSharedData(headKey)
+func (k *keys) readHead() (head, uint32, error) {
+	b, cas, err := proxywasm.GetSharedData(k.head)
 	if err != nil {
 		return head{}, cas, err
 	}
@@ -135,39 +153,40 @@ func (v *view) age(now time.Time) time.Duration {
 	return now.Sub(v.confirmed)
 }
 
-// sync catches the local copy up with shared data.
-func (v *view) sync(m *metrics, now time.Time) {
-	h, _, err := readHead()
+// sync catches the local copy up with the shard's keys in shared data. It reports
+// whether there was a head to read (the table's age is then known).
+func (v *view) sync(k *keys, m *metrics, now time.Time) bool {
+	h, _, err := k.readHead()
 	if err != nil {
 		if err != types.ErrorStatusNotFound {
 			v.failed(m, 0, err)
 		}
-		return
+		return false
 	}
 	v.confirmed = time.UnixMilli(h.confirmedMs)
-	set(m.tableAgeMs, int64(v.age(now)/time.Millisecond))
 	if v.loaded && v.t.Version == h.version() {
-		return
+		return true
 	}
 	if v.loaded {
 		if at := h.after(v.t.Version); at >= 0 {
-			if err := applyDeltas(v.t, h, at+1); err == nil {
+			if err := k.applyDeltas(v.t, h, at+1); err == nil {
 				m.tableLoads.Increment(1)
-				return
+				return true
 			}
 			// A delta was overwritten or torn: load the base instead.
 		}
 	}
-	t, err := loadBase(h)
+	t, err := k.loadBase(h)
 	if err == nil {
-		err = applyDeltas(t, h, 1)
+		err = k.applyDeltas(t, h, 1)
 	}
 	if err != nil {
 		v.failed(m, h.version(), err)
-		return
+		return true
 	}
 	v.t, v.loaded, v.lastErr, v.errCount = t, true, "", 0
 	m.tableLoads.Increment(1)
+	return true
 }
 
 func (v *view) failed(m *metrics, version uint64, err error) {
@@ -180,9 +199,9 @@ func (v *view) failed(m *metrics, version uint64, err error) {
 }
 
 // applyDeltas applies the chain's deltas from position from (1-based) to its end.
-func applyDeltas(t *table.Table, h head, from int) error {
+func (k *keys) applyDeltas(t *table.Table, h head, from int) error {
 	for n := from; n <= len(h.chain); n++ {
-		b, _, err := proxywasm.GetSharedData(deltaKey(n))
+		b, _, err := proxywasm.GetSharedData(k.delta(n))
 		if err != nil {
 			return fmt.Errorf("delta %d: %w", n, err)
 		}
@@ -200,10 +219,10 @@ func applyDeltas(t *table.Table, h head, from int) error {
 	return nil
 }
 
-func loadBase(h head) (*table.Table, error) {
+func (k *keys) loadBase(h head) (*table.Table, error) {
 	var buf []byte
 	for i := 0; i < int(h.baseChunks); i++ {
-		c, _, err := proxywasm.GetSharedData(baseKey(h.baseSlot, i))
+		c, _, err := proxywasm.GetSharedData(k.base(h.baseSlot, i))
 		if err != nil {
 			return nil, fmt.Errorf("base chunk %d: %w", i, err)
 		}
@@ -221,8 +240,8 @@ func loadBase(h head) (*table.Table, error) {
 
 // publishFull writes a full frame as the new base (into the slot readers are not using)
 // and points the head at it.
-func publishFull(frame []byte, version uint64, confirmed time.Time) error {
-	old, cas, err := readHead()
+func (k *keys) publishFull(frame []byte, version uint64, confirmed time.Time) error {
+	old, cas, err := k.readHead()
 	if err != nil && err != types.ErrorStatusNotFound {
 		old = head{}
 	}
@@ -232,18 +251,18 @@ func publishFull(frame []byte, version uint64, confirmed time.Time) error {
 	}
 	n := 0
 	for off := 0; off < len(frame); off += chunkSize {
-		if err := put(baseKey(slot, n), frame[off:min(off+chunkSize, len(frame))]); err != nil {
+		if err := put(k.base(slot, n), frame[off:min(off+chunkSize, len(frame))]); err != nil {
 			return err
 		}
 		n++
 	}
 	h := head{base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli()}
-	return proxywasm.SetSharedData(headKey, h.encode(), cas)
+	return proxywasm.SetSharedData(k.head, h.encode(), cas)
 }
 
 // publishDelta writes a delta as the next link of the chain and advances the head.
-func publishDelta(frame []byte, f *table.Frame, confirmed time.Time) error {
-	h, cas, err := readHead()
+func (k *keys) publishDelta(frame []byte, f *table.Frame, confirmed time.Time) error {
+	h, cas, err := k.readHead()
 	if err != nil {
 		return fmt.Errorf("no head to extend: %w", err)
 	}
@@ -254,24 +273,24 @@ func publishDelta(frame []byte, f *table.Frame, confirmed time.Time) error {
 	if n >= deltaRing {
 		return errRingFull
 	}
-	if err := put(deltaKey(n), frame); err != nil {
+	if err := put(k.delta(n), frame); err != nil {
 		return err
 	}
 	h.chain = append(h.chain, f.Version)
 	h.confirmedMs = confirmed.UnixMilli()
-	return proxywasm.SetSharedData(headKey, h.encode(), cas)
+	return proxywasm.SetSharedData(k.head, h.encode(), cas)
 }
 
 var errRingFull = errors.New("delta ring full")
 
 // confirm records that the control plane said the table is still current.
-func confirm(now time.Time) {
-	h, cas, err := readHead()
+func (k *keys) confirm(now time.Time) {
+	h, cas, err := k.readHead()
 	if err != nil {
 		return
 	}
 	h.confirmedMs = now.UnixMilli()
-	_ = proxywasm.SetSharedData(headKey, h.encode(), cas)
+	_ = proxywasm.SetSharedData(k.head, h.encode(), cas)
 }
 
 // put overwrites a key. Envoy treats cas 0 as "unconditional"; hosts that insist on the

@@ -90,6 +90,9 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		return r.routeWithoutPrompt(t, req, model, float64(len(req.Body))/4, tableAge, now, res)
 	}
 	base, lora := r.resolveModel(model)
+	if t, tableAge = r.tableFor(t, tableAge, base); t == nil {
+		return Decision{}, res
+	}
 	m := t.Models[base]
 	if m == nil || len(m.Replicas) == 0 {
 		return Decision{}, res
@@ -121,9 +124,12 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 // model named and one model in the table, that one.
 func (r *Router) routeWithoutPrompt(t *table.Table, req *Request, model string, estTokens float64,
 	tableAge time.Duration, now time.Time, res Result) (Decision, Result) {
+	base, _ := r.resolveModel(model)
+	if t, tableAge = r.tableFor(t, tableAge, base); t == nil {
+		return Decision{}, res
+	}
 	var m *table.Model
 	if model != "" {
-		base, _ := r.resolveModel(model)
 		m = t.Models[base]
 	} else if len(t.Models) == 1 {
 		for _, only := range t.Models {
@@ -140,6 +146,14 @@ func (r *Router) routeWithoutPrompt(t *table.Table, req *Request, model string, 
 	r.Ledger.Add(req.ID, d.Addrs[0], estTokens, now)
 	res.Action = NoPrompt
 	return d, res
+}
+
+// tableFor is the table that serves a base model: t, or Tables' answer when set.
+func (r *Router) tableFor(t *table.Table, age time.Duration, model string) (*table.Table, time.Duration) {
+	if r.Tables == nil {
+		return t, age
+	}
+	return r.Tables(model)
 }
 
 // resolveModel maps a LoRA adapter's name to its base model, whose replicas serve it.

@@ -110,6 +110,11 @@ type Router struct {
 	// path then allocates nothing, and copies what it keeps. Off, each result is the
 	// caller's to keep.
 	Reuse bool
+	// Tables, when set, gives the table that serves a base model ("" when the request
+	// names none) and its age, in place of Route's: a filter sharded by model (one
+	// control plane per model, api.Shard) routes each request on its model's shard. A
+	// nil table leaves the request unrouted.
+	Tables func(model string) (*table.Table, time.Duration)
 
 	parser  prompt.Parser
 	keys    []uint64

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// A shard is one control plane and the models whose table it serves (api.Shard, issue
+// 15). The filter polls every shard it is configured for; each has its own keys in shared
+// data (store.go), its own copy of the table on every VM, its own poll and report schedule
+// on the leader (leader.go) and its own report queue (reports.go). A request routes on
+// the table of its (base) model's shard (tableFor, called by route.Router.Route once the
+// model is known), and its reports go to that shard's control plane. A configuration
+// without shards (the control_plane block) is one unnamed shard that serves every model,
+// under the keys the filter always used: nothing changes for it.
+type shard struct {
+	name    string // "" for the control_plane block
+	cp      *api.ControlPlane
+	keys    keys
+	view    view
+	leader  leader
+	queueID uint32
+	queueOK bool      // its report queue is registered (ids start at 0 on some hosts)
+	reports reportBuf // this VM's reports for this shard since its last flush
+	fresh   bool      // the last sync read a head: the table's age is known
+	gauges  *shardGauges
+}
+
+// shardGauges are a named shard's own metrics; the totals (polls, loads, ...) count
+// every shard, and kvroute_table_age_ms is the stalest shard's.
+type shardGauges struct {
+	version, ageMs proxywasm.MetricGauge
+	pollErrors     proxywasm.MetricCounter
+}
+
+// setupShards builds the VM's shards from the configuration, and the model index the
+// request path looks them up in.
+func (p *plugin) setupShards(tick int) {
+	list := p.cfg.ShardList()
+	p.shards = make([]*shard, len(list))
+	p.byModel = map[string]*shard{}
+	for i := range list {
+		sc := &list[i]
+		s := &shard{name: sc.Name, cp: &sc.ControlPlane, keys: newKeys(sc.Name), view: newView()}
+		s.leader = newLeader(s.cp, tick)
+		if s.name != "" {
+			pre := "kvroute_shard_" + s.name + "_"
+			s.gauges = &shardGauges{
+				version:    proxywasm.DefineGaugeMetric(pre + "table_version"),
+				ageMs:      proxywasm.DefineGaugeMetric(pre + "table_age_ms"),
+				pollErrors: proxywasm.DefineCounterMetric(pre + "table_poll_errors_total"),
+			}
+		}
+		var err error
+		// Every VM registers the same queue names and gets the same ids; only the leader
+		// drains them, on its tick.
+		if s.queueID, err = proxywasm.RegisterSharedQueue(s.keys.queue); err != nil {
+			proxywasm.LogErrorf("kvroute: cannot register the report queue %s, reports are off: %v", s.keys.queue, err)
+		}
+		s.queueOK = err == nil
+		if len(sc.Models) == 0 {
+			p.every = s
+		}
+		for _, m := range sc.Models {
+			p.byModel[m] = s
+		}
+		p.shards[i] = s
+	}
+}
+
+// describeShards names the control planes for the start-up log.
+func (p *plugin) describeShards() string {
+	if len(p.shards) == 1 && p.shards[0].name == "" {
+		return "control plane " + p.shards[0].cp.Cluster
+	}
+	var b strings.Builder
+	for i, s := range p.shards {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "shard %s (%d models) at %s", s.name, len(p.cfg.Shards[i].Models), s.cp.Cluster)
+	}
+	return b.String()
+}
+
+// minTick is the tick the leader needs: the shortest poll or report interval, within
+// 10..100 ms.
+func (p *plugin) minTick() int {
+	tick := 100
+	for _, sc := range p.cfg.ShardList() {
+		tick = min(tick, sc.ControlPlane.PollMs, sc.ControlPlane.ReportMs)
+	}
+	return max(10, tick)
+}
+
+// tableFor is route.Router.Tables: the table of the shard that serves a base model, and
+// its age. A model no shard serves gets none: the request is left unrouted, which fails
+// open exactly as a request before the first table does (no endpoint header; Envoy's
+// fallback load balancer picks a replica, the request is never dropped), and route counts
+// it in kvroute_unserved_model_total. The shard is remembered for the request's reports.
+func (p *plugin) tableFor(model string) (*table.Table, time.Duration) {
+	s := p.every
+	if s == nil {
+		s = p.byModel[model]
+	}
+	p.routed = s
+	if s == nil {
+		return nil, 0
+	}
+	if !s.view.loaded {
+		// A worker that has not loaded this shard's table yet (just started, or a config
+		// reload) reads the one in shared data now instead of failing open until its
+		// next tick.
+		s.view.sync(&s.keys, &p.metrics, p.reqNow)
+	}
+	return s.view.t, s.view.age(p.reqNow)
+}
+
+// syncTables catches every shard's copy up with shared data (each VM, each tick) and
+// sets the table gauges.
+func (p *plugin) syncTables(now time.Time) {
+	var stalest time.Duration
+	known := false
+	for _, s := range p.shards {
+		s.fresh = s.view.sync(&s.keys, &p.metrics, now)
+		if !s.fresh {
+			continue
+		}
+		age := s.view.age(now)
+		stalest, known = max(stalest, age), true
+		if s.gauges != nil {
+			set(s.gauges.ageMs, int64(age/time.Millisecond))
+		}
+	}
+	if known {
+		set(p.metrics.tableAgeMs, int64(stalest/time.Millisecond))
+	}
+}
+
+// confirmed is when every shard's table was last known current (the oldest such time;
+// zero while a shard has none): this VM's own placements of any model are kept until
+// then (route.Local.Prune).
+func (p *plugin) confirmed() time.Time {
+	var oldest time.Time
+	for i, s := range p.shards {
+		c := s.view.confirmed
+		if c.IsZero() {
+			return time.Time{}
+		}
+		if i == 0 || c.Before(oldest) {
+			oldest = c
+		}
+	}
+	return oldest
+}
+
+// versionLoaded sets the table version gauges once the leader applied a version of s:
+// kvroute_table_version is the lowest version among the shards (0 until every shard has
+// a table; with one shard, its version).
+func (p *plugin) versionLoaded(s *shard) {
+	if s.gauges != nil {
+		set(s.gauges.version, int64(s.view.t.Version))
+	}
+	lowest := s.view.t.Version
+	for _, o := range p.shards {
+		v := uint64(0)
+		if o.view.loaded {
+			v = o.view.t.Version
+		}
+		lowest = min(lowest, v)
+	}
+	set(p.metrics.tableVersion, int64(lowest))
+}
