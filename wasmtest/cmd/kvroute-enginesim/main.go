@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
@@ -92,6 +94,8 @@ type options struct {
 	enableAdmin                              bool
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
+	cpuOffloadTokens                         int
+	cpuLoadUsPerToken                        float64
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -108,6 +112,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.Var(&o.loras, "lora-modules", "LoRA adapter served as a model, name=path (repeatable, or several separated by spaces); its blocks hash with its name")
 	fs.StringVar(&o.profile, "profile", "seed000", "timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200: 71.3 us/prefill token, 558,124-token KV pool) or fast (tiny, for tests)")
 	fs.IntVar(&o.blockSize, "block-size", 0, "tokens per KV block (0 = profile's, 16)")
+	fs.IntVar(&o.cpuOffloadTokens, "cpu-offload-tokens", 0, "tokens of KV kept in CPU memory by vLLM's OffloadingConnector (LRU; its events carry medium \"CPU\"); 0 = none")
+	fs.Float64Var(&o.cpuLoadUsPerToken, "cpu-load-us-per-token", 3.28, "microseconds to load a token of KV back from the CPU tier, added to the step that admits the request (3.28: Llama 3.3 70B BF16 KV over PCIe Gen5, docs/rule.md)")
 	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV pool size in blocks, overriding the profile (vLLM --num-gpu-blocks-override); 0 = profile pool / block size")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "maximum running sequences (0 = profile's: 256 seed000, 64 fast)")
 	fs.IntVar(&o.maxBatchedTokens, "max-num-batched-tokens", 0, "token budget per scheduler step, chunked prefill (0 = profile's, 8192)")
@@ -193,6 +199,12 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 	if o.sglangPageSize <= 0 || prof.BlockSize%o.sglangPageSize != 0 {
 		return nil, fmt.Errorf("--sglang-page-size %d must divide the block size %d", o.sglangPageSize, prof.BlockSize)
 	}
+	if o.cpuOffloadTokens < 0 || o.cpuLoadUsPerToken < 0 || math.IsNaN(o.cpuLoadUsPerToken) {
+		return nil, fmt.Errorf("--cpu-offload-tokens %d and --cpu-load-us-per-token %v must be >= 0", o.cpuOffloadTokens, o.cpuLoadUsPerToken)
+	}
+	if o.cpuOffloadTokens > 0 && o.engine != replica.EngineVLLM {
+		return nil, errors.New("--cpu-offload-tokens imitates vLLM's OffloadingConnector: --engine vllm only")
+	}
 	legacyReplay := ver.LegacyReplay()
 	if o.engine == replica.EngineSGLang {
 		legacyReplay = true // SGLang's ZmqEventPublisher replays [seq, payload] (kv_events.py @612d5790)
@@ -235,7 +247,8 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
 			Logger: log.With("replica", i),
 			Replica: replica.Config{
-				Engine:    sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed},
+				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,
+					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond))},
 				TimeScale: o.timeScale,
 				Events:    rev,
 				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host,

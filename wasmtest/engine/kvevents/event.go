@@ -38,6 +38,10 @@ func (k Kind) String() string {
 // MediumGPU is the medium of blocks in GPU memory.
 const MediumGPU = "GPU"
 
+// MediumCPU is the medium of blocks vLLM's OffloadingConnector keeps in CPU memory
+// (CPULoadStoreSpec.medium(), vllm/v1/kv_offload/mediums.py @0c2bbc47).
+const MediumCPU = "CPU"
+
 // SpecFullAttention is kv_cache_spec_kind of a plain decoder's KV cache group.
 const SpecFullAttention = "full_attention"
 

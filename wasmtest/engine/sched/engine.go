@@ -46,6 +46,10 @@ type Config struct {
 	// vLLM's PYTHONHASHSEED.
 	HashAlgo string
 	HashSeed string
+	// CPUTierTokens > 0 adds vLLM's CPU offloading tier of that many tokens (whole
+	// blocks), and CPULoadPerToken is what loading a token back costs (cpu.go).
+	CPUTierTokens   int
+	CPULoadPerToken time.Duration
 
 	// OnEvents receives the KV events of each step that produced some, at the step's
 	// start (one vLLM EventBatch). The slice is the receiver's; BlockStored.TokenIDs may
@@ -70,6 +74,7 @@ type Config struct {
 type Stats struct {
 	PrefixQueries    int64 // prompt tokens looked up in the prefix cache
 	PrefixHits       int64 // of which cached
+	CPUHits          int64 // of which loaded from the CPU tier (vLLM's external hits)
 	Preemptions      int64
 	PromptTokens     int64 // prompt tokens of requests that produced a first token
 	GenerationTokens int64
@@ -88,6 +93,7 @@ type State struct {
 	KVUsage             float64 // vLLM kv_cache_usage_perc, 0..1
 	FreeBlocks          int     // unreferenced blocks (cached or not)
 	CachedBlocks        int
+	CPUBlocks           int // blocks in the CPU tier
 }
 
 // ErrTooLong is returned by Submit for requests that can never run.
@@ -112,6 +118,8 @@ type Engine struct {
 	stalled  bool          // work exists but nothing could be scheduled
 
 	events        []kvevents.Event
+	cpu           *cpuTier      // nil without a CPU tier
+	loadTime      time.Duration // CPU-tier loads of the step being built
 	queuedPrefill int
 	stats         Stats
 	ids           []int32  // scratch: cache hits
@@ -141,6 +149,16 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, prof: p, bs: p.BlockSize, pool: pool, hasher: h}
 	pool.OnRemove = e.onRemove
+	if cfg.CPUTierTokens < 0 || cfg.CPULoadPerToken < 0 {
+		return nil, fmt.Errorf("CPU tier: %d tokens, %v a token: want >= 0", cfg.CPUTierTokens, cfg.CPULoadPerToken)
+	}
+	if cfg.CPUTierTokens > 0 {
+		blocks := cfg.CPUTierTokens / p.BlockSize
+		if blocks < 1 {
+			return nil, fmt.Errorf("CPU tier of %d tokens holds no %d-token block", cfg.CPUTierTokens, p.BlockSize)
+		}
+		e.cpu = newCPUTier(blocks, cfg.CPULoadPerToken, cfg.OnEvents != nil)
+	}
 	return e, nil
 }
 
@@ -158,7 +176,7 @@ func (e *Engine) Stats() Stats { return e.stats }
 
 // State returns the current queue and cache state.
 func (e *Engine) State() State {
-	return State{
+	s := State{
 		Waiting:             e.waiting.len(),
 		Running:             len(e.running),
 		QueuedPrefillTokens: e.queuedPrefill,
@@ -166,6 +184,10 @@ func (e *Engine) State() State {
 		FreeBlocks:          e.pool.NumFree(),
 		CachedBlocks:        e.pool.NumCached(),
 	}
+	if e.cpu != nil {
+		s.CPUBlocks = e.cpu.len()
+	}
+	return s
 }
 
 // CachedPrefix returns how many tokens of prompt the engine would serve from its cache
@@ -284,6 +306,7 @@ func (e *Engine) blocksFor(tokens int) int { return (tokens + e.bs - 1) / e.bs }
 func (e *Engine) startStep(t time.Duration) bool {
 	budget := e.prof.MaxNumBatchedTokens
 	e.batch = e.batch[:0]
+	e.loadTime = 0
 	preempted := false
 	prefill, decodes, decodeCtx := 0, 0, 0
 
@@ -329,13 +352,23 @@ func (e *Engine) startStep(t time.Duration) bool {
 		total := r.numTokens()
 		var free int
 		e.ids, free = e.pool.Match(r.chain.Hashes, (total-1)/e.bs, e.ids[:0])
-		computed := len(e.ids) * e.bs
+		loaded := 0 // blocks loaded from the CPU tier, past the GPU hit
+		if e.cpu != nil {
+			loaded = e.cpu.lookup(r.chain.Hashes, len(e.ids), (total-1)/e.bs)
+		}
+		computed := (len(e.ids) + loaded) * e.bs
 		numNew := min(total-computed, budget)
 		need := e.blocksFor(computed+numNew) - len(e.ids)
 		if need+free > e.pool.NumFree() {
 			break
 		}
 		e.waiting.popFront()
+		if e.cpu != nil {
+			e.cpu.touch(r.chain.Hashes[:min(len(r.chain.Hashes), (total-1)/e.bs)])
+			e.cpu.prepareStore(r.chain.Hashes[:len(e.ids)]) // GPU hits the CPU lost
+			e.loadTime += time.Duration(loaded*e.bs) * e.cpu.loadPerToken
+			e.stats.CPUHits += int64(loaded * e.bs)
+		}
 		e.pool.Pin(e.ids)
 		r.blocks = append(r.blocks[:0], e.ids...)
 		r.blocks, _ = e.pool.Allocate(need, r.blocks)
@@ -346,6 +379,7 @@ func (e *Engine) startStep(t time.Duration) bool {
 		e.stats.PrefixHits += int64(computed)
 		if r.CachedTokens < 0 {
 			r.CachedTokens, r.ScheduledAt = computed, t
+			r.LoadedTokens = loaded * e.bs
 		}
 		r.state = stateRunning
 		e.running = append(e.running, r)
@@ -365,7 +399,7 @@ func (e *Engine) startStep(t time.Duration) bool {
 	e.stats.Steps++
 	e.flushEvents(t)
 	e.inflight = true
-	e.stepEnd = t + e.prof.Step(prefill, decodes, decodeCtx)
+	e.stepEnd = t + e.prof.Step(prefill, decodes, decodeCtx) + e.loadTime
 	return true
 }
 
@@ -394,6 +428,9 @@ func (e *Engine) schedule(r *Request, numNew int) {
 	}
 	if runStart >= 0 {
 		e.stored(r, runStart, full)
+	}
+	if e.cpu != nil {
+		e.cpu.prepareStore(r.chain.Hashes[r.numCommitted:full]) // offloaded as computed
 	}
 	r.numCommitted = full
 }
@@ -437,6 +474,9 @@ func (e *Engine) onRemove(hash uint64) {
 }
 
 func (e *Engine) flushEvents(t time.Duration) {
+	if e.cpu != nil && e.cfg.OnEvents != nil {
+		e.events = append(e.events, e.cpu.take()...) // the connector's follow the GPU's
+	}
 	if len(e.events) == 0 || e.cfg.OnEvents == nil {
 		e.events = e.events[:0]
 		return
@@ -464,6 +504,9 @@ func (e *Engine) finishStep() {
 	at := e.stepEnd
 	e.inflight = false
 	e.lastEnd = at
+	if e.cpu != nil {
+		e.cpu.completeStores() // the step's copies are done
+	}
 	finished := false
 	stepPrompt, stepGen := 0, 0
 	for _, r := range e.batch {
@@ -572,6 +615,9 @@ func (e *Engine) Restart(at time.Duration) {
 	e.lastEnd, e.clock = at, at
 	e.events = e.events[:0]
 	e.pool.Clear()
+	if e.cpu != nil {
+		e.cpu.clear() // a new process's CPU tier is empty too
+	}
 	for _, r := range all {
 		r.blocks = r.blocks[:0]
 		e.done(r, at, "abort")

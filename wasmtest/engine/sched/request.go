@@ -27,6 +27,7 @@ type Request struct {
 	// Results.
 	Arrival      time.Duration // Submit time
 	CachedTokens int           // prefix-cache hit at first scheduling (block aligned, < len(Prompt)); -1 before
+	LoadedTokens int           // of CachedTokens, those loaded from the CPU tier (vLLM's external hit)
 	ScheduledAt  time.Duration // first scheduling
 	FirstTokenAt time.Duration // end of the step that sampled the first output token
 	FinishedAt   time.Duration
