@@ -1,0 +1,18 @@
+// Package kvevents reads vLLM's (and SGLang's) KV cache events: the msgpack EventBatch
+// decoder (every layout vLLM's vllm/distributed/kv_events.py has published) and the
+// ZMQ subscriber that tracks sequence numbers, asks for replays and reconnects.
+//
+// The decoder never trusts the input: lengths are checked against the bytes left, nesting
+// is bounded, unknown fields and event types are skipped, and every hash width (uint,
+// int, bin) is normalised to uint64.
+//
+// Files:
+//   - events.go: the decoded types (Batch, Event, Kind).
+//   - decode.go: the Decoder and the schema walk: EventBatch and event layouts (map or
+//     array, vLLM's and SGLang's), field by field.
+//   - msgpack.go: the bounded msgpack reader under it (headers, skipping, strings,
+//     integers, block hashes, token ids).
+//   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
+//     restarts, reconnection.
+//   - transport.go: the TCP transport that caps a ZMTP frame's size.
+package kvevents
