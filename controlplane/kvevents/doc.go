@@ -14,5 +14,6 @@
 //     integers, block hashes, token ids).
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
 //     restarts, reconnection.
+//   - replay.go: the client of an engine's replay endpoint (Replay).
 //   - transport.go: the TCP transport that caps a ZMTP frame's size.
 package kvevents
