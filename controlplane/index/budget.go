@@ -1,7 +1,6 @@
 package index
 
 import (
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,9 +29,7 @@ import (
 // root is what routing needs) and the rest is dropped. Discovery is capped at
 // MaxReplicas. Every drop is counted (BudgetState, kvroute_controlplane_budget_dropped_total).
 //
-// Go maps never shrink and slices keep their capacity, so memory would stay at a
-// flood's peak after its entries expired; Reclaim rebuilds what shrank to a quarter of
-// its high-water mark.
+// What a flood leaves allocated is given back by Reclaim (reclaim.go).
 
 // Budget configures the limits; zero values take the defaults.
 type Budget struct {
@@ -54,7 +51,6 @@ const (
 	DefaultSlack                 = 4
 	DefaultMaxReplicas           = 4096
 	minReplicaKeys               = 1024 // a replica's limit is never below this
-	reclaimMin                   = 4096 // structures smaller than this are left alone
 	recountEvery                 = 10 * time.Millisecond
 	inputReportKeys, inputBlocks = "report_keys", "kv_blocks"
 	inputReplicas                = "replicas"
@@ -94,21 +90,6 @@ type budgetState struct {
 
 type dropKey struct{ input, reason string }
 
-// hwmKey names one structure whose high-water mark is tracked.
-type hwmKey struct {
-	r    *replica
-	m    *model
-	rank int
-	what uint8
-}
-
-const (
-	hwmHold = iota
-	hwmKeys
-	hwmBlocks
-	hwmMulti
-)
-
 func (ix *Index) drop(input, reason string, n int) {
 	if n <= 0 {
 		return
@@ -119,20 +100,6 @@ func (ix *Index) drop(input, reason string, n int) {
 		ix.budget.dropped = map[dropKey]uint64{}
 	}
 	ix.budget.dropped[dropKey{input, reason}] += uint64(n)
-}
-
-func (ix *Index) noteHWM(k hwmKey, n int) {
-	if n < reclaimMin {
-		return
-	}
-	ix.budget.mu.Lock()
-	defer ix.budget.mu.Unlock()
-	if ix.budget.hwm == nil {
-		ix.budget.hwm = map[hwmKey]int{}
-	}
-	if n > ix.budget.hwm[k] {
-		ix.budget.hwm[k] = n
-	}
 }
 
 // recount sums the entries the budget covers: every replica's size as of its last
@@ -280,163 +247,6 @@ func (ix *Index) admitReplicas(specs []Spec) []Spec {
 	})
 	ix.drop(inputReplicas, reasonMaxReplicas, len(specs)-max)
 	return specs[:max]
-}
-
-// clearDirty empties a model's changed-key set after a Flush; a large one is replaced,
-// since clear keeps a map's size (one flood's worth of changes would stay allocated).
-func clearDirty(m *model) {
-	if len(m.dirty) >= reclaimMin {
-		m.dirty = map[uint64]struct{}{}
-		return
-	}
-	clear(m.dirty)
-}
-
-// Reclaim recounts the budget and gives memory back: every map that shrank to a
-// quarter of its high-water mark is rebuilt (a replica's holdings together with their
-// slab), and the speculative queue's array is cut to what it holds. The control plane
-// calls it after each Flush (which is where speculative entries expire).
-func (ix *Index) Reclaim(now time.Time) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	ix.budget.mu.Lock()
-	ix.recount(now)
-	ix.budget.mu.Unlock()
-	// Record the current sizes first: the maps grow between calls.
-	for _, m := range ix.models {
-		m.mu.Lock()
-		n := len(m.keys)
-		m.mu.Unlock()
-		ix.noteHWM(hwmKey{m: m, what: hwmKeys}, n)
-	}
-	for _, r := range ix.replicas {
-		r.mu.Lock()
-		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(len(r.hold), len(r.slab)))
-		for n, rk := range r.ranks {
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, len(rk.blocks))
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, len(rk.multi))
-		}
-		r.mu.Unlock()
-	}
-	// The marks are copied out: budget.mu comes after the replica and model locks.
-	ix.budget.mu.Lock()
-	hwm := maps.Clone(ix.budget.hwm)
-	ix.budget.mu.Unlock()
-	forget := func(k hwmKey) {
-		ix.budget.mu.Lock()
-		delete(ix.budget.hwm, k)
-		ix.budget.mu.Unlock()
-	}
-	for k, peak := range hwm {
-		switch {
-		case k.r != nil && k.r.gone, k.m != nil && ix.models[k.m.name] != k.m:
-			forget(k)
-			continue
-		}
-		if k.r != nil {
-			k.r.mu.Lock()
-		} else {
-			k.m.mu.Lock()
-		}
-		if ix.reclaimOne(k, peak) {
-			ix.budget.reclaims++
-			forget(k)
-		}
-		if k.r != nil {
-			ix.unlockReplica(k.r)
-		} else {
-			k.m.mu.Unlock()
-		}
-	}
-	if live := len(ix.specQ) - ix.specHead; cap(ix.specQ) >= reclaimMin && live*4 <= cap(ix.specQ) {
-		q := make([]specItem, live, max(live, 64))
-		copy(q, ix.specQ[ix.specHead:])
-		ix.specQ, ix.specHead = q, 0
-		ix.budget.reclaims++
-	}
-}
-
-// reclaimOne rebuilds the structure k names when it shrank to a quarter of its peak,
-// and says whether it did. Caller holds the replica's (or model's) lock.
-func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
-	var cur int
-	switch k.what {
-	case hwmHold:
-		cur = len(k.r.hold)
-	case hwmKeys:
-		cur = len(k.m.keys)
-	case hwmBlocks:
-		cur = len(k.r.ranks[k.rank].blocksOrNil())
-	case hwmMulti:
-		cur = len(k.r.ranks[k.rank].multiOrNil())
-	}
-	if cur*4 > peak {
-		return false
-	}
-	switch k.what {
-	case hwmHold:
-		compactHoldings(k.r)
-	case hwmKeys:
-		k.m.keys = rebuilt(k.m.keys)
-	case hwmBlocks:
-		if rk := k.r.ranks[k.rank]; rk != nil && rk.blocks != nil {
-			rk.blocks = rebuilt(rk.blocks)
-		}
-	case hwmMulti:
-		if rk := k.r.ranks[k.rank]; rk != nil && rk.multi != nil {
-			rk.multi = rebuilt(rk.multi)
-		}
-	}
-	return true
-}
-
-// rebuilt copies m into a map sized for its entries. (maps.Clone would not do: it
-// copies the table at its old size.)
-func rebuilt[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	maps.Copy(out, m)
-	return out
-}
-
-func (rk *rank) blocksOrNil() map[uint64]blockRef {
-	if rk == nil {
-		return nil
-	}
-	return rk.blocks
-}
-
-func (rk *rank) multiOrNil() map[uint64][]uint64 {
-	if rk == nil {
-		return nil
-	}
-	return rk.multi
-}
-
-// compactHoldings rebuilds r's holdings map and slab with only the live holdings,
-// renumbering the LRU links.
-func compactHoldings(r *replica) {
-	remap := make([]int32, len(r.slab))
-	for i := range remap {
-		remap[i] = -1
-	}
-	slab := make([]holding, 0, len(r.hold))
-	hold := make(map[uint64]int32, len(r.hold))
-	for k, i := range r.hold {
-		remap[i] = int32(len(slab))
-		hold[k] = int32(len(slab))
-		slab = append(slab, r.slab[i])
-	}
-	fix := func(i int32) int32 {
-		if i < 0 {
-			return -1
-		}
-		return remap[i]
-	}
-	for j := range slab {
-		slab[j].prev, slab[j].next = fix(slab[j].prev), fix(slab[j].next)
-	}
-	r.head, r.tail = fix(r.head), fix(r.tail)
-	r.slab, r.hold, r.freeIdx = slab, hold, nil
 }
 
 // BudgetState is the budget part of GET /debug/state.
