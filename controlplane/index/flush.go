@@ -101,7 +101,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			}
 			u.Upserts.Add(k, slots...)
 		}
-		clearDirty(m) // budget.go
+		clearDirty(m) // reclaim.go
 		m.mu.Unlock()
 		m.created, m.members = false, false
 		m.free = append(m.free, m.freeNext...)

@@ -20,7 +20,9 @@
 //   - reports.go: the filters' reports (placements, outcomes) and what outcomes teach.
 //   - scrape.go: metrics scrapes and replica health.
 //   - flush.go: what the next table version carries (Flush) and each replica's state.
-//   - budget.go: the memory budget; debug.go: GET /debug/state and Prometheus.
+//   - budget.go: the memory budget (admission, drops); reclaim.go: giving memory
+//     back after a flood.
+//   - debug.go: GET /debug/state and Prometheus.
 package index
 
 import (
