@@ -68,8 +68,14 @@ type reply struct {
 // for that: it compares the proxy's per-endpoint counters).
 func send(t *testing.T, m *mesh.Mesh, system, user string, headers ...string) reply {
 	t.Helper()
+	return sendModel(t, m, "llama", system, user, headers...)
+}
+
+// sendModel is send for a request of model.
+func sendModel(t *testing.T, m *mesh.Mesh, model, system, user string, headers ...string) reply {
+	t.Helper()
 	before := m.Proxy.Stats().Forwards
-	u, _, err := m.Chat(context.Background(), client, mesh.ChatBody("llama", system, user, 8), headers...)
+	u, _, err := m.Chat(context.Background(), client, mesh.ChatBody(model, system, user, 8), headers...)
 	require.NoError(t, err)
 	after := m.Proxy.Stats().Forwards
 	for a, n := range after {
@@ -96,7 +102,12 @@ func debugState(t *testing.T, m *mesh.Mesh) map[string]debugReplica {
 
 // debugStateAt returns the control plane's version and its replicas by address.
 func debugStateAt(t *testing.T, m *mesh.Mesh) (int64, map[string]debugReplica) {
-	resp, err := http.Get(m.ControlPlaneURL() + "/debug/state")
+	return stateAt(t, m.ControlPlaneURL())
+}
+
+// stateAt returns the version and replicas of the control plane at base URL cp.
+func stateAt(t *testing.T, cp string) (int64, map[string]debugReplica) {
+	resp, err := http.Get(cp + "/debug/state")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var st struct {

@@ -43,9 +43,14 @@ const Cluster = "outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.
 
 // Options configure a mesh; zero values take the defaults noted.
 type Options struct {
-	Replicas int    // simulated vLLM replicas (4)
+	Replicas int    // simulated vLLM replicas (4), per model with Models
 	Model    string // served model name ("llama")
-	Profile  string // engine timing profile: seed000 or fast ("seed000")
+	// Models, when set, shards the mesh by model (issue 15): Replicas simulated engines
+	// for each model, one control plane per model that watches only that model's
+	// engines, and the filter configured with one shard per model (api.Shard, named
+	// after the model, on the cluster ShardCluster(model)). Model is then unused.
+	Models  []string
+	Profile string // engine timing profile: seed000 or fast ("seed000")
 	// Engines, when set, are engines already running that the control plane watches and
 	// the proxy forwards to, in place of simulated replicas (Replicas, Profile,
 	// TimeScale, KVBlocks and MaxNumSeqs are then unused). An engine without a model
@@ -67,7 +72,8 @@ type Options struct {
 	VMs int
 	// WasmPath is the filter module (default: built from this checkout's filter/).
 	WasmPath string
-	// Filter is the plugin configuration; Cluster and an authority are filled in.
+	// Filter is the plugin configuration; Cluster and an authority are filled in (with
+	// Models: the shards, each with a copy of Filter.ControlPlane's settings).
 	Filter api.Config
 	// PublishInterval and ScrapeInterval of the control plane (50 ms, 50 ms).
 	PublishInterval, ScrapeInterval int
@@ -139,11 +145,29 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if len(o.Models) > 0 {
+		o.Engines = nil // sharded meshes simulate their engines
+		cp := o.Filter.ControlPlane
+		o.Filter.ControlPlane, o.Filter.Shards = api.ControlPlane{}, nil
+		for _, model := range o.Models {
+			cp.Cluster, cp.Authority = ShardCluster(model), ShardAuthority(model)
+			o.Filter.Shards = append(o.Filter.Shards, api.Shard{Name: model, Models: []string{model}, ControlPlane: cp})
+		}
+		return
+	}
 	o.Filter.ControlPlane.Cluster = Cluster
 	if o.Filter.ControlPlane.Authority == "" {
 		o.Filter.ControlPlane.Authority = "kvroute-controlplane.kvroute-system.svc.cluster.local"
 	}
 }
+
+// ShardAuthority and ShardCluster name the control plane of a sharded mesh's model as
+// one control plane per model would be named in Istio (docs/controlplane.md).
+func ShardAuthority(model string) string {
+	return "kvroute-controlplane-" + model + ".kvroute-system.svc.cluster.local"
+}
+
+func ShardCluster(model string) string { return "outbound|8080||" + ShardAuthority(model) }
 
 // Mesh is a running local mesh.
 type Mesh struct {
@@ -151,13 +175,21 @@ type Mesh struct {
 	Engines []*server.Server
 	Host    *host.Host
 	Proxy   *proxy.Server
-	// Reports sees every report batch on its way to the control plane.
+	// Reports sees every report batch on its way to the control plane (to every shard's).
 	Reports *ReportTap
 
-	cpMu   sync.Mutex
-	cp     *controlplane.ControlPlane
-	cpStop context.CancelFunc
-	cpAddr string
+	cps []*cpShard // one control plane; with Options.Models, one per model
+}
+
+// cpShard is one control plane of the mesh and the engines it watches.
+type cpShard struct {
+	model   string // "" for the one control plane of an unsharded mesh
+	cluster string
+	addr    string
+	tap     *ReportTap
+	mu      sync.Mutex
+	cp      *controlplane.ControlPlane
+	stop    context.CancelFunc
 }
 
 // Start brings the mesh up: engines, control plane, filter host and proxy. The proxy's
@@ -173,15 +205,30 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The control plane gets a fixed port, so it can be stopped and started again at the
+	// Each control plane gets a fixed port, so it can be stopped and started again at the
 	// same address (the fault tests do): the port is checked here, then released for it.
-	cpLn, err := listen("control plane", o.ControlPlaneAddr)
-	if err != nil {
-		proxyLn.Close()
-		return nil, err
+	m := &Mesh{opts: o}
+	shards := []string{""}
+	if len(o.Models) > 0 {
+		shards = o.Models
 	}
-	m := &Mesh{opts: o, cpAddr: cpLn.Addr().String()}
-	cpLn.Close()
+	for i, model := range shards {
+		addr := o.ControlPlaneAddr
+		if i > 0 {
+			addr = "127.0.0.1:0"
+		}
+		cpLn, err := listen("control plane", addr)
+		if err != nil {
+			proxyLn.Close()
+			return nil, err
+		}
+		s := &cpShard{model: model, cluster: Cluster, addr: cpLn.Addr().String()}
+		if model != "" {
+			s.cluster = ShardCluster(model)
+		}
+		m.cps = append(m.cps, s)
+		cpLn.Close()
+	}
 	if o.OnListen != nil {
 		o.OnListen()
 	}
@@ -198,9 +245,9 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	if o.MaxNumSeqs > 0 {
 		prof.MaxNumSeqs = o.MaxNumSeqs
 	}
-	for i := 0; i < o.Replicas && len(o.Engines) == 0; i++ {
+	for i := 0; i < o.Replicas*max(1, len(o.Models)) && len(o.Engines) == 0; i++ {
 		s, err := server.Start(server.Config{
-			Host: "127.0.0.1", ModelName: o.Model, EnableAdmin: true, DefaultMaxTokens: 16,
+			Host: "127.0.0.1", ModelName: m.engineModel(i), EnableAdmin: true, DefaultMaxTokens: 16,
 			Logger: o.Logger.With("replica", i),
 			Replica: replica.Config{
 				Engine:    sched.Config{Profile: prof, NumGPUBlocks: max(o.KVBlocks, 0)},
@@ -218,14 +265,19 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 		}
 		m.Engines = append(m.Engines, s)
 	}
-	if err := m.startControlPlane(m.engineList()); err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) { // taken between the check and now
-			return &PortInUseError{Part: "control plane", Addr: m.cpAddr, Err: err}
+	totals := &tapTotals{}
+	clusters := map[string]host.Cluster{}
+	for _, s := range m.cps {
+		if err := m.startControlPlane(s); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) { // taken between the check and now
+				return &PortInUseError{Part: "control plane", Addr: s.addr, Err: err}
+			}
+			return err
 		}
-		return err
+		s.tap = newReportTap(s.addr, totals)
+		clusters[s.cluster] = host.Cluster{Handler: s.tap}
 	}
-
-	m.Reports = newReportTap(m.cpAddr)
+	m.Reports = m.cps[0].tap
 	cfg, err := json.Marshal(o.Filter)
 	if err != nil {
 		return err
@@ -241,7 +293,7 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	}
 	h, err := host.Load(ctx, wasm, host.Config{
 		VMs: o.VMs, PluginConfig: cfg, PluginName: "kvroute", Node: host.Node{ID: "kvroute-mesh"},
-		Clusters: map[string]host.Cluster{Cluster: {Handler: m.Reports}},
+		Clusters: clusters,
 		Logger:   o.Logger.With("part", "filter"),
 	})
 	if err != nil {
@@ -260,6 +312,15 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	return nil
 }
 
+// engineModel is the model simulated engine i serves: with Models, Replicas engines
+// for each model in turn.
+func (m *Mesh) engineModel(i int) string {
+	if len(m.opts.Models) == 0 {
+		return m.opts.Model
+	}
+	return m.opts.Models[i/m.opts.Replicas]
+}
+
 // engineList is the control plane's static engine list: the engines given in Options, or
 // every simulated replica with its KV-event and replay endpoints.
 func (m *Mesh) engineList() []discovery.Engine {
@@ -268,18 +329,45 @@ func (m *Mesh) engineList() []discovery.Engine {
 	}
 	var es []discovery.Engine
 	for i, s := range m.Engines {
-		es = append(es, discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: m.opts.Model, Addr: s.Addr(),
+		es = append(es, discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: m.engineModel(i), Addr: s.Addr(),
 			KV: s.EventsEndpoint(), Replay: s.ReplayEndpoint()})
 	}
 	return es
 }
 
-func (m *Mesh) startControlPlane(engines []discovery.Engine) error {
+// shardEngines are the engines control plane s watches: with Models, only its model's
+// (a control plane per model is given only that model's engines, docs/controlplane.md).
+func (m *Mesh) shardEngines(s *cpShard) []discovery.Engine {
+	es := m.engineList()
+	if s.model == "" {
+		return es
+	}
+	return slices.DeleteFunc(es, func(e discovery.Engine) bool { return e.Model != s.model })
+}
+
+// shard is the control plane of model ("" or any model of an unsharded mesh: its one).
+func (m *Mesh) shard(model string) *cpShard {
+	for _, s := range m.cps {
+		if s.model == model {
+			return s
+		}
+	}
+	if len(m.cps) == 1 && m.cps[0].model == "" {
+		return m.cps[0]
+	}
+	panic(fmt.Sprintf("mesh: no control plane serves model %q", model))
+}
+
+func (m *Mesh) startControlPlane(s *cpShard) error {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	logger := m.opts.Logger.With("part", "controlplane")
+	if s.model != "" {
+		logger = logger.With("shard", s.model)
+	}
 	cp, err := controlplane.New(controlplane.Options{
-		Listen: m.cpAddr, Engines: engines,
+		Listen: s.addr, Engines: m.shardEngines(s),
 		PublishInterval: ms(m.opts.PublishInterval), ScrapeInterval: ms(m.opts.ScrapeInterval),
-		Logger: m.opts.Logger.With("part", "controlplane"),
+		Logger: logger,
 	})
 	if err != nil {
 		return err
@@ -289,67 +377,107 @@ func (m *Mesh) startControlPlane(engines []discovery.Engine) error {
 		cancel()
 		return err
 	}
-	m.cpMu.Lock()
-	m.cp, m.cpStop = cp, cancel
-	m.cpMu.Unlock()
+	s.mu.Lock()
+	s.cp, s.stop = cp, cancel
+	s.mu.Unlock()
 	return nil
 }
 
-// ControlPlane returns the running control plane, or nil while it is stopped.
-func (m *Mesh) ControlPlane() *controlplane.ControlPlane {
-	m.cpMu.Lock()
-	defer m.cpMu.Unlock()
-	return m.cp
+// ControlPlane returns the running control plane (the first model's with Models), or
+// nil while it is stopped.
+func (m *Mesh) ControlPlane() *controlplane.ControlPlane { return m.cps[0].running() }
+
+func (s *cpShard) running() *controlplane.ControlPlane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cp
 }
 
-// ControlPlaneURL is the control plane's base URL.
-func (m *Mesh) ControlPlaneURL() string { return "http://" + m.cpAddr }
+// ControlPlaneURL is the control plane's base URL (the first model's with Models).
+func (m *Mesh) ControlPlaneURL() string { return "http://" + m.cps[0].addr }
 
-// StopControlPlane shuts the control plane down (a fault the filter must survive).
+// ShardURL is the base URL of the control plane that serves model.
+func (m *Mesh) ShardURL(model string) string { return "http://" + m.shard(model).addr }
+
+// StopControlPlane shuts the control plane down (a fault the filter must survive); with
+// Models, every model's.
 func (m *Mesh) StopControlPlane() {
-	m.cpMu.Lock()
-	cp, stop := m.cp, m.cpStop
-	m.cp, m.cpStop = nil, nil
-	m.cpMu.Unlock()
+	for _, s := range m.cps {
+		s.shutdown()
+	}
+}
+
+// StopShard shuts down the control plane of model alone.
+func (m *Mesh) StopShard(model string) { m.shard(model).shutdown() }
+
+func (s *cpShard) shutdown() {
+	s.mu.Lock()
+	cp, stop := s.cp, s.stop
+	s.cp, s.stop = nil, nil
+	s.mu.Unlock()
 	if cp != nil {
 		stop()
 		_ = cp.Wait()
 	}
 }
 
-// StartControlPlane starts a fresh control plane at the same address: it rebuilds its
-// state from the engines and the filters' reports.
+// StartControlPlane starts a fresh control plane at the same address (with Models, each
+// stopped one): it rebuilds its state from the engines and the filters' reports.
 func (m *Mesh) StartControlPlane() error {
-	if m.ControlPlane() != nil {
+	started := false
+	for _, s := range m.cps {
+		if s.running() == nil {
+			if err := m.startControlPlane(s); err != nil {
+				return err
+			}
+			started = true
+		}
+	}
+	if !started {
 		return errors.New("control plane already running")
 	}
-	return m.startControlPlane(m.engineList())
+	return nil
+}
+
+// StartShard starts the control plane of model again at its address.
+func (m *Mesh) StartShard(model string) error {
+	s := m.shard(model)
+	if s.running() != nil {
+		return fmt.Errorf("the control plane of %s is already running", model)
+	}
+	return m.startControlPlane(s)
 }
 
 // ExternalEngines are the engines from Options.Engines (none: the mesh runs simulated
 // replicas, Engines).
 func (m *Mesh) ExternalEngines() []discovery.Engine { return slices.Clone(m.opts.Engines) }
 
-// Ready waits until the filter routes to every engine: the control plane has scraped
-// each of them, the filter's leader has loaded a table at least that new, and every proxy
-// VM has read shared data since. Before that the filter leaves requests to the proxy's
-// fallback. It returns false if ctx ends first.
+// Ready waits until the filter routes to every engine: each control plane has scraped
+// each of its engines, the filter's leader has loaded a table of it at least that new,
+// and every proxy VM has read shared data since. Before that the filter leaves requests
+// to the proxy's fallback. It returns false if ctx ends first.
 func (m *Mesh) Ready(ctx context.Context) bool {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	var (
-		version int64 = -1
-		ticks   []uint64
-	)
+	versions := make([]int64, len(m.cps))
+	for i := range versions {
+		versions[i] = -1
+	}
+	var ticks []uint64
 	for {
+		loaded := true
+		for i, s := range m.cps {
+			if versions[i] < 0 {
+				versions[i] = m.healthyVersion(ctx, s)
+			}
+			v, ok := m.Host.Metric(s.versionGauge())
+			loaded = loaded && versions[i] >= 0 && ok && v.Value > 0 && v.Value >= versions[i]
+		}
 		switch {
-		case version < 0:
-			version = m.healthyVersion(ctx)
+		case !loaded && ticks == nil:
 		case ticks == nil:
-			if v, ok := m.Host.Metric("kvroute_table_version"); ok && v.Value > 0 && v.Value >= version {
-				for _, vm := range m.Host.VMs() {
-					ticks = append(ticks, vm.Ticks())
-				}
+			for _, vm := range m.Host.VMs() {
+				ticks = append(ticks, vm.Ticks())
 			}
 		default:
 			done := true
@@ -368,10 +496,18 @@ func (m *Mesh) Ready(ctx context.Context) bool {
 	}
 }
 
-// healthyVersion is the control plane's table version once it lists every engine as
-// healthy, else -1.
-func (m *Mesh) healthyVersion(ctx context.Context) int64 {
-	req, err := http.NewRequestWithContext(ctx, "GET", m.ControlPlaneURL()+"/debug/state", nil)
+// versionGauge is the filter's gauge of the table version it has of s.
+func (s *cpShard) versionGauge() string {
+	if s.model == "" {
+		return "kvroute_table_version"
+	}
+	return "kvroute_shard_" + s.model + "_table_version"
+}
+
+// healthyVersion is control plane s's table version once it lists every engine it
+// watches as healthy, else -1.
+func (m *Mesh) healthyVersion(ctx context.Context, s *cpShard) int64 {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+s.addr+"/debug/state", nil)
 	if err != nil {
 		return -1
 	}
@@ -386,7 +522,7 @@ func (m *Mesh) healthyVersion(ctx context.Context) int64 {
 			Healthy bool `json:"healthy"`
 		}
 	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Replicas) < len(m.engineList()) {
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Replicas) < len(m.shardEngines(s)) {
 		return -1
 	}
 	for _, r := range st.Replicas {
@@ -414,10 +550,15 @@ func (m *Mesh) Close() {
 	}
 }
 
-// ReportTap passes the filters' calls to the control plane and keeps totals of the
-// outcome reports on the way: predicted against actual cached tokens.
+// ReportTap passes the filters' calls to a control plane and keeps totals of the
+// outcome reports on the way: predicted against actual cached tokens. A sharded mesh
+// has one per control plane, adding up into the same totals.
 type ReportTap struct {
-	rp *httputil.ReverseProxy
+	rp  *httputil.ReverseProxy
+	sum *tapTotals
+}
+
+type tapTotals struct {
 	mu sync.Mutex
 	t  ReportTotals
 }
@@ -427,14 +568,14 @@ type ReportTotals struct {
 	Outcomes, PromptTokens, PredictedCached, ActualCached int64
 }
 
-func newReportTap(cpAddr string) *ReportTap {
+func newReportTap(cpAddr string, sum *tapTotals) *ReportTap {
 	u := &url.URL{Scheme: "http", Host: cpAddr}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.ErrorLog = nil
 	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, "control plane unreachable", http.StatusBadGateway)
 	}
-	return &ReportTap{rp: rp}
+	return &ReportTap{rp: rp, sum: sum}
 }
 
 func (t *ReportTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -453,22 +594,23 @@ func (t *ReportTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (t *ReportTap) add(rs []api.Report) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.sum.mu.Lock()
+	defer t.sum.mu.Unlock()
 	for _, r := range rs {
 		if r.Kind != api.KindOutcome || r.PromptTokens <= 0 || r.CachedTokens < 0 {
 			continue
 		}
-		t.t.Outcomes++
-		t.t.PromptTokens += int64(r.PromptTokens)
-		t.t.PredictedCached += int64(min(r.PredictedCachedTokens, r.PromptTokens))
-		t.t.ActualCached += int64(r.CachedTokens)
+		s := &t.sum.t
+		s.Outcomes++
+		s.PromptTokens += int64(r.PromptTokens)
+		s.PredictedCached += int64(min(r.PredictedCachedTokens, r.PromptTokens))
+		s.ActualCached += int64(r.CachedTokens)
 	}
 }
 
-// Totals returns the sums so far.
+// Totals returns the sums so far (of every control plane's reports).
 func (t *ReportTap) Totals() ReportTotals {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.t
+	t.sum.mu.Lock()
+	defer t.sum.mu.Unlock()
+	return t.sum.t
 }
