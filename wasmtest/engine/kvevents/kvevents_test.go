@@ -166,9 +166,9 @@ func richBatch() Batch {
 	return Batch{TS: 1789095808.8378847, DataParallelRank: 2, Events: []Event{
 		{Kind: BlockStored, BlockHashes: []uint64{0xfedcba9876543210, 7}, ParentBlockHash: 0x8000000000000001, HasParent: true,
 			TokenIDs: []uint32{1, 2, 70000, 4294967295}, BlockSize: 2, LoraID: 3, LoraName: "alice",
-			ExtraKeys: [][]string{{"alice", "tenant-salt"}, {"alice"}}, Medium: "CPU", GroupIdx: 1,
+			ExtraKeys: [][]string{{"alice", "tenant-salt"}, {"alice"}}, Medium: MediumCPU, GroupIdx: 1,
 			KVCacheSpecKind: "sliding_window", SlidingWindow: 128},
-		{Kind: BlockRemoved, BlockHashes: []uint64{7}, Medium: "CPU", GroupIdx: 1},
+		{Kind: BlockRemoved, BlockHashes: []uint64{7}, Medium: MediumCPU, GroupIdx: 1},
 		{Kind: AllBlocksCleared},
 	}}
 }

@@ -37,8 +37,8 @@ func parityControlPlane(l *batchLog) *controlPlane {
 // paritySteps are simulator event batches with every field the copy carries set, in
 // the way an engine sets them: a request's first blocks (LoRA, salt in the first
 // block's extra keys), its next blocks chained to them by parent (extra keys without
-// the salt), blocks offloaded to CPU and in a second KV cache group, evictions and a
-// clear.
+// the salt), a block in CPU memory and a second KV cache group, the CPU tier's copies
+// (hashes only: no tokens, block size 0, no parent), evictions and a clear.
 func paritySteps() [][]kvevents.Event {
 	return [][]kvevents.Event{
 		{{Kind: kvevents.BlockStored, BlockHashes: []uint64{0xfedcba9876543210, 11}, TokenIDs: []uint32{1, 2, 3, 70000},
@@ -51,11 +51,13 @@ func paritySteps() [][]kvevents.Event {
 			{Kind: kvevents.BlockStored, BlockHashes: []uint64{21}, TokenIDs: []uint32{7, 8}, BlockSize: 2,
 				ExtraKeys: [][]string{{"salt-only"}}, Medium: kvevents.MediumGPU, KVCacheSpecKind: kvevents.SpecFullAttention},
 			{Kind: kvevents.BlockStored, BlockHashes: []uint64{31}, ParentBlockHash: 1 << 63, HasParent: true, TokenIDs: []uint32{9, 10},
-				BlockSize: 2, Medium: "CPU", GroupIdx: 1, KVCacheSpecKind: "sliding_window", SlidingWindow: 64},
+				BlockSize: 2, Medium: kvevents.MediumCPU, GroupIdx: 1, KVCacheSpecKind: "sliding_window", SlidingWindow: 64},
+			{Kind: kvevents.BlockStored, BlockHashes: []uint64{11, 12}, Medium: kvevents.MediumCPU},
 		},
 		{
 			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{12}, Medium: kvevents.MediumGPU},
-			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{31}, Medium: "CPU", GroupIdx: 1},
+			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{31}, Medium: kvevents.MediumCPU, GroupIdx: 1},
+			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{11, 12}, Medium: kvevents.MediumCPU},
 		},
 		{{Kind: kvevents.AllBlocksCleared}},
 	}
