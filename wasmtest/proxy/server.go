@@ -48,7 +48,7 @@ func Serve(ln net.Listener, cfg Config) (*Server, error) {
 		MaxHeaderBytes: DefaultMaxHeaderBytes,
 		// "OPTIONS *" goes to the route table (Envoy has no built-in answer for it).
 		DisableGeneralOptionsHandler: true,
-		// The request-headers and idle timeouts are the proxy's own (conn.go): Go's
+		// The request-headers and idle timeouts are the proxy's own (connTimers, below): Go's
 		// ReadHeaderTimeout closes without a status where Envoy answers 408.
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*trackedConn); ok {
