@@ -28,7 +28,6 @@ type shard struct {
 	queueID uint32
 	queueOK bool      // its report queue is registered (ids start at 0 on some hosts)
 	reports reportBuf // this VM's reports for this shard since its last flush
-	fresh   bool      // the last sync read a head: the table's age is known
 	gauges  *shardGauges
 }
 
@@ -128,9 +127,8 @@ func (p *plugin) syncTables(now time.Time) {
 	var stalest time.Duration
 	known := false
 	for _, s := range p.shards {
-		s.fresh = s.view.sync(&s.keys, &p.metrics, now)
-		if !s.fresh {
-			continue
+		if !s.view.sync(&s.keys, &p.metrics, now) {
+			continue // no head yet: the table's age is unknown
 		}
 		age := s.view.age(now)
 		stalest, known = max(stalest, age), true
