@@ -249,3 +249,27 @@ func TestOneShardDownLeavesTheOtherFresh(t *testing.T) {
 		assert.Equal(t, uint64(1), counter(h, "kvroute_stale_decisions_total"), "qwen's table is stale")
 	})
 }
+
+// A shards configuration the filter cannot honour stops it at start, and the log names
+// the problem (api.Config.Validate's message).
+func TestInvalidShardsFailStartNamingTheProblem(t *testing.T) {
+	shard := func(name, models, cluster string) string {
+		return fmt.Sprintf(`{"name": %q, "models": %s, "control_plane": {"cluster": %q, "authority": "a"}}`, name, models, cluster)
+	}
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		for cfg, want := range map[string]string{
+			`{"shards": [` + shard("a", `["llama", "qwen"]`, "c1") + `,` + shard("b", `["qwen"]`, "c2") + `]}`:          `model "qwen" is in two shards: shards[0] (a) and shards[1] (b)`,
+			`{"shards": [` + shard("a", `["llama"]`, "c1") + `,` + shard("b", `[]`, "c2") + `]}`:                        `shards[1] (b).models is empty`,
+			`{"shards": [` + shard("a", `["llama"]`, "c1") + `,` + shard("b", `["qwen"]`, "c1") + `]}`:                  `shards[1] (b).control_plane.cluster "c1" is also shards[0] (a)'s`,
+			`{"control_plane": {"cluster": "c0", "authority": "a"}, "shards": [` + shard("a", `["llama"]`, "c1") + `]}`: `control_plane and shards are exclusive`,
+		} {
+			opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg))
+			h, reset := proxytest.NewHostEmulator(opt)
+			assert.Equal(t, types.OnPluginStartStatusFailed, h.StartPlugin(), cfg)
+			logs := strings.Join(h.GetCriticalLogs(), "\n")
+			assert.Contains(t, logs, "invalid plugin configuration, filter not started")
+			assert.Contains(t, logs, want)
+			reset()
+		}
+	})
+}
