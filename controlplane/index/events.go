@@ -3,6 +3,7 @@ package index
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
@@ -13,7 +14,13 @@ import (
 type rank struct {
 	blocks map[uint64]blockRef
 	// multi holds the checkpoint keys of engine blocks larger than our blocks.
-	multi     map[uint64][]uint64
+	multi map[uint64][]uint64
+	// tier maps the blocks held in slower media to their keys (tiers.go).
+	tier map[tierHash]tierBlock
+	// tiered: the stream has carried a slower medium; gone then keeps the GPU blocks
+	// removed earlier in the batch being applied (tiers.go).
+	tiered    bool
+	gone      map[uint64]tierBlock
 	blockSize int
 	sg        *sglangRank // SGLang's pages (sglang.go)
 
@@ -80,6 +87,9 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 	rk.lastEvent = time.Now()
 	rk.batches++
 	rk.hasBatches = true
+	if !rk.tiered {
+		rk.tiered = slices.ContainsFunc(b.Events, func(ev kvevents.Event) bool { return !isGPU(ev.Medium) })
+	}
 	for i := range b.Events {
 		ev := &b.Events[i]
 		switch ev.Kind {
@@ -95,6 +105,7 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 			rk.skipped++
 		}
 	}
+	clear(rk.gone)
 }
 
 func (s *eventSink) Restart(id kvevents.StreamID) {
@@ -152,8 +163,12 @@ func (s *eventSink) Connected(id kvevents.StreamID, up bool) {
 // does not.
 func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 	n := uint64(len(ev.Hashes))
+	if !isGPU(ev.Medium) && ev.GroupIdx == 0 && !isSGLang(r) {
+		ix.tierStored(r, rk, ev) // tiers.go: found by hash, no tokens needed
+		return
+	}
 	if !isGPU(ev.Medium) || ev.GroupIdx != 0 {
-		rk.skipped += n // offloaded copies and secondary KV groups do not route
+		rk.skipped += n // secondary KV groups (and SGLang's other media) do not route
 		return
 	}
 	if ev.HasLoraID && ev.LoraName == "" {
@@ -232,6 +247,10 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 }
 
 func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
+	if !isGPU(ev.Medium) && ev.GroupIdx == 0 && !isSGLang(r) {
+		ix.tierRemoved(r, rk, ev) // tiers.go
+		return
+	}
 	if !isGPU(ev.Medium) || ev.GroupIdx != 0 {
 		rk.skipped += uint64(len(ev.Hashes))
 		return
@@ -245,6 +264,9 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 			ref.copies-- // another copy of the block is still cached
 			rk.blocks[h] = ref
 		} else if ok {
+			if rk.tiered {
+				ix.keepGone(rk, h, ref) // tiers.go: its CPU copy may be published after
+			}
 			ix.unrefBlock(r, rk, h, ref)
 		}
 		rk.removed++
@@ -299,6 +321,7 @@ func (ix *Index) unrefBlock(r *replica, rk *rank, hash uint64, ref blockRef) {
 }
 
 func (ix *Index) dropRank(r *replica, rk *rank) {
+	r.dropTiers(rk)
 	for h, ref := range rk.blocks {
 		ix.unrefBlock(r, rk, h, ref)
 	}

@@ -74,11 +74,17 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			u.Replicas = append(u.Replicas, st)
 		}
 		m.mu.Lock() // the keys as of whole batches: replicas commit a batch's changes at once
+		u.Tiers = slices.Clone(m.tiers)
 		var keys []uint64
 		if m.created {
-			keys = make([]uint64, 0, len(m.keys))
+			keys = make([]uint64, 0, len(m.keys)+len(m.tierKeys))
 			for k := range m.keys {
 				keys = append(keys, k)
+			}
+			for k := range m.tierKeys {
+				if _, gpu := m.keys[k]; !gpu {
+					keys = append(keys, k)
+				}
 			}
 		} else {
 			keys = make([]uint64, 0, len(m.dirty))
@@ -88,16 +94,12 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
-			s := m.keys[k]
-			if len(s) == 0 {
+			slots = m.holders(k, slots[:0]) // tiers.go: GPU slots, then slower tiers
+			if len(slots) == 0 {
 				if !m.created {
 					u.Removes = append(u.Removes, k)
 				}
 				continue
-			}
-			slots = slots[:0]
-			for _, x := range s {
-				slots = append(slots, uint32(x))
 			}
 			u.Upserts.Add(k, slots...)
 		}

@@ -180,6 +180,7 @@ func (ix *Index) dropHoldings(r *replica, drop func(*holding) bool) {
 // restarted): every entry of the replica vanishes, both domains, speculative ones too.
 func (ix *Index) clearReplica(r *replica) {
 	ix.dropHoldings(r, func(*holding) bool { return true })
+	r.dropTiers(nil) // every medium: see tiers.go
 	for _, rk := range r.ranks {
 		rk.blocks, rk.multi = nil, nil
 	}

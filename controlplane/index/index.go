@@ -160,18 +160,22 @@ func New(cfg Config) *Index {
 // unlockReplica commits r's pending slot changes to its model, records its budget
 // size and releases r.mu. Every section that locks a replica ends with it.
 func (ix *Index) unlockReplica(r *replica) {
-	if len(r.flips) > 0 {
+	if len(r.flips) > 0 || len(r.tierFlips) > 0 {
 		m := r.m
 		m.mu.Lock()
 		for _, f := range r.flips {
 			m.setSlot(f.key, r.slot, f.on)
 		}
+		for _, f := range r.tierFlips {
+			m.setTier(f.key, f.tier, r.slot, f.on)
+		}
 		m.mu.Unlock()
 		r.flips = r.flips[:0]
+		r.tierFlips = r.tierFlips[:0]
 	}
-	n := len(r.hold)
+	n := len(r.hold) + len(r.tierHold)
 	for _, rk := range r.ranks {
-		n += len(rk.blocks)
+		n += len(rk.blocks) + len(rk.tier)
 		if rk.sg != nil {
 			n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)
 		}

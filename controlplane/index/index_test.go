@@ -179,7 +179,9 @@ func TestTokenChainSaltLoraAndOrphans(t *testing.T) {
 		t.Fatalf("table has %d keys; orphans, offloaded and unnamed-adapter blocks must not count", w.t.Models["m"].Len())
 	}
 	st := ix.DebugState(t0)[1]
-	if st.ID != "b" || st.orphans != 4 || st.skipped != 8 || st.KVEvents.StoredBlocks != 8 || st.KVEvents.LastSeq != 1 {
+	// The offloaded blocks are orphans too: a slower tier's block is found by the hash
+	// of a GPU block the index knows, and these never were on the GPU (tiers.go).
+	if st.ID != "b" || st.orphans != 8 || st.skipped != 4 || st.KVEvents.StoredBlocks != 8 || st.KVEvents.LastSeq != 1 {
 		t.Fatalf("debug %+v", st)
 	}
 }

@@ -27,7 +27,11 @@ type model struct {
 	freeNext  []uint32   // freed since the last Flush: reusable once it is published
 	keys      map[uint64][]uint16
 	dirty     map[uint64]struct{}
-	members   bool // replica list changed
+	// tiers names the slower media seen (table tier i is tiers[i-1], append-only);
+	// tierKeys holds, per key, the holders (table.Holder) in those tiers (tiers.go).
+	tiers    []string
+	tierKeys map[uint64][]uint32
+	members  bool // replica list changed
 	// mu guards keys and dirty (the only model state the KV-event path changes).
 	mu sync.Mutex
 }
@@ -38,11 +42,15 @@ func (m *model) setBytesPerToken(v float64) { m.bpt.Store(math.Float64bits(v)) }
 type replica struct {
 	// mu guards the holdings, the LRU, the ranks and the pending slot changes; spec and
 	// sample are written under both Index.mu and mu, so either lock reads them.
-	mu      sync.Mutex
-	flips   []flip // slot changes not yet committed to the model (commit)
-	scratch []byte
-	seeds   map[seedKey]uint64
-	size    atomic.Int64 // budget entries at the last unlock (budget.go recount)
+	mu    sync.Mutex
+	flips []flip // slot changes not yet committed to the model (commit)
+	// tierHold counts, per key and slower tier, the tier blocks that hold it;
+	// tierFlips are its changes not yet committed to the model (tiers.go).
+	tierHold  map[tierKey]int32
+	tierFlips []tierFlip
+	scratch   []byte
+	seeds     map[seedKey]uint64
+	size      atomic.Int64 // budget entries at the last unlock (budget.go recount)
 
 	spec    Spec
 	m       *model
@@ -145,6 +153,7 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 func (ix *Index) removeReplica(r *replica) {
 	r.mu.Lock()
 	ix.dropHoldings(r, func(*holding) bool { return true })
+	r.dropTiers(nil)
 	r.gone = true
 	ix.unlockReplica(r)
 	m := r.m
