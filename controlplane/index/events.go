@@ -365,7 +365,11 @@ func (ix *Index) ageText(r *replica, tokens float64) {
 		if r.evictDebt < fp {
 			break
 		}
+		tail := r.slab[r.tail]
 		r.evictDebt -= ix.evictTail(r)
+		if r.offTier > 0 {
+			ix.offload(r, tail.key, tail.flags&lruToken != 0) // tiers.go: it is in CPU memory now
+		}
 	}
 	if r.tail < 0 {
 		r.evictDebt = 0

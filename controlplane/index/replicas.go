@@ -48,9 +48,13 @@ type replica struct {
 	// tierFlips are its changes not yet committed to the model (tiers.go).
 	tierHold  map[tierKey]int32
 	tierFlips []tierFlip
-	scratch   []byte
-	seeds     map[seedKey]uint64
-	size      atomic.Int64 // budget entries at the last unlock (budget.go recount)
+	// off is the LRU of reported keys the GPU evicted into the replica's slower tier
+	// offTier (0: the replica has shown none), aged by that tier's removals (tiers.go).
+	off     offLRU
+	offTier uint8
+	scratch []byte
+	seeds   map[seedKey]uint64
+	size    atomic.Int64 // budget entries at the last unlock (budget.go recount)
 
 	spec    Spec
 	m       *model

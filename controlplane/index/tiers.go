@@ -1,6 +1,7 @@
 package index
 
 import (
+	"container/list"
 	"slices"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
@@ -88,6 +89,9 @@ func (ix *Index) tierStored(r *replica, rk *rank, ev *kvevents.Event) {
 		rk.skipped += n // more media than a table can name
 		return
 	}
+	if r.offTier == 0 {
+		r.offTier = tier // where the GPU's evicted reported keys go (offload)
+	}
 	room, reason := ix.tierRoom(r, rk, len(ev.Hashes))
 	for i, h := range ev.Hashes {
 		th := tierHash{h, tier}
@@ -134,6 +138,87 @@ func (ix *Index) tierRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 		}
 		delete(rk.tier, th)
 		rk.removed++
+	}
+	if tier == r.offTier {
+		ix.ageOffloaded(r, float64(len(ev.Hashes)*ix.engineBlockSize(r, rk)))
+	}
+}
+
+// Reported keys (the filters' placements and outcomes, text domain above all) have no
+// events of their own: the GPU's holdings of them age by the volume the GPU evicts
+// (ageText). An engine with a CPU tier has those blocks in CPU memory by then (vLLM
+// copies each block as it is computed), so the keys the GPU's eviction pressure takes
+// move to the replica's tier, into this LRU, which that tier's own removals age the
+// same way. It holds at most the replica's key limit.
+type offLRU struct {
+	l     list.List // of offKey, most recent at the front
+	idx   map[uint64]*list.Element
+	debt  float64
+	token int // token-domain entries
+}
+
+type offKey struct {
+	key   uint64
+	token bool
+}
+
+// offload puts a reported key the GPU evicted into the replica's slower tier.
+func (ix *Index) offload(r *replica, k uint64, token bool) {
+	o := &r.off
+	if el, ok := o.idx[k]; ok {
+		o.l.MoveToFront(el)
+		return
+	}
+	if o.idx == nil {
+		o.idx = map[uint64]*list.Element{}
+	}
+	o.idx[k] = o.l.PushFront(offKey{k, token})
+	if token {
+		o.token++
+	}
+	r.tierRef(k, r.offTier, 1)
+	for o.l.Len() > ix.keyLimit(r) {
+		ix.offEvictTail(r)
+	}
+}
+
+// offEvictTail drops the least recently offloaded key; it returns its footprint.
+func (ix *Index) offEvictTail(r *replica) float64 {
+	o := &r.off
+	el := o.l.Back()
+	if el == nil {
+		return 0
+	}
+	ok := o.l.Remove(el).(offKey)
+	delete(o.idx, ok.key)
+	r.tierRef(ok.key, r.offTier, -1)
+	if ok.token {
+		o.token--
+		return ix.tokenFootprint()
+	}
+	return ix.textFootprint(r.m)
+}
+
+// ageOffloaded applies a tier's eviction pressure to the offloaded reported keys.
+func (ix *Index) ageOffloaded(r *replica, tokens float64) {
+	o := &r.off
+	if o.l.Len() == 0 {
+		o.debt = 0
+		return
+	}
+	o.debt += tokens
+	for o.l.Len() > 0 {
+		fp := ix.textFootprint(r.m)
+		if o.l.Back().Value.(offKey).token {
+			fp = ix.tokenFootprint()
+		}
+		if o.debt < fp {
+			break
+		}
+		o.debt -= ix.offEvictTail(r)
+	}
+	if o.l.Len() == 0 {
+		o.debt = 0
 	}
 }
 
@@ -220,8 +305,15 @@ func (r *replica) tierRef(k uint64, tier uint8, delta int32) {
 	}
 }
 
-// dropTiers forgets every tier block of rk (nil: of every rank) and the keys they held.
+// dropTiers forgets every tier block of rk (nil: of every rank, and the offloaded
+// reported keys) and the keys they held.
 func (r *replica) dropTiers(rk *rank) {
+	if rk == nil {
+		for el := r.off.l.Front(); el != nil; el = el.Next() {
+			r.tierRef(el.Value.(offKey).key, r.offTier, -1)
+		}
+		r.off = offLRU{}
+	}
 	for _, x := range r.ranks {
 		if rk != nil && x != rk {
 			continue

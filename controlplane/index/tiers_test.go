@@ -202,3 +202,33 @@ func TestTierBounds(t *testing.T) {
 	assert.Positive(t, st.Dropped[inputTierBlocks][reasonGlobal], "tier blocks past the global budget are dropped and counted")
 	assert.LessOrEqual(t, st.Keys, 1200)
 }
+
+// Reported (text-domain) keys have no events: the GPU's evictions age them out
+// (TestEvictionByBlockRemoved). On a replica that offloads, they move to its CPU tier
+// instead, and the CPU tier's removals age them out of it.
+func TestReportedKeysTheGPUEvictsMoveToTheCPUTier(t *testing.T) {
+	ix := fixture(t, Config{})
+	w := &tierView{t: table.New()}
+	w.apply(t, ix.Flush(t0, true))
+	a := kvevents.StreamID{Replica: "a"}
+	chain := seqHashes(6, 100)
+	o := outcome("10.0.0.1:8000", chain, 200, 0, 0)
+	o.PromptBytes = 4000
+	ix.ApplyReports(reports(o), t0, nil)
+	removed := func(medium string, n int, base uint64) kvevents.Event {
+		return kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: seqHashes(n, base), Medium: medium}
+	}
+	// The replica shows a CPU tier (a store the index cannot key, an orphan, is enough),
+	// then the GPU evicts 144 tokens: the two least recent keys (64 tokens each) go to CPU.
+	ix.Events().Batch(a, 0, batch(cpuStored([]uint64{1}), removed("GPU", 9, 5000)))
+	w.apply(t, ix.Flush(t0, false))
+	assert.Equal(t, [][]uint32{{0}, {0}, {0}, {0}, {cpuA}, {cpuA}}, w.holders(chain))
+	// The CPU tier evicts 64 tokens: the least recently offloaded key leaves it.
+	ix.Events().Batch(a, 1, batch(removed("CPU", 4, 9000)))
+	w.apply(t, ix.Flush(t0, false))
+	assert.Equal(t, [][]uint32{{0}, {0}, {0}, {0}, {cpuA}, nil}, w.holders(chain))
+	// A clear empties both.
+	ix.Events().Batch(a, 2, batch(kvevents.Event{Kind: kvevents.AllBlocksCleared}))
+	w.apply(t, ix.Flush(t0, false))
+	assert.Equal(t, 0, w.t.Models["m"].Len())
+}
