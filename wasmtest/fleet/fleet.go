@@ -52,6 +52,10 @@ type Options struct {
 	WasmPath string
 	// OracleUncachedWeight > 1 makes the oracle score Q + w U (an experiment).
 	OracleUncachedWeight float64
+	// CPUTierTokens > 0 gives every replica vLLM's CPU offloading tier (sim.Config);
+	// policy kvroute-gpu-only is kvroute reading GPU holders only (tiers.go).
+	CPUTierTokens   int
+	CPULoadPerToken time.Duration
 }
 
 // DefaultOptions are docs/rule.md's fleet.
@@ -79,7 +83,7 @@ func ParsePolicies(s string) ([]string, error) {
 			}
 			continue
 		}
-		if !slices.Contains(Policies, n) && n != kvroute.WasmName {
+		if !slices.Contains(Policies, n) && n != kvroute.WasmName && n != GPUOnlyName {
 			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(Policies, ", "))
 		}
 		if !slices.Contains(out, n) {
@@ -119,6 +123,8 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
 			return kvroute.New(f, routerOf, c)
+		case GPUOnlyName:
+			return newGPUOnly(f, routerOf, o, seed) // tiers.go
 		case kvroute.WasmName:
 			c := o.KVRoute
 			c.Routers, c.Seed = o.Routers, seed
@@ -132,6 +138,7 @@ func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 	return sim.Config{
 		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers,
 		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
+		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken,
 	}
 }
 

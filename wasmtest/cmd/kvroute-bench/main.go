@@ -15,6 +15,7 @@
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
 //	kvroute-bench --workload burst --burst-size 8 --burst-rate 2   # agent fan-out: new prefix per group
 //	kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
+//	kvroute-bench --cpu-tier-tokens 2000000 --customers 600  # replicas offload KV to CPU memory
 //	kvroute-bench --trace trace.jsonl --trace-format mooncake --speedup 2
 package main
 
@@ -55,6 +56,8 @@ in-process.`,
   kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
   kvroute-bench --workload gsp --rate 8 --replicas 4
   kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
+  kvroute-bench --cpu-tier-tokens 2000000 --customers 600  # replicas offload KV to CPU memory;
+                                                  # adds kvroute-gpu-only, which ignores that tier
 
 Durations take Go's form (500ms, 2m) or a bare number in the unit the flag names.`,
 }
@@ -155,6 +158,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	burst := workload.DefaultBurst()
 	var outage kvroute.Outage
 	var noLocal bool
+	cpuLoad := 3280 * time.Nanosecond
 
 	var (
 		wl          = fs.String("workload", "seed", "workload: seed, gsp, multiturn or burst (see --trace for Mooncake)")
@@ -219,6 +223,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
+	fs.IntVar(&o.CPUTierTokens, "cpu-tier-tokens", 0, "every replica keeps this many tokens of KV in CPU memory (vLLM's OffloadingConnector, LRU) and loads hits from there; adds policy "+fleet.GPUOnlyName+" (kvroute reading GPU holders only) and a GPU/CPU hit split")
+	fs.Var(durFlag{&cpuLoad, time.Microsecond}, "cpu-load-per-token", "with --cpu-tier-tokens: what loading a token back costs (us or a duration; 3.28 us: docs/rule.md)")
 	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements (the behaviour before issue 13)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -235,6 +241,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *wasm && !slices.Contains(names, kvroute.WasmName) {
 		names = append(names, kvroute.WasmName)
+	}
+	if o.CPUTierTokens < 0 || cpuLoad < 0 {
+		return &cli.UsageError{Err: fmt.Errorf("--cpu-tier-tokens %d and --cpu-load-per-token %v must not be negative", o.CPUTierTokens, cpuLoad)}
+	}
+	o.CPULoadPerToken = cpuLoad
+	if o.CPUTierTokens > 0 && slices.Contains(names, "kvroute") && !slices.Contains(names, fleet.GPUOnlyName) {
+		i := slices.Index(names, "kvroute")
+		names = slices.Insert(slices.Clone(names), i+1, fleet.GPUOnlyName)
 	}
 	if o.Profile, err = timing.ByName(*profile); err != nil {
 		return &cli.UsageError{Err: err}
@@ -284,6 +298,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if outage.Duration > 0 {
 		fmt.Fprintf(stdout, ", control plane unreachable for kvroute from %v for %v", outage.At, outage.Duration)
 	}
+	if o.CPUTierTokens > 0 {
+		fmt.Fprintf(stdout, ", CPU tier %d tokens a replica (%v a token to load)", o.CPUTierTokens, o.CPULoadPerToken)
+	}
 	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
 	start := time.Now()
 
@@ -322,6 +339,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(o.Phases) > 0 {
 		fmt.Fprintf(stdout, "\nby arrival time (the outage affects kvroute only: the other policies have no separate control plane)\n")
 		if err := fleet.WritePhases(stdout, results); err != nil {
+			return err
+		}
+	}
+	if o.CPUTierTokens > 0 {
+		fmt.Fprintf(stdout, "\ncached prompt tokens by where the engine found them (GPU prefix cache, or loaded from CPU memory)\n")
+		if err := fleet.WriteTiers(stdout, results); err != nil {
 			return err
 		}
 	}

@@ -116,8 +116,8 @@ func (c *controlPlane) Events(i int, _ time.Duration, evs []kvevents.Event) {
 		ce := cpkv.Event{Hashes: e.BlockHashes, Medium: e.Medium, GroupIdx: e.GroupIdx, SpecKind: e.KVCacheSpecKind}
 		switch e.Kind {
 		case kvevents.BlockStored:
-			if !c.cfg.TokenKeys {
-				continue
+			if !c.cfg.TokenKeys && e.Medium == kvevents.MediumGPU {
+				continue // a slower tier's stores (hash-only) always go in: they show the tier
 			}
 			ce.Kind, ce.Tag = cpkv.BlockStored, "BlockStored"
 			ce.Parent, ce.HasParent = e.ParentBlockHash, e.HasParent

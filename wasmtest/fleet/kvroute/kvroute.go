@@ -69,6 +69,9 @@ type Config struct {
 	// numbers. False dates it from the poll's return, the filter's earlier behaviour,
 	// kept for comparison.
 	AgeFromGeneration bool
+	// GPUOnly: the proxies get table format 1 (GPU holders only), as filters before
+	// slower tiers (issue 14) did, so a CPU-tier hit counts for nothing.
+	GPUOnly bool
 }
 
 // DefaultConfig is kvroute as shipped: the filter's defaults (api.ParseConfig: poll,
@@ -254,8 +257,16 @@ func (p *Policy) publishVersion(now time.Duration, ups []index.ModelUpdate) {
 		u := &ups[i]
 		f.Models = append(f.Models, table.ModelChange{
 			Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config,
-			Replicas: u.Replicas, Upserts: u.Upserts, Removes: u.Removes,
+			Replicas: u.Replicas, Tiers: u.Tiers, Upserts: u.Upserts, Removes: u.Removes,
 		})
+	}
+	if p.cfg.GPUOnly {
+		// What a format-1 filter receives: the frame through the format-1 encoding.
+		g, err := table.Decode(table.Encode(f))
+		if err != nil {
+			panic(fmt.Sprintf("kvroute sim: format-1 v%d: %v", f.Version, err))
+		}
+		f = g
 	}
 	p.frames = append(p.frames, published{now, f})
 	p.Stats.Versions++

@@ -20,10 +20,13 @@ type Result struct {
 	// CachedTokenRate is cached prompt tokens / prompt tokens, as the engines counted
 	// them at admission (usage.prompt_tokens_details.cached_tokens).
 	CachedTokenRate float64
-	TTFTp50         time.Duration
-	TTFTp95         time.Duration
-	TTFTp99         time.Duration
-	E2Ep50          time.Duration
+	// CPUTokenRate is the part of CachedTokenRate loaded from the engines' CPU tier
+	// (Config.CPUTierTokens); the rest was a GPU prefix-cache hit.
+	CPUTokenRate float64
+	TTFTp50      time.Duration
+	TTFTp95      time.Duration
+	TTFTp99      time.Duration
+	E2Ep50       time.Duration
 	// TTFT holds every completed measured request's time to first token, sorted (the
 	// distribution kvroute-bench --plot draws; partial when Aborted).
 	TTFT []time.Duration
@@ -90,7 +93,7 @@ func (r *runner) result() *Result {
 	res := &Result{Policy: r.pol.Name(), Replicas: r.cfg.Replicas, GPUs: r.cfg.Replicas * r.cfg.Profile.GPUs,
 		Aborted: r.aborted, SimTime: r.now, RuleSpillRate: math.NaN()}
 	var ttft, e2e []time.Duration
-	var prompt, cached int64
+	var prompt, cached, loaded int64
 	routed, spills, ruled, ruleSpills := 0, 0, 0, 0
 	hot, others := &groupAcc{per: map[int32]int{}}, &groupAcc{per: map[int32]int{}}
 	phases := make([]phaseAcc, len(r.cfg.Phases))
@@ -132,6 +135,7 @@ func (r *runner) result() *Result {
 			e2e = append(e2e, rec.end-rec.at)
 			prompt += int64(rec.prompt)
 			cached += int64(rec.cached)
+			loaded += int64(rec.loaded)
 			if r.cfg.HotGroup >= 0 {
 				_, g := r.w.Arrival(i)
 				acc := others
@@ -160,6 +164,7 @@ func (r *runner) result() *Result {
 	}
 	if prompt > 0 {
 		res.CachedTokenRate = float64(cached) / float64(prompt)
+		res.CPUTokenRate = float64(loaded) / float64(prompt)
 	}
 	if r.sumMean > 0 {
 		res.MaxMeanQueue = r.sumMax / r.sumMean

@@ -79,6 +79,10 @@ type Config struct {
 	AbortQuantile float64
 	// HotGroup, when >= 0, is reported apart from the other groups.
 	HotGroup int
+	// CPUTierTokens > 0 gives every engine vLLM's CPU offloading tier of that many
+	// tokens, loading at CPULoadPerToken a token (sched.Config).
+	CPUTierTokens   int
+	CPULoadPerToken time.Duration
 	// Phases, when set, are also reported apart (by arrival time): before, during and
 	// after a fault, for example.
 	Phases []Phase
@@ -119,6 +123,7 @@ type record struct {
 	spill, ruleSpill      bool
 	at, first, end        time.Duration
 	prompt, cached        int32
+	loaded                int32 // of cached, loaded from the CPU tier
 	preempts              int32
 	measured, hasFirst    bool
 	rejected, lateCounted bool
@@ -209,7 +214,8 @@ func Run(cfg Config, mk NewPolicy) (*Result, error) {
 		return nil, err
 	}
 	for i := range cfg.Replicas {
-		ec := sched.Config{Profile: cfg.Profile, OnFinish: r.onFinish}
+		ec := sched.Config{Profile: cfg.Profile, OnFinish: r.onFinish,
+			CPUTierTokens: cfg.CPUTierTokens, CPULoadPerToken: cfg.CPULoadPerToken}
 		if r.pol.WantsEvents() {
 			ec.OnEvents = func(at time.Duration, evs []kvevents.Event) {
 				if f.alive[i] {
@@ -477,6 +483,7 @@ func (r *runner) onFinish(sr *sched.Request, at time.Duration) {
 		rec.state = done
 		rec.first, rec.hasFirst = sr.FirstTokenAt, true
 		rec.cached = int32(sr.CachedTokens)
+		rec.loaded = int32(sr.LoadedTokens)
 		o = policy.Outcome{Status: 200, PromptTokens: len(sr.Prompt), CachedTokens: sr.CachedTokens, Completed: true}
 	} else {
 		rec.state = failed
