@@ -24,6 +24,7 @@ func TestParseCPUOffload(t *testing.T) {
 		{"--cpu-offload-tokens", "-1"},
 		{"--cpu-offload-tokens", "1000", "--cpu-load-us-per-token", "-2"},
 		{"--cpu-offload-tokens", "1000", "--engine", "sglang"},
+		{"--cpu-offload-tokens", "1000", "--kv-events-encoding", "array-v0.9"},
 	} {
 		_, err := parse(args, &bytes.Buffer{})
 		assert.Error(t, err, "%v", args)

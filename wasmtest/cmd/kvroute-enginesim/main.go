@@ -205,6 +205,11 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 	if o.cpuOffloadTokens > 0 && o.engine != replica.EngineVLLM {
 		return nil, errors.New("--cpu-offload-tokens imitates vLLM's OffloadingConnector: --engine vllm only")
 	}
+	if o.cpuOffloadTokens > 0 && enc == kvevents.ArrayV09 {
+		// vLLM 0.9's events have no medium: CPU removals would read as GPU ones. The
+		// connector arrived in 0.11.0 anyway.
+		return nil, errors.New("--cpu-offload-tokens needs events with a medium (vLLM >= 0.10 layouts)")
+	}
 	legacyReplay := ver.LegacyReplay()
 	if o.engine == replica.EngineSGLang {
 		legacyReplay = true // SGLang's ZmqEventPublisher replays [seq, payload] (kv_events.py @612d5790)
