@@ -14,7 +14,7 @@ import (
 // withCallCounters compiles a listener into the guest functions named by Config.CountCalls
 // and Config.TimeCalls (and only those, so the rest of the module runs at full speed).
 func (h *Host) withCallCounters(ctx context.Context) context.Context {
-	if len(h.cfg.CountCalls) == 0 && len(h.cfg.TimeCalls) == 0 {
+	if len(h.cfg.CountCalls) == 0 && len(h.cfg.TimeCalls) == 0 && len(h.cfg.CallSites) == 0 {
 		return ctx
 	}
 	h.calls = map[string]*atomic.Int64{}
@@ -22,7 +22,88 @@ func (h *Host) withCallCounters(ctx context.Context) context.Context {
 		h.calls[name] = new(atomic.Int64)
 	}
 	h.timed = map[string]*callTime{}
-	return experimental.WithFunctionListenerFactory(ctx, listenerFactory{counted: h.calls, timed: h.cfg.TimeCalls, host: h})
+	h.sites = map[string]map[string]int64{}
+	sited := map[string]bool{}
+	for _, name := range h.cfg.CallSites {
+		sited[nameSection.Replace(name)] = true
+	}
+	return experimental.WithFunctionListenerFactory(ctx, listenerFactory{counted: h.calls, timed: h.cfg.TimeCalls, sited: sited, host: h})
+}
+
+// hostCallCounter is the counter of the host function qualified ("env.proxy_log").
+func (h *Host) hostCallCounter(qualified string) *atomic.Int64 {
+	if h.hostCalls == nil {
+		h.hostCalls = map[string]*atomic.Int64{}
+	}
+	c := h.hostCalls[qualified]
+	if c == nil {
+		c = new(atomic.Int64)
+		h.hostCalls[qualified] = c
+	}
+	return c
+}
+
+// HostCalls returns how often the guest has called each host function so far, over all
+// VMs, by qualified name ("env.proxy_get_shared_data", "wasi_snapshot_preview1.clock_time_get");
+// functions never called are left out. The host's own calls into the guest (callbacks,
+// proxy_on_memory_allocate) are not host functions: count those with Config.CountCalls.
+func (h *Host) HostCalls() map[string]int64 {
+	out := map[string]int64{}
+	for name, c := range h.hostCalls {
+		if n := c.Load(); n > 0 {
+			out[name] = n
+		}
+	}
+	return out
+}
+
+// CallSites returns, for the guest function name (one of Config.CallSites, as the
+// module's name section spells it or as Go does), how often each call site called it:
+// the site is the innermost three frames outside the Go runtime and the SDK's
+// allocation callback, callee first ("main.(*placed).share < main.(*httpContext).route < ...").
+func (h *Host) CallSites(name string) map[string]int64 {
+	h.sitesMu.Lock()
+	defer h.sitesMu.Unlock()
+	out := map[string]int64{}
+	for site, n := range h.sites[nameSection.Replace(name)] {
+		out[site] = n
+	}
+	return out
+}
+
+// ResetCallSites zeroes the CallSites (e.g. after a warm-up).
+func (h *Host) ResetCallSites() {
+	h.sitesMu.Lock()
+	defer h.sitesMu.Unlock()
+	clear(h.sites)
+}
+
+// site names the call site of the current call: the innermost siteFrames frames below
+// it that are not the Go runtime's (or the stack's bottom, the export the host called).
+func site(it experimental.StackIterator) string {
+	const siteFrames = 3
+	var b strings.Builder
+	n := 0
+	it.Next() // the called function itself
+	last := ""
+	for it.Next() {
+		name := it.Function().Definition().Name()
+		last = name
+		if strings.HasPrefix(name, "runtime.") || strings.HasPrefix(name, "internal_") || strings.HasPrefix(name, "internal/") {
+			continue
+		}
+		if n > 0 {
+			b.WriteString(" < ")
+		}
+		b.WriteString(name)
+		if n++; n == siteFrames {
+			break
+		}
+	}
+	if n == 0 {
+		return last // the runtime's own (a GC worker, a callback's wrapper)
+	}
+	return b.String()
 }
 
 // The compiled module (and its listeners) is shared by every host that loads the same
@@ -85,6 +166,7 @@ func (h *Host) ResetCallTimes() {
 type listenerFactory struct {
 	counted map[string]*atomic.Int64
 	timed   []string // names, or prefixes ending in "*"
+	sited   map[string]bool
 	host    *Host
 }
 
@@ -96,6 +178,7 @@ func (f listenerFactory) NewFunctionListener(def api.FunctionDefinition) experim
 	name := def.Name()
 	l := callListener{}
 	_, l.count = f.counted[name]
+	l.site = f.sited[name]
 	for _, t := range f.timed {
 		t = nameSection.Replace(t)
 		if t == name || strings.HasSuffix(t, "*") && strings.HasPrefix(name, t[:len(t)-1]) {
@@ -103,15 +186,15 @@ func (f listenerFactory) NewFunctionListener(def api.FunctionDefinition) experim
 			break
 		}
 	}
-	if !l.count && !l.time {
+	if !l.count && !l.time && !l.site {
 		return nil
 	}
 	return l
 }
 
-type callListener struct{ count, time bool }
+type callListener struct{ count, time, site bool }
 
-func (l callListener) Before(ctx context.Context, _ api.Module, def api.FunctionDefinition, _ []uint64, _ experimental.StackIterator) {
+func (l callListener) Before(ctx context.Context, _ api.Module, def api.FunctionDefinition, _ []uint64, it experimental.StackIterator) {
 	vm, ok := ctx.Value(vmKey{}).(*VM)
 	if !ok {
 		return
@@ -120,6 +203,18 @@ func (l callListener) Before(ctx context.Context, _ api.Module, def api.Function
 		if n := vm.host.calls[def.Name()]; n != nil {
 			n.Add(1)
 		}
+	}
+	if l.site {
+		s := site(it)
+		h := vm.host
+		h.sitesMu.Lock()
+		m := h.sites[def.Name()]
+		if m == nil {
+			m = map[string]int64{}
+			h.sites[def.Name()] = m
+		}
+		m[s]++
+		h.sitesMu.Unlock()
 	}
 	if l.time {
 		// A VM runs one callback at a time (vm.mu), so its calls nest on one stack.

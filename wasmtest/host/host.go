@@ -56,6 +56,15 @@ type Config struct {
 	// inclusive wall time Host.CallTimes reports: a profile of the guest for chosen
 	// functions. Each timed call costs two clock reads; time few, or top-level, functions.
 	TimeCalls []string
+	// CPUTime makes the callback durations (Stream.FilterTime, VM.TickDurations) the CPU
+	// time of the thread that ran the callback (Linux; wall time elsewhere) instead of
+	// wall time: on a machine shared with other work, wall time also counts the time the
+	// OS ran something else in the middle of a callback.
+	CPUTime bool
+	// CallSites names guest functions (as CountCalls does) whose callers Host.CallSites
+	// counts: for "runtime.mallocgc", where the guest allocates. Each call walks the
+	// guest's stack; count few, and only to find where calls come from.
+	CallSites []string
 	// Profile is the proxy-wasm-cpp-host behaviour to reproduce. Default: the strictest,
 	// CppHostC4d7bb0 (the oldest Envoy the manifests support).
 	Profile *Profile
@@ -107,6 +116,11 @@ type Host struct {
 	calls    map[string]*atomic.Int64 // Config.CountCalls
 	timedMu  sync.Mutex
 	timed    map[string]*callTime // Config.TimeCalls, by function name
+	sitesMu  sync.Mutex
+	sites    map[string]map[string]int64 // Config.CallSites: function, then call site
+	// hostCalls counts the guest's calls of each host function (proxy-wasm and WASI), by
+	// qualified name ("env.proxy_get_shared_data"); fixed once the host functions exist.
+	hostCalls map[string]*atomic.Int64
 }
 
 type hostStats struct {

@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -300,9 +301,12 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	tb.Models["llama"].Replicas[1].Addr = upAddr
 	cp := &fakeControlPlane{frame: table.EncodeFull(tb)}
 	cfg := host.Config{VMs: 2, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}},
-		CountCalls: []string{mallocgc}}
+		CountCalls: []string{mallocgc, gcCycle}, CPUTime: *cpuTime}
 	if *guestProfile {
-		cfg.TimeCalls = guestProfileFuncs
+		cfg.TimeCalls = profiledFuncs()
+	}
+	if *guestAllocs {
+		cfg.CallSites = []string{mallocgc}
 	}
 	h := loadKvroute(b, cfg)
 	// Wall clock: wait for the leader's first poll and every VM's next tick after it.
@@ -318,7 +322,8 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	defer s.Close()
 	body := string(kvChat(kvSystem+strings.Repeat("More context. ", 600), "where is my parcel"))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
-	mallocs := h.Calls(mallocgc)
+	mallocs, cycles, hostCalls := h.Calls(mallocgc), h.Calls(gcCycle), h.HostCalls()
+	h.ResetCallSites()
 	ticksBefore := []int{len(h.VM(0).TickDurations()), len(h.VM(1).TickDurations())}
 	h.ResetCallTimes()
 	start := time.Now()
@@ -347,6 +352,12 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	b.ReportMetric(float64(elapsed.Microseconds())/float64(st.Requests), "client-µs/op")
 	// Every allocation the guest made (requests, ticks, GC), per request.
 	b.ReportMetric(float64(h.Calls(mallocgc)-mallocs)/float64(st.Requests), "guest-allocs/op")
+	b.ReportMetric(float64(h.Calls(gcCycle)-cycles)*1000/float64(st.Requests), "gc-per-1k-req")
+	calls := 0.0
+	for name, n := range h.HostCalls() {
+		calls += float64(n - hostCalls[name])
+	}
+	b.ReportMetric(calls/float64(st.Requests), "host-calls/op")
 	var tickTimes []time.Duration
 	for i, n := range ticksBefore {
 		tickTimes = append(tickTimes, h.VM(i).TickDurations()[n:]...)
@@ -359,6 +370,43 @@ func BenchmarkKvrouteThroughProxy(b *testing.B) {
 	if *guestProfile {
 		logGuestProfile(h, st.Requests)
 	}
+	if *guestAllocs {
+		logCallSites(h, mallocgc, hostCalls, st.Requests)
+	}
+}
+
+// cpuTime: BenchmarkKvrouteThroughProxy's filter times and BenchmarkKvrouteLeaderTick's
+// tick times in the guest thread's CPU time (host.Config.CPUTime) rather than wall time.
+var cpuTime = flag.Bool("cputime", false, "BenchmarkKvroute*: time callbacks in thread CPU time, not wall time")
+
+// guestAllocs: go test ./wasmtest/host -run '^$' -bench KvrouteThroughProxy -benchtime 2000x -args -guestallocs
+// logs where the guest allocates (runtime.mallocgc's callers) and which host functions it
+// calls, per request (requests, ticks and GC alike).
+var guestAllocs = flag.Bool("guestallocs", false, "BenchmarkKvroute*: log the guest's allocation sites and host calls per request")
+
+func logCallSites(h *host.Host, fn string, hostCallsBefore map[string]int64, requests int64) {
+	type row struct {
+		name string
+		n    int64
+	}
+	rows := func(m map[string]int64, before map[string]int64) []row {
+		var out []row
+		for k, n := range m {
+			if n -= before[k]; n > 0 {
+				out = append(out, row{k, n})
+			}
+		}
+		slices.SortFunc(out, func(a, b row) int { return int(b.n - a.n) })
+		return out
+	}
+	fmt.Printf("%s call sites over %d requests:\n", fn, requests)
+	for _, r := range rows(h.CallSites(fn), nil) {
+		fmt.Printf("  %8.3f /req  %s\n", float64(r.n)/float64(requests), r.name)
+	}
+	fmt.Printf("host calls over %d requests:\n", requests)
+	for _, r := range rows(h.HostCalls(), hostCallsBefore) {
+		fmt.Printf("  %8.3f /req  %s\n", float64(r.n)/float64(requests), r.name)
+	}
 }
 
 const mallocgc = "runtime.mallocgc"
@@ -366,6 +414,18 @@ const mallocgc = "runtime.mallocgc"
 // guestProfile: go test ./wasmtest/host -run '^$' -bench KvrouteThroughProxy -benchtime 2000x -args -guestprofile
 // logs the calls and inclusive time per request of guestProfileFuncs in the guest.
 var guestProfile = flag.Bool("guestprofile", false, "BenchmarkKvroute*: log where the guest's time goes (host.Config.TimeCalls)")
+
+// guestProfileOnly replaces guestProfileFuncs: timing a function costs its every call two
+// clock reads, so a profile that times runtime.memmove (hundreds of calls a request) or
+// runtime.mallocgc inflates every caller; -guestprofile.only times just the names given.
+var guestProfileOnly = flag.String("guestprofile.only", "", "with -guestprofile: time only these guest functions (comma-separated, Go spelling, \"*\" suffix for prefixes)")
+
+func profiledFuncs() []string {
+	if *guestProfileOnly != "" {
+		return strings.Split(*guestProfileOnly, ",")
+	}
+	return guestProfileFuncs
+}
 
 // guestProfileFuncs: the proxy-wasm callbacks, the request path's steps, the leader's and
 // the runtime's allocator and collector.
@@ -406,9 +466,9 @@ func logGuestProfile(h *host.Host, requests int64) {
 func BenchmarkKvrouteLeaderTick(b *testing.B) {
 	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(b))}
 	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	cfg := host.Config{VMs: 1, Clock: clk, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}}
+	cfg := host.Config{VMs: 1, Clock: clk, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}, CPUTime: *cpuTime}
 	if *guestProfile {
-		cfg.TimeCalls = guestProfileFuncs
+		cfg.TimeCalls = profiledFuncs()
 	}
 	h := loadKvroute(b, cfg)
 	clk.Advance(200 * time.Millisecond) // the leader polls; the table arrives
@@ -443,5 +503,126 @@ func BenchmarkKvrouteLeaderTick(b *testing.B) {
 	}
 	if n := len(cp.reports()); n < 512*b.N {
 		b.Fatalf("%d reports reached the control plane, want %d", n, 512*b.N)
+	}
+}
+
+// baselineWasm: BenchmarkKvrouteRequestPath runs this module beside the one under test,
+// request for request in the same process, so a loaded machine slows both alike. Build it
+// from an older commit (git worktree add /tmp/kvroute-old <commit>; make -C /tmp/kvroute-old
+// wasm) and pass -args -baseline /tmp/kvroute-old/bin/kvroute.wasm.
+var baselineWasm = flag.String("baseline", "", "BenchmarkKvrouteRequestPath: a second module to run side by side (e.g. the previous commit's)")
+
+// BenchmarkKvrouteRequestPath (-guestallocs: where each module allocates): the 32 KB chat request (body in two 16 KB chunks, as the
+// proxy delivers it) through a two-VM host and back, on the virtual clock (10 ms every 32
+// requests: 3,200 requests/s, each VM ticking every 320 requests), without sockets: filter-p50-µs and
+// filter-p99-µs are the guest's CPU time per request (every callback; host.Config.CPUTime,
+// so a loaded machine's descheduling is not counted), guest-allocs/op and
+// gc-per-1k-req its allocations and garbage collections, host-calls/op its calls into the
+// host, tick-p99-µs the VMs' ticks. With -baseline, the same for that module ("base-"),
+// the two alternating request by request.
+//
+//	go test ./wasmtest/host -run '^$' -bench KvrouteRequestPath -benchtime 4000x -args -baseline OLD.wasm
+func BenchmarkKvrouteRequestPath(b *testing.B) {
+	path, err := wasmbuild.Filter()
+	require.NoError(b, err)
+	type side struct {
+		name    string
+		h       *host.Host
+		clk     *clock.Virtual
+		times   []time.Duration
+		mallocs int64
+		cycles  int64
+		calls   map[string]int64
+		ticks   []int
+	}
+	load := func(name, path string) *side {
+		cp := &quietControlPlane{frame: table.EncodeFull(kvTable(b))}
+		clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+		cfg := host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(3),
+			PluginConfig: kvConfig, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}},
+			CountCalls: []string{mallocgc, gcCycle}, CPUTime: true}
+		if *guestAllocs {
+			cfg.CallSites = []string{mallocgc}
+		}
+		h, err := host.Load(context.Background(), path, cfg)
+		require.NoError(b, err)
+		b.Cleanup(func() { h.Close(context.Background()) })
+		clk.Advance(200 * time.Millisecond) // the leader polls; the table reaches both VMs
+		return &side{name: name, h: h, clk: clk}
+	}
+	sides := []*side{load("", path)}
+	if *baselineWasm != "" {
+		sides = append(sides, load("base-", *baselineWasm))
+	}
+	body := kvChat(kvSystem+strings.Repeat("More context. ", 600), "where is my parcel")
+	req := host.Request{
+		Headers:         host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}},
+		Body:            [][]byte{body[:len(body)/2], body[len(body)/2:]},
+		UpstreamAddress: "127.0.0.1:9002",
+		Upstream: func(host.Message) host.Response {
+			return host.Response{Headers: host.Headers{{":status", "200"}},
+				Body: [][]byte{[]byte(`{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":8000,"prompt_tokens_details":{"cached_tokens":5984}}}`)}}
+		},
+	}
+	const tickEvery = 32
+	run := func(s *side, i int) time.Duration {
+		res, err := s.h.Do(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := endpointOf(res.Forwarded); !strings.HasPrefix(got, "127.0.0.1:9002") {
+			b.Fatalf("%srouted to %q, want the prefix owner 127.0.0.1:9002 first", s.name, got)
+		}
+		if i%tickEvery == tickEvery-1 {
+			s.clk.Advance(10 * time.Millisecond)
+		}
+		return res.FilterTime
+	}
+	// Warm up past route.Local's settle time (placements are kept a second), so the
+	// VMs' buffers have reached their steady size.
+	for i := range 5000 {
+		for _, s := range sides {
+			run(s, i)
+		}
+	}
+	for _, s := range sides {
+		s.mallocs, s.cycles, s.calls = s.h.Calls(mallocgc), s.h.Calls(gcCycle), s.h.HostCalls()
+		s.h.ResetCallSites()
+		for _, vm := range s.h.VMs() {
+			s.ticks = append(s.ticks, len(vm.TickDurations()))
+		}
+	}
+	i := 0
+	for b.Loop() {
+		for j := range sides {
+			s := sides[(i+j)%len(sides)] // alternate which goes first
+			s.times = append(s.times, run(s, i))
+		}
+		i++
+	}
+	for _, s := range sides {
+		slices.Sort(s.times)
+		n := float64(len(s.times))
+		b.ReportMetric(float64(s.times[len(s.times)/2].Microseconds()), s.name+"filter-p50-µs")
+		b.ReportMetric(float64(s.times[len(s.times)*99/100].Microseconds()), s.name+"filter-p99-µs")
+		b.ReportMetric(float64(s.h.Calls(mallocgc)-s.mallocs)/n, s.name+"guest-allocs/op")
+		b.ReportMetric(float64(s.h.Calls(gcCycle)-s.cycles)*1000/n, s.name+"gc-per-1k-req")
+		calls := 0.0
+		for name, c := range s.h.HostCalls() {
+			calls += float64(c - s.calls[name])
+		}
+		b.ReportMetric(calls/n, s.name+"host-calls/op")
+		var ticks []time.Duration
+		for k, vm := range s.h.VMs() {
+			ticks = append(ticks, vm.TickDurations()[s.ticks[k]:]...)
+		}
+		if len(ticks) > 0 {
+			slices.Sort(ticks)
+			b.ReportMetric(float64(ticks[len(ticks)*99/100].Microseconds()), s.name+"tick-p99-µs")
+		}
+		if *guestAllocs {
+			fmt.Printf("%s:\n", cmp.Or(strings.TrimSuffix(s.name, "-"), "module under test"))
+			logCallSites(s.h, mallocgc, s.calls, int64(len(s.times)))
+		}
 	}
 }

@@ -246,9 +246,17 @@ func (vm *VM) invoke(fn api.Function, contextID uint32, args ...uint64) (uint64,
 	stack := vm.stack[:]
 	copy(stack, args)
 	vm.effective = contextID
-	start := time.Now()
-	err := fn.CallWithStack(vm.ctx, stack)
-	vm.lastCall = time.Since(start)
+	var err error
+	if vm.host.cfg.CPUTime {
+		var c threadClock
+		c.begin()
+		err = fn.CallWithStack(vm.ctx, stack)
+		vm.lastCall = c.end()
+	} else {
+		start := time.Now()
+		err = fn.CallWithStack(vm.ctx, stack)
+		vm.lastCall = time.Since(start)
+	}
 	vm.effective = 0
 	vm.host.stats.callbacks.Add(1)
 	if err != nil {

@@ -142,6 +142,7 @@ func (h *Host) instantiateWASI(ctx context.Context) ([]api.Module, error) {
 		for _, f := range h.profile.wasi {
 			f := f
 			qualified := name + "." + f.name
+			calls := h.hostCallCounter(qualified)
 			var results []api.ValueType
 			if !f.noResult {
 				results = []api.ValueType{i32}
@@ -155,6 +156,7 @@ func (h *Host) instantiateWASI(ctx context.Context) ([]api.Module, error) {
 					}
 					vm := ctx.Value(vmKey{}).(*VM)
 					vm.checkRestricted(qualified)
+					calls.Add(1)
 					r := f.call(vm, stack)
 					if !f.noResult {
 						stack[0] = uint64(r)
