@@ -6,15 +6,23 @@ import "time"
 // the control plane's queue numbers are a snapshot, up to a few hundred milliseconds
 // old, and queue depth is the term that goes wrong fastest (docs/rule.md). An entry counts
 // on top of the snapshot only if it was sent after the snapshot was measured.
+//
+// The ledger also corrects the snapshot the other way. A request sent before the
+// snapshot was measured and seen to start after it (Started: its first response byte)
+// is counted in the snapshot's queue but is no longer queued, so its tokens are taken
+// off. Its start is kept for that while a snapshot measured before it may still be used
+// (DropStarts).
 type Ledger struct {
 	entries map[uint64]sent
+	starts  int // entries with a start
 }
 
 type sent struct {
-	addr   string
-	tokens float64
-	at     time.Time
-	peer   bool
+	addr    string
+	tokens  float64
+	at      time.Time
+	started time.Time // zero until Started
+	peer    bool
 }
 
 // NewLedger returns an empty ledger.
@@ -22,13 +30,20 @@ func NewLedger() *Ledger { return &Ledger{entries: map[uint64]sent{}} }
 
 // Add records that request id sent tokens of prefill work to addr at time at.
 func (l *Ledger) Add(id uint64, addr string, tokens float64, at time.Time) {
-	l.entries[id] = sent{addr, tokens, at, false}
+	l.put(id, sent{addr: addr, tokens: tokens, at: at})
+}
+
+func (l *Ledger) put(id uint64, s sent) {
+	if old, ok := l.entries[id]; ok && !old.started.IsZero() {
+		l.starts--
+	}
+	l.entries[id] = s
 }
 
 // AddPeer records work another VM of the same proxy sent (filter/placed.go). Its end is
 // not seen here: ExpirePeers drops it.
 func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
-	l.entries[id] = sent{addr, tokens, at, true}
+	l.put(id, sent{addr: addr, tokens: tokens, at: at, peer: true})
 }
 
 // ExpirePeers drops the other VMs' entries sent before cutoff and says how many.
@@ -36,60 +51,107 @@ func (l *Ledger) ExpirePeers(cutoff time.Time) int {
 	n := 0
 	for id, s := range l.entries {
 		if s.peer && s.at.Before(cutoff) {
-			delete(l.entries, id)
+			l.remove(id, s)
 			n++
 		}
 	}
 	return n
 }
 
-// Done removes request id: its prefill started (response headers arrived) or it ended.
-func (l *Ledger) Done(id uint64) { delete(l.entries, id) }
+// Started records that request id's prefill was done at at (its first response byte
+// arrived): its tokens are no longer queued. Only the first call counts. The entry stays
+// as a start until DropStarts drops it, so that a snapshot measured between the send and
+// at, which still counts the tokens, is corrected (Sums).
+func (l *Ledger) Started(id uint64, at time.Time) {
+	if s, ok := l.entries[id]; ok && s.started.IsZero() {
+		s.started = at
+		l.entries[id] = s
+		l.starts++
+	}
+}
+
+// Done ends request id's entry: its prefill started (without a time: nothing to correct)
+// or the request ended. A start recorded by Started stays until DropStarts.
+func (l *Ledger) Done(id uint64) {
+	if s, ok := l.entries[id]; ok && s.started.IsZero() {
+		delete(l.entries, id)
+	}
+}
+
+// DropStarts drops the starts recorded before cutoff: no snapshot measured that early is
+// used any more.
+func (l *Ledger) DropStarts(cutoff time.Time) {
+	if l.starts == 0 {
+		return
+	}
+	for id, s := range l.entries {
+		if !s.started.IsZero() && s.started.Before(cutoff) {
+			l.remove(id, s)
+		}
+	}
+}
+
+func (l *Ledger) remove(id uint64, s sent) {
+	delete(l.entries, id)
+	if !s.started.IsZero() {
+		l.starts--
+	}
+}
 
 // Len is the number of requests in flight before their first response byte.
-func (l *Ledger) Len() int { return len(l.entries) }
+func (l *Ledger) Len() int { return len(l.entries) - l.starts }
 
-// Expire drops entries sent before cutoff (streams whose end was never seen) and says
-// how many it dropped.
+// Expire drops entries sent before cutoff and says how many of them had not started
+// (streams whose end was never seen).
 func (l *Ledger) Expire(cutoff time.Time) int {
 	n := 0
 	for id, s := range l.entries {
 		if s.at.Before(cutoff) {
-			delete(l.entries, id)
-			n++
+			if s.started.IsZero() {
+				n++
+			}
+			l.remove(id, s)
 		}
 	}
 	return n
 }
 
-// PendingSince sums the tokens sent to addr after since.
+// PendingSince sums the tokens sent to addr after since and not yet started.
 func (l *Ledger) PendingSince(addr string, since time.Time) float64 {
 	if len(l.entries) == 0 {
 		return 0 // the common case between bursts; skips a map iteration per replica
 	}
 	var sum float64
 	for _, s := range l.entries {
-		if s.addr == addr && s.at.After(since) {
+		if s.addr == addr && s.started.IsZero() && s.at.After(since) {
 			sum += s.tokens
 		}
 	}
 	return sum
 }
 
-// Sums returns the tokens sent to addr after since (on top of a snapshot measured at
-// since) and all the tokens sent to addr and not yet started (the load term of the
-// stale regime, shared/rule), in one pass.
-func (l *Ledger) Sums(addr string, since time.Time) (recent, all float64) {
+// Sums returns, in one pass, the correction to a snapshot of addr's queue measured at
+// since, and all the tokens sent to addr and not yet started (the load term of the stale
+// regime, shared/rule). The correction adds what was sent after since and has not
+// started, and takes off what was sent by since and started after it; it can be
+// negative.
+func (l *Ledger) Sums(addr string, since time.Time) (correction, pending float64) {
 	if len(l.entries) == 0 {
 		return 0, 0
 	}
 	for _, s := range l.entries {
-		if s.addr == addr {
-			all += s.tokens
+		if s.addr != addr {
+			continue
+		}
+		switch {
+		case s.started.IsZero():
+			pending += s.tokens
 			if s.at.After(since) {
-				recent += s.tokens
+				correction += s.tokens
 			}
+		case !s.at.After(since) && s.started.After(since):
+			correction -= s.tokens
 		}
 	}
-	return recent, all
+	return correction, pending
 }

@@ -136,13 +136,14 @@ func NewRouter(p rule.Params, seed uint64) *Router {
 func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
 	r.matchTiers(m, c) // tiers.go: Match, plus the slower tiers when m has any
 	r.Local.match(m, c, r.matched)
+	r.dropStarts(now)
 	r.cands = r.cands[:0]
 	for i, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
-		recent, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
+		correction, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
 		off, load := r.offloaded(c, i)
 		r.cands = append(r.cands, rule.Replica{
-			Queued:    float64(rep.Queued) + recent,
+			Queued:    queued(rep.Queued, correction),
 			Pending:   pending,
 			Cached:    min(c.Tokens(r.matched[i]), c.PromptTokens),
 			Offloaded: off,
@@ -165,13 +166,31 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 // LeastQueued orders m's replicas by queued tokens alone (snapshot plus ledger), healthy
 // first: the route for a request that cannot be parsed, which has no prefix to match.
 func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Time) Decision {
+	r.dropStarts(now)
 	r.cands = r.cands[:0]
 	for _, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
-		recent, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
-		r.cands = append(r.cands, rule.Replica{Queued: float64(rep.Queued) + recent, Healthy: rep.Healthy})
+		correction, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
+		r.cands = append(r.cands, rule.Replica{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
 	}
 	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
+}
+
+// queued is Q(r): the snapshot's queued tokens with the ledger's correction (never below
+// zero: the ledger's tokens are predictions, the engine's cache may have served more).
+func queued(snapshot uint64, correction float64) float64 {
+	return max(float64(snapshot)+correction, 0)
+}
+
+// dropStarts forgets the ledger's starts that only a snapshot older than MaxStateAge
+// could need: the rule does not use such a snapshot's queue numbers. With the guard off
+// they are kept for the default's 2 s.
+func (r *Router) dropStarts(now time.Time) {
+	keep := r.Picker.Params.MaxStateAge
+	if keep <= 0 {
+		keep = rule.DefaultParams().MaxStateAge
+	}
+	r.Ledger.DropStarts(now.Add(-keep))
 }
 
 // decision names the ordered replicas by address.

@@ -283,3 +283,85 @@ func BenchmarkRoute22Replicas8kTokens(b *testing.B) {
 		}
 	}
 }
+
+// A snapshot measured between a request's send and its start still counts its tokens as
+// queued; the ledger takes them off (and adds what was sent after the snapshot, as before).
+func TestLedgerCorrectsASnapshotMeasuredBeforeAStart(t *testing.T) {
+	l := NewLedger()
+	t0 := time.Unix(1000, 0)
+	l.Add(1, "a", 2000, t0)
+	l.Add(2, "a", 300, t0.Add(200*time.Millisecond))
+	l.Started(1, t0.Add(150*time.Millisecond))
+	l.Started(1, t0.Add(190*time.Millisecond)) // later chunks: the first call counts
+	assert.Equal(t, 1, l.Len(), "request 1 is no longer in flight before its first byte")
+
+	c, p := l.Sums("a", t0.Add(100*time.Millisecond)) // measured with request 1 queued
+	assert.Equal(t, -2000.0+300, c)
+	assert.Equal(t, 300.0, p, "pending counts only what has not started")
+	c, _ = l.Sums("a", t0.Add(160*time.Millisecond)) // measured after the start
+	assert.Equal(t, 300.0, c)
+	c, _ = l.Sums("a", t0.Add(-time.Millisecond)) // measured before the send: never counted it
+	assert.Equal(t, 300.0, c)
+	assert.Zero(t, l.PendingSince("a", t0.Add(250*time.Millisecond)))
+	assert.Equal(t, 300.0, l.PendingSince("a", t0))
+
+	// The stream's end keeps the start; DropStarts forgets it.
+	l.Done(1)
+	c, _ = l.Sums("a", t0.Add(100*time.Millisecond))
+	assert.Equal(t, -1700.0, c)
+	l.DropStarts(t0.Add(149 * time.Millisecond))
+	c, _ = l.Sums("a", t0.Add(100*time.Millisecond))
+	assert.Equal(t, -1700.0, c, "started after the cutoff: kept")
+	l.DropStarts(t0.Add(151 * time.Millisecond))
+	c, _ = l.Sums("a", t0.Add(100*time.Millisecond))
+	assert.Equal(t, 300.0, c)
+
+	// Done without a start drops the entry, as the filter's first byte did before Started.
+	l.Done(2)
+	assert.Zero(t, l.Len())
+	c, p = l.Sums("a", t0)
+	assert.Zero(t, c)
+	assert.Zero(t, p)
+
+	// Expire counts only entries that never started.
+	l.Add(3, "a", 10, t0)
+	l.Add(4, "a", 10, t0)
+	l.Started(4, t0)
+	assert.Equal(t, 1, l.Expire(t0.Add(time.Second)))
+	assert.Zero(t, l.Len())
+}
+
+// The owner of a 2,048-token system prompt looks busy in a snapshot measured while it
+// prefilled two requests this router sent (2,176 and 2,048 tokens); both have answered
+// since. Without the correction (before Started: the first byte dropped the entries)
+// the owner cost its snapshot's 4,224 tokens plus its few uncached ones, more than an
+// idle replica that prefills the whole prompt, and the request spilled; with it the owner
+// is idle and keeps the request.
+func TestStartedRequestsLeaveTheOwnersQueue(t *testing.T) {
+	system := strings.Repeat("You are the group's assistant. ", 264) // ~8,200 bytes, ~2,048 tokens
+	id := Identity{Model: "llama"}
+	first := chainOf(t, chatBody(system, "First question."), id)
+	second := chainOf(t, chatBody(system, "Second question."), id)
+	m := model(t, 2)
+	hold(t, m, first, 0)
+	m.Replicas[0].Queued = 2176 + 2048
+	now := time.Unix(2000, 0)
+	const tableAge = 230 * time.Millisecond // the snapshot is 250 ms old (scrape 20 ms)
+
+	r := exactRouter()
+	r.Ledger.Add(1, "10.0.0.0:8000", 2176, now.Add(-400*time.Millisecond))
+	r.Ledger.Add(2, "10.0.0.0:8000", 2048, now.Add(-300*time.Millisecond))
+	d := r.Decide(m, &second, tableAge, now)
+	assert.Equal(t, "10.0.0.1:8000", d.Addrs[0], "both still queued: the owner is 4,224 tokens deep")
+	assert.Equal(t, 4224.0, r.cands[0].Queued)
+
+	r.Ledger.Started(1, now.Add(-100*time.Millisecond))
+	r.Ledger.Started(2, now.Add(-50*time.Millisecond))
+	d = r.Decide(m, &second, tableAge, now)
+	assert.Equal(t, "10.0.0.0:8000", d.Addrs[0], "both started after the snapshot: the owner is idle")
+	assert.Zero(t, r.cands[0].Queued)
+
+	// A snapshot measured after the starts is taken as it is.
+	d = r.Decide(m, &second, 30*time.Millisecond, now)
+	assert.Equal(t, 4224.0, r.cands[0].Queued)
+}

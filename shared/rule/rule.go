@@ -17,8 +17,11 @@
 //
 // Q(r) is the control plane's snapshot of r's queued prefill tokens (scraped from the
 // engine, carried in the table) plus what this router sent to r after the snapshot was
-// measured (its ledger, package route: an entry per request from the decision until the
-// first response byte). Cached(r, x) is the longest prefix of x's block chain that the
+// measured, minus what it sent before and saw start (its first response byte) after
+// (its ledger, package route: an entry per request from the decision until the first
+// response byte, then its start while a snapshot older than it may be in use). The
+// snapshot is 100-350 ms old and a 2,000-token prefill takes 150 ms, so without the
+// second term a replica that has just finished a prefill still looks busy. Cached(r, x) is the longest prefix of x's block chain that the
 // table lists on r, or that this proxy placed on r itself since the table last had the
 // chance to learn it (route.Local: the proxy's own recent placements, shared by its
 // worker VMs).

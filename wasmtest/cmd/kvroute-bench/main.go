@@ -225,6 +225,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
 	fs.IntVar(&o.CPUTierTokens, "cpu-tier-tokens", 0, "every replica keeps this many tokens of KV in CPU memory (vLLM's OffloadingConnector, LRU) and loads hits from there; adds policy "+fleet.GPUOnlyName+" (kvroute reading GPU holders only) and a GPU/CPU hit split")
 	fs.Var(durFlag{&cpuLoad, time.Microsecond}, "cpu-load-per-token", "with --cpu-tier-tokens: what loading a token back costs (us or a duration; 3.28 us: docs/rule.md)")
+	fs.BoolVar(&o.KVRoute.LedgerStarts, "ledger-starts", true, "kvroute: the proxy records each request's first response byte as its start and takes its tokens off a queue snapshot measured before it (false: drops the ledger entry there, the filter's behaviour before route.Ledger.Started)")
 	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements (the behaviour before issue 13)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err

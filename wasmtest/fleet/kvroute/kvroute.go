@@ -57,7 +57,12 @@ type Config struct {
 	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
 	// comparison with the behaviour before it.
 	NoLocal bool
-	Seed    uint64
+	// LedgerStarts: at a request's first response byte the proxy records its start
+	// (route.Ledger.Started), so that a snapshot measured before it no longer counts its
+	// tokens as queued. False drops the ledger entry there (Ledger.Done), as
+	// filter/response.go did before Started existed.
+	LedgerStarts bool
+	Seed         uint64
 	// TokenKeys feeds the index the engines' BlockStored events too. They only make
 	// token-domain keys, which text-domain (chat) requests never match, so routing is
 	// the same without them (TestTokenKeysDoNotChangeTextRouting) at a third of the
@@ -86,7 +91,7 @@ func DefaultConfig() Config {
 		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
 		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
 		MaxReportBatch: fc.ControlPlane.MaxReportBatch, Filter: fc,
-		AgeFromGeneration: true, Seed: 1,
+		AgeFromGeneration: true, LedgerStarts: true, Seed: 1,
 	}
 }
 
@@ -208,6 +213,9 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 	}
 	return p, nil
 }
+
+// Proxy is proxy k (tests, debugging).
+func (p *Policy) Proxy(k int) *Proxy { return p.routers[k].Proxy }
 
 func (p *Policy) Name() string {
 	if p.Label != "" {
@@ -363,9 +371,14 @@ func (p *Policy) Started(*workload.Request, int, time.Duration) {}
 
 // FirstByte is OnHttpResponseBody's first call: prefill is done (for a stream, the first
 // token), so the engine's queue numbers no longer hold the request's prefill.
-func (p *Policy) FirstByte(req *workload.Request, _ int, _ time.Duration) {
+func (p *Policy) FirstByte(req *workload.Request, _ int, now time.Duration) {
 	if pl := p.placed[req.ID]; pl != nil {
-		p.routers[pl.router].rt.Ledger.Done(req.ID)
+		l := p.routers[pl.router].rt.Ledger
+		if p.cfg.LedgerStarts {
+			l.Started(req.ID, at(now))
+		} else {
+			l.Done(req.ID)
+		}
 	}
 }
 

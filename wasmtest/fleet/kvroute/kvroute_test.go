@@ -187,3 +187,61 @@ func TestControlPlaneOutageKeepsAffinity(t *testing.T) {
 	t.Logf("before issue 13: cached before %.3f, during the outage %.3f", res.Phases[0].CachedTokenRate, res.Phases[1].CachedTokenRate)
 	assert.Less(t, res.Phases[1].CachedTokenRate, 0.8*res.Phases[0].CachedTokenRate, "the cache-blind fallback")
 }
+
+// firstBytes wraps the policy to look at the proxy's ledger right after a request's first
+// byte: how a snapshot measured when the request was sent would be corrected.
+type firstBytes struct {
+	*kvroute.Policy
+	sent        map[uint64]time.Duration
+	corrections []float64
+}
+
+func (f *firstBytes) Route(r *workload.Request, now time.Duration) policy.Choice {
+	ch := f.Policy.Route(r, now)
+	if ch.Rule {
+		f.sent[r.ID] = now
+	}
+	return ch
+}
+
+func (f *firstBytes) FirstByte(r *workload.Request, i int, now time.Duration) {
+	f.Policy.FirstByte(r, i, now)
+	if at, ok := f.sent[r.ID]; ok {
+		c, _ := f.Proxy(0).Router().Ledger.Sums(sim.Addr(i), kvroute.Epoch.Add(at))
+		f.corrections = append(f.corrections, c)
+	}
+}
+
+// A request's first byte records its start in the ledger (route.Ledger.Started): a queue
+// snapshot measured when it was sent, which still counts its prefill, is corrected by it.
+// With LedgerStarts off (the simulator before Started existed) the entry is dropped and
+// nothing corrects that snapshot: every correction is zero or positive.
+func TestFirstByteCorrectsOlderSnapshots(t *testing.T) {
+	w := tiny(t, 5*time.Second)
+	corrections := func(starts bool) []float64 {
+		cfg := kvroute.DefaultConfig()
+		cfg.LedgerStarts = starts
+		var fb *firstBytes
+		_, err := sim.Run(sim.Config{Replicas: 3, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+				kp, err := kvroute.New(f, routerOf, cfg)
+				fb = &firstBytes{Policy: kp, sent: map[uint64]time.Duration{}}
+				return fb, err
+			})
+		require.NoError(t, err)
+		require.NotEmpty(t, fb.corrections)
+		return fb.corrections
+	}
+	negative := func(cs []float64) int {
+		n := 0
+		for _, c := range cs {
+			if c < 0 {
+				n++
+			}
+		}
+		return n
+	}
+	with, without := corrections(true), corrections(false)
+	assert.Greater(t, negative(with), len(with)/2, "most first bytes take the request off an older snapshot")
+	assert.Zero(t, negative(without))
+}
