@@ -35,9 +35,16 @@ import (
 // control plane scrapes M simulated engines' vLLM /metrics every 100 ms. The control
 // plane runs in a child process (this test binary as TestFanoutControlPlaneProcess),
 // so its CPU is measured alone (getrusage of the child); proxies and engines share the
-// machine with it. Reported: control-plane CPU cores per 1,000 proxies, publish-to-
-// receive latency (receive time minus the frame's generated time, same clock) p50/p99,
-// table bytes/s out, requests/s served.
+// machine with it. Reported: the control plane's CPU (user+system seconds of the child
+// process per second, from /proc: the proxies' and engines' own work is not in it) in
+// cores and per 1,000 proxies, publish-to-receive latency (receive time minus the
+// frame's generated time, same clock) p50/p99, table bytes/s out, the mean delta's size,
+// versions/s, requests/s served.
+//
+// The proxies poll as current filters do, listing the formats they read
+// (-fanout.formats "1,2": format 2); -fanout.formats "" polls as filters before format 2
+// did (format 1). -fanout.churn is the fraction of engines whose waiting count changes on
+// every scrape (a busy fleet: versions every 50 ms instead of the 100 ms refresh).
 //
 //	go test ./controlplane -run '^$' -bench Fanout -benchtime 1x -fanout.proxies 2000 -fanout.engines 200
 //
@@ -48,10 +55,13 @@ func BenchmarkFanout(b *testing.B) {
 		b.Run("mode="+mode, func(b *testing.B) {
 			for range b.N {
 				r := fanout(b, *fanoutProxies, *fanoutEngines, mode, *fanoutDur)
+				b.ReportMetric(r.cores, "cores")
 				b.ReportMetric(r.cores*1000/float64(*fanoutProxies), "cores/1000proxies")
 				b.ReportMetric(r.p50, "p50-ms")
 				b.ReportMetric(r.p99, "p99-ms")
 				b.ReportMetric(r.bytesPerSec, "bytes/s")
+				b.ReportMetric(r.deltaBytes, "bytes/delta")
+				b.ReportMetric(r.versionsPerSec, "versions/s")
 				b.ReportMetric(r.reqPerSec, "req/s")
 				b.ReportMetric(float64(r.errors), "errors")
 			}
@@ -65,17 +75,22 @@ var (
 	fanoutRPS     = flag.Int("fanout.rps", 5, "requests/s per proxy, each a placement and an outcome report")
 	fanoutDur     = flag.Duration("fanout.duration", 10*time.Second, "measured time (BenchmarkFanout)")
 	fanoutProfile = flag.String("fanout.cpuprofile", "", "write the control plane's CPU profile here")
+	fanoutFormats = flag.String("fanout.formats", api.TableFormats, "X-Kvroute-Table-Formats the proxies send (\"\": as filters before format 2, format 1)")
+	fanoutChurn   = flag.Float64("fanout.churn", 0, "fraction of engines whose waiting count changes on every scrape")
 )
 
 const fanoutEnv = "KVROUTE_FANOUT_CP" // engines file and profile path in the child
 
 type fanoutResult struct {
 	cores, p50, p99, bytesPerSec, reqPerSec float64
+	deltaBytes, versionsPerSec              float64
 	errors                                  int64
 }
 
 // vllmMetrics is one engine's exposition, as vLLM writes it (the names the scraper reads).
-func vllmMetrics(i int) string {
+// waiting is the num_requests_waiting value (it changes between scrapes of an engine
+// that churns).
+func vllmMetrics(i, waiting int) string {
 	return fmt.Sprintf(`# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} %d.0
@@ -100,7 +115,7 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 4.5e+07
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="m"} 3.1e+06
-`, i%7, i%3, i%100, 20000+i)
+`, i%7, waiting, i%100, 20000+i)
 }
 
 func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) fanoutResult {
@@ -109,10 +124,16 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	var scrapes atomic.Int64
 	var es []discovery.Engine
 	for i := range engines {
-		body := vllmMetrics(i)
+		body := vllmMetrics(i, i%3)
+		churn := float64(i) < *fanoutChurn*float64(engines)
+		var n atomic.Int64
 		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			scrapes.Add(1)
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			if churn {
+				io.WriteString(w, vllmMetrics(i, int(n.Add(1)%8)))
+				return
+			}
 			io.WriteString(w, body)
 		}))
 		defer eng.Close()
@@ -154,6 +175,9 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 		mu        sync.Mutex
 		lat       []float64
 		bytesOut  atomic.Int64
+		deltaOut  atomic.Int64
+		vmin      = uint64(1<<64 - 1)
+		vmax      uint64
 		reqs      atomic.Int64
 		errs      atomic.Int64
 		measuring atomic.Bool
@@ -172,6 +196,9 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			}
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if *fanoutFormats != "" {
+			req.Header.Set(api.TableFormatsHeader, *fanoutFormats)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -198,11 +225,13 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			tab.GeneratedMs = int64(binary.LittleEndian.Uint64(body[24:]))
 			if measuring.Load() {
 				bytesOut.Add(int64(len(body)))
+				mu.Lock()
 				if resp.Header.Get("X-Kvroute-Frame") == "delta" {
-					mu.Lock()
+					deltaOut.Add(int64(len(body)))
 					lat = append(lat, float64(now.UnixMilli()-tab.GeneratedMs))
-					mu.Unlock()
 				}
+				vmin, vmax = min(vmin, tab.Version), max(vmax, tab.Version)
+				mu.Unlock()
 			}
 		case resp.StatusCode == http.StatusNotModified, resp.StatusCode == http.StatusServiceUnavailable:
 		default:
@@ -210,8 +239,7 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 		}
 	}
 	post := func(p int, n int, seq *int) {
-		var rb api.ReportBatch
-		rb.Proxy = fmt.Sprintf("p%d", p)
+		body := api.AppendBatchHeader(nil, fmt.Sprintf("p%d", p))
 		for range n {
 			*seq++
 			e := es[(p+*seq)%engines]
@@ -224,11 +252,11 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			pl, oc := common, common
 			pl.Kind = api.KindPlacement
 			oc.Kind, oc.Status, oc.PromptTokens, oc.CachedTokens, oc.PromptBytes = api.KindOutcome, 200, 2048, 1024, 8192
-			rb.Reports = append(rb.Reports, pl, oc)
+			body = pl.AppendBinary(body)
+			body = oc.AppendBinary(body)
 		}
-		body, _ := json.Marshal(rb)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+api.ReportsPath, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", api.ReportsContentType) // as filters post them (issue 15)
 		resp, err := client.Do(req)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -310,8 +338,14 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	}
 	r := fanoutResult{cores: cpu / wall, p50: q(0.5), p99: q(0.99), bytesPerSec: float64(bytesOut.Load()) / wall,
 		reqPerSec: float64(reqs.Load()) / wall, errors: errs.Load()}
-	b.Logf("%s: %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores, %d deltas received, p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
-		mode, proxies, engines, float64(sc1)/wall, r.cores, len(lat), r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
+	if len(lat) > 0 {
+		r.deltaBytes = float64(deltaOut.Load()) / float64(len(lat))
+	}
+	if vmax > vmin {
+		r.versionsPerSec = float64(vmax-vmin) / wall
+	}
+	b.Logf("%s (formats %q, churn %.2f): %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores, %.1f versions/s, %d deltas received (%.0f bytes each), p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
+		mode, *fanoutFormats, *fanoutChurn, proxies, engines, float64(sc1)/wall, r.cores, r.versionsPerSec, len(lat), r.deltaBytes, r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
 	mu.Unlock()
 	return r
 }
