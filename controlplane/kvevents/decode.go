@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -40,10 +41,7 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 	dc.buf, dc.off = payload, 0
 	defer func() { dc.buf = nil }()
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
-	for i := range b.Events {
-		b.Events[i] = resetEvent(b.Events[i])
-	}
-	b.Events = b.Events[:0]
+	b.Events = b.Events[:0] // each is reset as it is reused (batchField)
 	if err := dc.batch(b); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
@@ -59,18 +57,21 @@ func Decode(payload []byte) (*Batch, error) {
 	return &b, NewDecoder().Decode(payload, &b)
 }
 
-func resetEvent(e Event) Event {
-	return Event{Hashes: e.Hashes[:0], Tokens: e.Tokens[:0], FirstExtra: e.FirstExtra[:0]}
+// resetEvent empties e for reuse, keeping its slices' memory.
+func resetEvent(e *Event) {
+	h, t, x := e.Hashes[:0], e.Tokens[:0], e.FirstExtra[:0]
+	*e = Event{Hashes: h, Tokens: t, FirstExtra: x}
 }
 
 // walk reads one msgspec struct, which an engine encodes either as a map (field name
 // -> value) or as an array (msgspec's array_like: values by position), and hands each
-// value to field under its name. A map's keys that do not decode are reported as
+// value to field under its name: f, and k the name as sent (nil for an array's
+// elements; it aliases the payload). A map's keys that do not decode are reported as
 // "<what> key". For an array, header reads the array header (and any leading elements
-// it needs, like an event's tag) and returns the element count, the positional field
-// names and the index of the first element left; elements past the names are skipped.
+// it needs, like an event's tag) and returns the element count, the positional fields
+// and the index of the first element left; elements past the fields are skipped.
 // byName says which layout it was.
-func (dc *Decoder) walk(what string, field func(k string) error, header func() (n int, names []string, next int, err error)) (byName bool, err error) {
+func (dc *Decoder) walk(what string, field func(f fieldID, k []byte) error, header func() (n int, names []fieldID, next int, err error)) (byName bool, err error) {
 	c, err := dc.peek()
 	if err != nil {
 		return false, err
@@ -81,11 +82,11 @@ func (dc *Decoder) walk(what string, field func(k string) error, header func() (
 			return true, err
 		}
 		for i := 0; i < n; i++ {
-			k, err := dc.str()
+			k, err := dc.strBytes()
 			if err != nil {
 				return true, fmt.Errorf("%s key: %w", what, err)
 			}
-			if err := field(k); err != nil {
+			if err := field(fieldOf(k), k); err != nil {
 				return true, err
 			}
 		}
@@ -97,7 +98,7 @@ func (dc *Decoder) walk(what string, field func(k string) error, header func() (
 	}
 	for ; i < n; i++ {
 		if i < len(names) {
-			if err := field(names[i]); err != nil {
+			if err := field(names[i], nil); err != nil {
 				return false, err
 			}
 		} else if err := dc.skip(1); err != nil {
@@ -107,14 +108,128 @@ func (dc *Decoder) walk(what string, field func(k string) error, header func() (
 	return false, nil
 }
 
+// fieldID names the struct fields the decoder reads: a map's keys are matched once
+// (fieldOf, no string made) instead of as strings by every switch on the way.
+type fieldID uint8
+
+const (
+	fUnknown fieldID = iota // skipped
+	fTag                    // an array event's element 0, read by eventHeader
+	fType
+	fTS
+	fEvents
+	fDPRank
+	fAttnDPRank
+	fBlockHashes
+	fParent
+	fTokenIDs
+	fBlockSize
+	fLoraID
+	fMedium
+	fLoraName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSlidingWindow
+	fCacheSalt
+	fMetadata
+)
+
+var fieldNames = [...]string{
+	fType: "type", fTS: "ts", fEvents: "events", fDPRank: "data_parallel_rank",
+	fAttnDPRank: "attn_dp_rank", fBlockHashes: "block_hashes", fParent: "parent_block_hash",
+	fTokenIDs: "token_ids", fBlockSize: "block_size", fLoraID: "lora_id", fMedium: "medium",
+	fLoraName: "lora_name", fExtraKeys: "extra_keys", fGroupIdx: "group_idx",
+	fSpecKind: "kv_cache_spec_kind", fSlidingWindow: "kv_cache_spec_sliding_window",
+	fCacheSalt: "cache_salt", fMetadata: "metadata",
+}
+
+// fieldOf matches a field name: by its length, then at most three comparisons.
+func fieldOf(k []byte) fieldID {
+	switch len(k) {
+	case 2:
+		if string(k) == "ts" {
+			return fTS
+		}
+	case 4:
+		if string(k) == "type" {
+			return fType
+		}
+	case 6:
+		switch string(k) {
+		case "medium":
+			return fMedium
+		case "events":
+			return fEvents
+		}
+	case 7:
+		if string(k) == "lora_id" {
+			return fLoraID
+		}
+	case 8:
+		if string(k) == "metadata" {
+			return fMetadata
+		}
+	case 9:
+		switch string(k) {
+		case "token_ids":
+			return fTokenIDs
+		case "lora_name":
+			return fLoraName
+		case "group_idx":
+			return fGroupIdx
+		}
+	case 10:
+		switch string(k) {
+		case "block_size":
+			return fBlockSize
+		case "extra_keys":
+			return fExtraKeys
+		case "cache_salt":
+			return fCacheSalt
+		}
+	case 12:
+		switch string(k) {
+		case "block_hashes":
+			return fBlockHashes
+		case "attn_dp_rank":
+			return fAttnDPRank
+		}
+	case 17:
+		if string(k) == "parent_block_hash" {
+			return fParent
+		}
+	case 18:
+		switch string(k) {
+		case "kv_cache_spec_kind":
+			return fSpecKind
+		case "data_parallel_rank":
+			return fDPRank
+		}
+	case 28:
+		if string(k) == "kv_cache_spec_sliding_window" {
+			return fSlidingWindow
+		}
+	}
+	return fUnknown
+}
+
+// name is a field's name for messages: the key as sent, else the positional field's.
+func (f fieldID) name(k []byte) string {
+	if k != nil {
+		return string(k)
+	}
+	return fieldNames[f]
+}
+
 // batchFields are EventBatch's fields by array position.
-var batchFields = []string{"ts", "events", "data_parallel_rank"}
+var batchFields = []fieldID{fTS, fEvents, fDPRank}
 
 // batch reads an EventBatch. The map layout is not seen in any release (one revision of
 // vLLM main); it is decoded defensively.
 func (dc *Decoder) batch(b *Batch) error {
-	_, err := dc.walk("batch", func(k string) error { return dc.batchField(k, b) },
-		func() (int, []string, int, error) {
+	_, err := dc.walk("batch", func(f fieldID, k []byte) error { return dc.batchField(f, k, b) },
+		func() (int, []fieldID, int, error) {
 			n, err := dc.arrayLen()
 			if err != nil {
 				return 0, nil, 0, fmt.Errorf("batch: %w", err)
@@ -127,9 +242,9 @@ func (dc *Decoder) batch(b *Batch) error {
 	return err
 }
 
-func (dc *Decoder) batchField(k string, b *Batch) error {
-	switch k {
-	case "ts":
+func (dc *Decoder) batchField(f fieldID, k []byte, b *Batch) error {
+	switch f {
+	case fTS:
 		c, err := dc.peek()
 		if err != nil {
 			return err
@@ -161,7 +276,7 @@ func (dc *Decoder) batchField(k string, b *Batch) error {
 			return fmt.Errorf("ts: invalid code %#x decoding float", c)
 		}
 		return nil
-	case "events":
+	case fEvents:
 		n, err := dc.arrayLen()
 		if err != nil {
 			return fmt.Errorf("events: %w", err)
@@ -172,18 +287,23 @@ func (dc *Decoder) batchField(k string, b *Batch) error {
 			} else {
 				b.Events = append(b.Events, Event{})
 			}
-			if err := dc.event(&b.Events[len(b.Events)-1]); err != nil {
+			e := &b.Events[len(b.Events)-1]
+			resetEvent(e)
+			if dc.removedFast(e) {
+				continue
+			}
+			if err := dc.event(e); err != nil {
 				return fmt.Errorf("event %d: %w", i, err)
 			}
 		}
 		return nil
-	case "data_parallel_rank", "attn_dp_rank":
+	case fDPRank, fAttnDPRank:
 		v, ok, err := dc.optInt()
 		if err != nil {
-			return fmt.Errorf("%s: %w", k, err)
+			return fmt.Errorf("%s: %w", f.name(k), err)
 		}
 		if v < 0 || v > 1<<16 {
-			return fmt.Errorf("%s %d out of range", k, v)
+			return fmt.Errorf("%s %d out of range", f.name(k), v)
 		}
 		b.DPRank, b.HasDPRank = int(v), ok
 		return nil
@@ -194,12 +314,12 @@ func (dc *Decoder) batchField(k string, b *Batch) error {
 // Positional field names of the array layouts, by element index (tag = 0). Fields are
 // only ever appended, so every release's array is a prefix of these.
 var (
-	storedFields  = []string{"", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
-	removedFields = []string{"", "block_hashes", "medium", "group_idx"}
+	storedFields  = []fieldID{fTag, fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoraID, fMedium, fLoraName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow}
+	removedFields = []fieldID{fTag, fBlockHashes, fMedium, fGroupIdx}
 	// storedArray is storedFields and then what follows them in SGLang's
 	// BlockStoredWithMetadata (and newer fields): a trailing map, decoded for a cache
 	// salt; anything else there is skipped.
-	storedArray = append(slices.Clip(storedFields), "metadata")
+	storedArray = append(slices.Clip(storedFields), fMetadata)
 )
 
 func kindOf(tag string) Kind {
@@ -215,8 +335,8 @@ func kindOf(tag string) Kind {
 }
 
 func (dc *Decoder) event(e *Event) error {
-	byName, err := dc.walk("event", func(k string) error {
-		if k == "type" { // the map layout's tag (the array's is read by eventHeader)
+	byName, err := dc.walk("event", func(f fieldID, k []byte) error {
+		if f == fType { // the map layout's tag (the array's is read by eventHeader)
 			var err error
 			if e.Tag, err = dc.str(); err != nil {
 				return fmt.Errorf("type: %w", err)
@@ -224,17 +344,88 @@ func (dc *Decoder) event(e *Event) error {
 			e.Kind = kindOf(e.Tag)
 			return nil
 		}
-		return dc.eventField(k, e)
-	}, func() (int, []string, int, error) { return dc.eventHeader(e) })
+		return dc.eventField(f, k, e)
+	}, func() (int, []fieldID, int, error) { return dc.eventHeader(e) })
 	if err == nil && byName && e.Tag == "" {
 		return errors.New("map event without \"type\"")
 	}
 	return err
 }
 
+// BlockRemoved is half of a busy engine's events (one per evicted block), and vLLM
+// writes each the same way: removedFast reads those encodings by comparing them whole,
+// against constants (which the compiler compares in 8-byte words).
+const (
+	removedMap   = "\xa4type\xacBlockRemoved\xacblock_hashes\x91\xcf" // after fixmap 3 or 4, up to the hash
+	removedArray = "\xacBlockRemoved\x91\xcf"                         // after fixarray 2, 3 or 4
+)
+
+// removedFast decodes a BlockRemoved event with a 64-bit hash, medium "GPU" or nil and
+// group_idx 0 in one of vLLM's layouts: the map (>= 0.24: type, block_hashes, medium,
+// group_idx; or without group_idx) and the arrays (0.11 to 0.23 with group_idx, 0.10
+// without, 0.9 without medium either). It gives exactly what event would; on anything
+// else it consumes nothing and returns false.
+func (dc *Decoder) removedFast(e *Event) bool {
+	b := dc.buf[dc.off:]
+	if len(b) < 1+len(removedArray)+8 {
+		return false
+	}
+	var h int // the hash's offset
+	switch b[0] {
+	case msgpcode.FixedMapLow | 4, msgpcode.FixedMapLow | 3:
+		if len(b) < 1+len(removedMap)+8 || string(b[1:1+len(removedMap)]) != removedMap {
+			return false
+		}
+		h = 1 + len(removedMap)
+	case msgpcode.FixedArrayLow | 4, msgpcode.FixedArrayLow | 3, msgpcode.FixedArrayLow | 2:
+		if string(b[1:1+len(removedArray)]) != removedArray {
+			return false
+		}
+		h = 1 + len(removedArray)
+	default:
+		return false
+	}
+	rest, medium, n := b[h+8:], "", -1
+	switch b[0] {
+	case msgpcode.FixedMapLow | 4:
+		if len(rest) >= 22 && string(rest[:22]) == "\xa6medium\xa3GPU\xa9group_idx\x00" {
+			medium, n = "GPU", 22
+		} else if len(rest) >= 19 && string(rest[:19]) == "\xa6medium\xc0\xa9group_idx\x00" {
+			n = 19
+		}
+	case msgpcode.FixedMapLow | 3:
+		if len(rest) >= 11 && string(rest[:11]) == "\xa6medium\xa3GPU" {
+			medium, n = "GPU", 11
+		} else if len(rest) >= 8 && string(rest[:8]) == "\xa6medium\xc0" {
+			n = 8
+		}
+	case msgpcode.FixedArrayLow | 4:
+		if len(rest) >= 5 && string(rest[:5]) == "\xa3GPU\x00" {
+			medium, n = "GPU", 5
+		} else if len(rest) >= 2 && string(rest[:2]) == "\xc0\x00" {
+			n = 2
+		}
+	case msgpcode.FixedArrayLow | 3:
+		if len(rest) >= 4 && string(rest[:4]) == "\xa3GPU" {
+			medium, n = "GPU", 4
+		} else if len(rest) >= 1 && rest[0] == msgpcode.Nil {
+			n = 1
+		}
+	default: // v0.9: tag and hashes only
+		n = 0
+	}
+	if n < 0 {
+		return false
+	}
+	e.Kind, e.Tag, e.Medium = BlockRemoved, "BlockRemoved", medium
+	e.Hashes = append(e.Hashes, binary.BigEndian.Uint64(b[h:h+8]))
+	dc.off += h + 8 + n
+	return true
+}
+
 // eventHeader reads an array event's header and its tag (element 0), and returns the
 // element count and the positional field names of the tag's kind.
-func (dc *Decoder) eventHeader(e *Event) (n int, names []string, next int, err error) {
+func (dc *Decoder) eventHeader(e *Event) (n int, names []fieldID, next int, err error) {
 	c, err := dc.peek()
 	if err != nil {
 		return 0, nil, 0, err
@@ -261,29 +452,29 @@ func (dc *Decoder) eventHeader(e *Event) (n int, names []string, next int, err e
 	return n, names, 1, nil
 }
 
-func (dc *Decoder) eventField(k string, e *Event) error {
-	if err := dc.field(k, e); err != nil {
-		return fmt.Errorf("%s: %w", k, err)
+func (dc *Decoder) eventField(f fieldID, k []byte, e *Event) error {
+	if err := dc.field(f, e); err != nil {
+		return fmt.Errorf("%s: %w", f.name(k), err)
 	}
 	return nil
 }
 
-func (dc *Decoder) field(k string, e *Event) (err error) {
-	switch k {
-	case "block_hashes":
+func (dc *Decoder) field(f fieldID, e *Event) (err error) {
+	switch f {
+	case fBlockHashes:
 		e.Hashes, err = dc.hashes(e.Hashes)
 		return err
-	case "parent_block_hash":
+	case fParent:
 		if n, err := dc.isNil(); n || err != nil {
 			return err
 		}
 		e.Parent, err = dc.hash()
 		e.HasParent = err == nil
 		return err
-	case "token_ids":
+	case fTokenIDs:
 		e.Tokens, err = dc.tokens(e.Tokens)
 		return err
-	case "block_size":
+	case fBlockSize:
 		v, _, err := dc.optInt()
 		if err != nil {
 			return err
@@ -293,7 +484,7 @@ func (dc *Decoder) field(k string, e *Event) (err error) {
 		}
 		e.BlockSize = int(v)
 		return nil
-	case "lora_id":
+	case fLoraID:
 		c, err := dc.peek()
 		if err != nil {
 			return err
@@ -304,10 +495,10 @@ func (dc *Decoder) field(k string, e *Event) (err error) {
 		}
 		e.LoraID, e.HasLoraID, err = dc.optInt()
 		return err
-	case "medium":
+	case fMedium:
 		e.Medium, err = dc.optStr()
 		return err
-	case "lora_name":
+	case fLoraName:
 		c, err := dc.peek()
 		if err != nil {
 			return err
@@ -317,9 +508,9 @@ func (dc *Decoder) field(k string, e *Event) (err error) {
 		}
 		e.LoraName, err = dc.optStr()
 		return err
-	case "extra_keys":
+	case fExtraKeys:
 		return dc.extraKeys(e)
-	case "group_idx":
+	case fGroupIdx:
 		v, _, err := dc.optInt()
 		if err != nil {
 			return err
@@ -329,13 +520,13 @@ func (dc *Decoder) field(k string, e *Event) (err error) {
 		}
 		e.GroupIdx = int(v)
 		return nil
-	case "kv_cache_spec_kind":
+	case fSpecKind:
 		e.SpecKind, err = dc.optStr()
 		return err
-	case "cache_salt":
+	case fCacheSalt:
 		e.SaltKey, err = dc.optStr()
 		return err
-	case "metadata":
+	case fMetadata:
 		c, err := dc.peek()
 		if err != nil {
 			return err
@@ -368,11 +559,11 @@ func (dc *Decoder) metadata(e *Event) error {
 			}
 			continue
 		}
-		k, err := dc.str()
+		k, err := dc.strBytes()
 		if err != nil {
 			return err
 		}
-		if k == "cache_salt" {
+		if fieldOf(k) == fCacheSalt {
 			c, err := dc.peek()
 			if err != nil {
 				return err

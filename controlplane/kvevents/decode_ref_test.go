@@ -35,7 +35,7 @@ func (dc *refDecoder) Decode(payload []byte, b *Batch) (err error) {
 	dc.d.ResetReader(&dc.r)
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
 	for i := range b.Events {
-		b.Events[i] = resetEvent(b.Events[i])
+		resetEvent(&b.Events[i])
 	}
 	b.Events = b.Events[:0]
 	if err := dc.batch(b); err != nil {
@@ -442,9 +442,9 @@ func (dc *refDecoder) event(e *Event) error {
 	var names []string
 	switch e.Kind {
 	case BlockStored:
-		names = storedFields
+		names = refStoredFields
 	case BlockRemoved:
-		names = removedFields
+		names = refRemovedFields
 	}
 	for i := 1; i < n; i++ {
 		if i < len(names) {
@@ -463,6 +463,12 @@ func (dc *refDecoder) event(e *Event) error {
 	}
 	return nil
 }
+
+// The array layouts' positional field names (the reference's own copy).
+var (
+	refStoredFields  = []string{"", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+	refRemovedFields = []string{"", "block_hashes", "medium", "group_idx"}
+)
 
 func (dc *refDecoder) eventField(k string, e *Event) (err error) {
 	defer func() {

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -352,6 +353,45 @@ func TestDecoderReuse(t *testing.T) {
 	// Strings (tag, medium, spec kind) are the only allocations left.
 	if allocs > 4 {
 		t.Fatalf("%v allocations per decode", allocs)
+	}
+}
+
+// vLLM's BlockRemoved encodings (every layout, medium GPU or nil) take removedFast, and
+// it decodes them exactly as the schema walk does.
+func TestRemovedFastMatchesTheWalk(t *testing.T) {
+	for _, enc := range sim.Encodings {
+		for _, medium := range []string{"GPU", ""} {
+			for _, h := range []uint64{1 << 40, ^uint64(0)} {
+				p, err := sim.NewEncoder(enc).Encode(sim.Batch{TS: 1, Events: []sim.Event{{Kind: sim.BlockRemoved, BlockHashes: []uint64{h}, Medium: medium}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				dc := NewDecoder()
+				var b Batch
+				if err := dc.Decode(p, &b); err != nil {
+					t.Fatal(err)
+				}
+				// The event alone, both ways: it starts after the batch's array header,
+				// the ts (float64) and the events' array header.
+				ev := p[1+9+1:]
+				end := len(ev) - 1 // the dp rank follows (v0.9 has none)
+				if enc == sim.ArrayV09 {
+					end = len(ev)
+				}
+				var fast, walked Event
+				dc.buf, dc.off = ev, 0
+				if !dc.removedFast(&fast) || dc.off != end {
+					t.Fatalf("%s medium %q: removedFast did not take it (off %d of %d)", enc, medium, dc.off, end)
+				}
+				dc.buf, dc.off = ev, 0
+				if err := dc.event(&walked); err != nil {
+					t.Fatal(err)
+				}
+				if fmt.Sprintf("%+v", fast) != fmt.Sprintf("%+v", walked) || fmt.Sprintf("%+v", b.Events[0]) != fmt.Sprintf("%+v", walked) {
+					t.Fatalf("%s medium %q:\nfast   %+v\nwalked %+v", enc, medium, fast, walked)
+				}
+			}
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -234,54 +235,36 @@ func lenHeader(c byte) int {
 	return 0
 }
 
-// intern returns the strings the events repeat (field names, tags, media) without
-// allocating; others are copied.
+// intern returns the strings the events repeat as values (tags, media, the spec
+// kind) without allocating; others are copied. Field names never become strings
+// (fieldOf).
 func intern(b []byte) string {
-	switch string(b) {
-	case "type":
-		return "type"
-	case "BlockStored":
-		return "BlockStored"
-	case "BlockRemoved":
-		return "BlockRemoved"
-	case "AllBlocksCleared":
-		return "AllBlocksCleared"
-	case "block_hashes":
-		return "block_hashes"
-	case "parent_block_hash":
-		return "parent_block_hash"
-	case "token_ids":
-		return "token_ids"
-	case "block_size":
-		return "block_size"
-	case "lora_id":
-		return "lora_id"
-	case "medium":
-		return "medium"
-	case "lora_name":
-		return "lora_name"
-	case "extra_keys":
-		return "extra_keys"
-	case "group_idx":
-		return "group_idx"
-	case "kv_cache_spec_kind":
-		return "kv_cache_spec_kind"
-	case "kv_cache_spec_sliding_window":
-		return "kv_cache_spec_sliding_window"
-	case "GPU":
-		return "GPU"
-	case "CPU":
-		return "CPU"
-	case "full_attention":
-		return "full_attention"
-	case "ts":
-		return "ts"
-	case "events":
-		return "events"
-	case "data_parallel_rank":
-		return "data_parallel_rank"
-	case "":
+	switch len(b) {
+	case 0:
 		return ""
+	case 3:
+		switch string(b) {
+		case "GPU":
+			return "GPU"
+		case "CPU":
+			return "CPU"
+		}
+	case 11:
+		if string(b) == "BlockStored" {
+			return "BlockStored"
+		}
+	case 12:
+		if string(b) == "BlockRemoved" {
+			return "BlockRemoved"
+		}
+	case 14:
+		if string(b) == "full_attention" {
+			return "full_attention"
+		}
+	case 16:
+		if string(b) == "AllBlocksCleared" {
+			return "AllBlocksCleared"
+		}
 	}
 	return string(b)
 }
@@ -326,18 +309,34 @@ func (dc *Decoder) uint(c byte) (uint64, error) {
 
 // str decodes a string, refusing anything longer than the bytes left.
 func (dc *Decoder) str() (string, error) {
-	c, err := dc.peek()
-	if err != nil {
-		return "", err
-	}
-	if !isStr(c) {
-		return "", fmt.Errorf("want a string, got code %#x", c)
-	}
-	b, err := dc.payload(c)
+	b, err := dc.strBytes()
 	if err != nil {
 		return "", err
 	}
 	return intern(b), nil
+}
+
+// strBytes decodes a string as its bytes, which alias the payload.
+func (dc *Decoder) strBytes() ([]byte, error) {
+	if dc.off < len(dc.buf) {
+		// The common case inline: a fixstr (below 32 bytes: every field name and tag).
+		if c := dc.buf[dc.off]; c&0xe0 == msgpcode.FixedStrLow {
+			end := dc.off + 1 + int(c&msgpcode.FixedStrMask)
+			if end <= len(dc.buf) {
+				b := dc.buf[dc.off+1 : end : end]
+				dc.off = end
+				return b, nil
+			}
+		}
+	}
+	c, err := dc.peek()
+	if err != nil {
+		return nil, err
+	}
+	if !isStr(c) {
+		return nil, fmt.Errorf("want a string, got code %#x", c)
+	}
+	return dc.payload(c)
 }
 
 // optStr decodes a string or nil.
@@ -419,6 +418,12 @@ func (dc *Decoder) hashes(dst []uint64) ([]uint64, error) {
 		return dst, err
 	}
 	for i := 0; i < n; i++ {
+		// vLLM's int hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) inline.
+		if b := dc.buf[dc.off:]; len(b) >= 9 && b[0] == msgpcode.Uint64 {
+			dst = append(dst, binary.BigEndian.Uint64(b[1:9]))
+			dc.off += 9
+			continue
+		}
 		h, err := dc.hash()
 		if err != nil {
 			return dst, err
@@ -430,50 +435,74 @@ func (dc *Decoder) hashes(dst []uint64) ([]uint64, error) {
 
 func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	n, err := dc.arrayLen()
-	if err != nil {
+	if err != nil || n <= 0 {
 		return dst, err
 	}
-	for i := 0; i < n; i++ {
-		// The common case inline: token ids below 2^16 (positive fixnum, uint8, uint16).
-		if b := dc.buf[dc.off:]; len(b) > 0 && b[0] <= msgpcode.PosFixedNumHigh {
-			dst = append(dst, uint32(b[0]))
-			dc.off++
-			continue
-		} else if len(b) >= 3 && b[0] == msgpcode.Uint16 {
-			dst = append(dst, uint32(b[1])<<8|uint32(b[2]))
-			dc.off += 3
-			continue
-		} else if len(b) >= 5 && b[0] == msgpcode.Uint32 {
-			dst = append(dst, binary.BigEndian.Uint32(b[1:5]))
-			dc.off += 5
-			continue
+	// n is at most the bytes left (count), so this is bounded by the payload.
+	base := len(dst)
+	dst = slices.Grow(dst, n)[:base+n]
+	out := dst[base:]
+	buf, off := dc.buf, dc.off
+	for i := range out {
+		// The common cases inline: token ids below 2^32 in their smallest form.
+		if off < len(buf) {
+			switch c := buf[off]; {
+			case c <= msgpcode.PosFixedNumHigh:
+				out[i] = uint32(c)
+				off++
+				continue
+			case c == msgpcode.Uint16 && off+3 <= len(buf):
+				out[i] = uint32(buf[off+1])<<8 | uint32(buf[off+2])
+				off += 3
+				continue
+			case c == msgpcode.Uint8 && off+2 <= len(buf):
+				out[i] = uint32(buf[off+1])
+				off += 2
+				continue
+			case c == msgpcode.Uint32 && off+5 <= len(buf):
+				out[i] = binary.BigEndian.Uint32(buf[off+1 : off+5])
+				off += 5
+				continue
+			}
 		}
-		c, err := dc.peek()
+		dc.off = off
+		v, err := dc.token()
 		if err != nil {
-			return dst, err
+			return dst[:base+i], err
 		}
-		var v uint64
-		switch {
-		case isSigned(c):
-			s, err := dc.sint(c)
-			if err != nil {
-				return dst, err
-			}
-			if s < 0 {
-				return dst, fmt.Errorf("token id %d is negative", s)
-			}
-			v = uint64(s)
-		case isInt(c):
-			if v, err = dc.uint(c); err != nil {
-				return dst, err
-			}
-		default:
-			return dst, fmt.Errorf("token id: unexpected code %#x", c)
-		}
-		if v > math.MaxUint32 {
-			return dst, fmt.Errorf("token id %d out of range", v)
-		}
-		dst = append(dst, uint32(v))
+		out[i] = v
+		off = dc.off
 	}
+	dc.off = off
 	return dst, nil
+}
+
+// token decodes a token id in any integer form.
+func (dc *Decoder) token() (uint32, error) {
+	c, err := dc.peek()
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	switch {
+	case isSigned(c):
+		s, err := dc.sint(c)
+		if err != nil {
+			return 0, err
+		}
+		if s < 0 {
+			return 0, fmt.Errorf("token id %d is negative", s)
+		}
+		v = uint64(s)
+	case isInt(c):
+		if v, err = dc.uint(c); err != nil {
+			return 0, err
+		}
+	default:
+		return 0, fmt.Errorf("token id: unexpected code %#x", c)
+	}
+	if v > math.MaxUint32 {
+		return 0, fmt.Errorf("token id %d out of range", v)
+	}
+	return uint32(v), nil
 }
