@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
+	simmetrics "github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
 // Fan-out (issue 15): N simulated proxy leaders follow the table (full, then deltas,
@@ -45,6 +46,8 @@ import (
 // (-fanout.formats "1,2": format 2); -fanout.formats "" polls as filters before format 2
 // did (format 1). -fanout.churn is the fraction of engines whose waiting count changes on
 // every scrape (a busy fleet: versions every 50 ms instead of the 100 ms refresh).
+// -fanout.page full serves vLLM v1's whole page (the engine simulator's, every request
+// histogram: about 34 KB) instead of the 2 KB of families the scraper reads.
 //
 //	go test ./controlplane -run '^$' -bench Fanout -benchtime 1x -fanout.proxies 2000 -fanout.engines 200
 //
@@ -77,6 +80,7 @@ var (
 	fanoutProfile = flag.String("fanout.cpuprofile", "", "write the control plane's CPU profile here")
 	fanoutFormats = flag.String("fanout.formats", api.TableFormats, "X-Kvroute-Table-Formats the proxies send (\"\": as filters before format 2, format 1)")
 	fanoutChurn   = flag.Float64("fanout.churn", 0, "fraction of engines whose waiting count changes on every scrape")
+	fanoutPage    = flag.String("fanout.page", "small", "engine /metrics page: small (the families scraped, 2 KB) or full (vLLM v1's, 34 KB)")
 )
 
 const fanoutEnv = "KVROUTE_FANOUT_CP" // engines file and profile path in the child
@@ -91,6 +95,18 @@ type fanoutResult struct {
 // waiting is the num_requests_waiting value (it changes between scrapes of an engine
 // that churns).
 func vllmMetrics(i, waiting int) string {
+	if *fanoutPage == "full" {
+		var b strings.Builder
+		simmetrics.Write(&b, simmetrics.Snapshot{ModelName: "meta-llama/Llama-3.1-8B-Instruct", Engine: "0", Created: 1.7e9,
+			Running: i % 7, Waiting: waiting, KVUsage: float64(i%100) / 100, PrefixQueries: 12345670, PrefixHits: 8123456,
+			PromptTokens: 45000000, GenerationTokens: 3100000, Success: map[string]int64{"stop": 9000, "length": 900},
+			TTFT: simmetrics.NewHistogram(simmetrics.TTFTBuckets), E2E: simmetrics.NewHistogram(simmetrics.E2EBuckets),
+			Request: simmetrics.NewRequestHistograms(131072, simmetrics.TPOTHidden),
+			CacheConfig: []simmetrics.Label{{Name: "block_size", Value: "16"}, {Name: "cache_dtype", Value: "auto"},
+				{Name: "enable_prefix_caching", Value: "True"}, {Name: "gpu_memory_utilization", Value: "0.9"},
+				{Name: "num_cpu_blocks", Value: "0"}, {Name: "num_gpu_blocks", Value: strconv.Itoa(20000 + i)}}})
+		return b.String()
+	}
 	return fmt.Sprintf(`# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} %d.0
@@ -344,8 +360,8 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	if vmax > vmin {
 		r.versionsPerSec = float64(vmax-vmin) / wall
 	}
-	b.Logf("%s (formats %q, churn %.2f): %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores, %.1f versions/s, %d deltas received (%.0f bytes each), p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
-		mode, *fanoutFormats, *fanoutChurn, proxies, engines, float64(sc1)/wall, r.cores, r.versionsPerSec, len(lat), r.deltaBytes, r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
+	b.Logf("%s (formats %q, churn %.2f, page %s): %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores, %.1f versions/s, %d deltas received (%.0f bytes each), p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
+		mode, *fanoutFormats, *fanoutChurn, *fanoutPage, proxies, engines, float64(sc1)/wall, r.cores, r.versionsPerSec, len(lat), r.deltaBytes, r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
 	mu.Unlock()
 	return r
 }
