@@ -62,6 +62,46 @@ func TestFrameCapRefusesAnOversizedFrame(t *testing.T) {
 	}
 }
 
+// Reads are buffered (issue 15): what precedes a bad frame in the same read is still
+// delivered, none of the bad frame is, and bodies larger than the buffer pass through
+// unchanged whichever way zmq4 reads them.
+func TestFrameCapBuffersReads(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	fc := newFrameCap(server, 1<<20, connOptions{})
+	big := make([]byte, 3*capBuffer/2)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	var stream []byte
+	stream = append(stream, zmtpGreetingBytes()...)
+	stream = append(stream, 0x01, 2, 'k', 'v')
+	stream = append(append(stream, longHeader(uint64(len(big)))...), big...)
+	good := len(stream)
+	stream = append(stream, 0x00, 1, 'x')
+	go func() {
+		client.Write(stream)                                             // one write: many frames, one read
+		client.Write(append([]byte{0x00, 1, 'y'}, longHeader(1<<21)...)) // a good frame, then a bad one
+	}()
+	got := make([]byte, 64+4+9)
+	if _, err := io.ReadFull(fc, got); err != nil || string(got) != string(stream[:len(got)]) {
+		t.Fatalf("err %v: headers not passed unchanged", err)
+	}
+	body := make([]byte, len(big)) // larger than the buffer: partly copied, partly direct
+	if _, err := io.ReadFull(fc, body); err != nil || string(body) != string(big) {
+		t.Fatalf("err %v: the large body was not passed unchanged", err)
+	}
+	rest := make([]byte, len(stream)-good+3)
+	if _, err := io.ReadFull(fc, rest); err != nil || string(rest) != "\x00\x01x\x00\x01y" {
+		t.Fatalf("err %v, got %q: the frames before the bad one must pass", err, rest)
+	}
+	var hdr [9]byte
+	n, err := io.ReadFull(fc, hdr[:])
+	if err == nil || !strings.Contains(err.Error(), "exceeds") || n != 0 {
+		t.Fatalf("read %d bytes of the oversized frame, err %v", n, err)
+	}
+}
+
 // A peer on the bound socket that completes the ZMTP handshake and then announces a
 // 2^62-byte frame loses its connection; without the cap zmq4 would try to allocate the
 // frame and the process would die. Engines publishing afterwards are still heard.
