@@ -14,7 +14,7 @@
 //   - msgpack.go: the bounded msgpack reader under it (headers, skipping, strings,
 //     integers, block hashes, token ids).
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
-//     restarts, reconnection.
+//     restarts, reconnection; a goroutine per stream, on a bound socket too.
 //   - replay.go: the client of an engine's replay endpoint (Replay).
 //   - transport.go: the TCP transport that caps a ZMTP frame's size.
 package kvevents

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -400,6 +401,10 @@ type Resolver func(topic string) (Source, bool)
 // topology) and feeds h, telling streams apart by topic; messages whose topic does not
 // resolve are counted by unknown and dropped. It returns the bound address (tests bind
 // port 0) and a channel closed when serving stops, after ctx ends.
+//
+// One goroutine reads the socket (go-zeromq merges its connections into one queue) and
+// hands each message to its stream's own goroutine, so streams are decoded and applied
+// in parallel, each in order, as subscriptions that dial are (issue 15).
 func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, unknown func(topic string), o Options) (net.Addr, <-chan struct{}, error) {
 	o = o.withDefaults()
 	sub := zmq4.NewSub(withConnOptions(ctx, connOptions{handshake: o.HandshakeTimeout, peer: o.PeerCheck}), zmq4.WithLogger(discardLogger()))
@@ -411,9 +416,16 @@ func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, u
 		return nil, nil, fmt.Errorf("kv events: listen %s: %w", endpoint, err)
 	}
 	done := make(chan struct{})
-	streams := map[StreamID]*stream{}
 	go func() {
 		defer close(done)
+		streams := map[StreamID]chan sourced{}
+		var wg sync.WaitGroup
+		defer func() {
+			for _, q := range streams {
+				close(q)
+			}
+			wg.Wait()
+		}()
 		run(ctx, sub, o, func(m zmq4.Msg) {
 			topic, _, _, err := splitFrames(m.Frames)
 			if err != nil {
@@ -425,17 +437,47 @@ func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, u
 				unknown(string(topic))
 				return
 			}
-			st := streams[src.ID]
-			if st == nil {
-				st = newStream(src)
-				streams[src.ID] = st
-				h.Connected(src.ID, true)
+			q := streams[src.ID]
+			if q == nil {
+				q = make(chan sourced, streamQueue)
+				streams[src.ID] = q
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					serveStream(ctx, src, q, h, o)
+				}()
 			}
-			st.src = src
-			st.handleLive(ctx, m.Frames, h, o)
+			select {
+			case q <- sourced{src, m.Frames}:
+			case <-ctx.Done():
+			}
 		})
 	}()
 	return sub.Addr(), done, nil
+}
+
+// streamQueue bounds the messages waiting for one stream of a bound socket; when it is
+// full the socket's reader waits (as it did for every stream before).
+const streamQueue = 16
+
+// sourced is a message of a bound socket and the source its topic resolved to.
+type sourced struct {
+	src    Source
+	frames [][]byte
+}
+
+// serveStream applies one stream's messages from a bound socket, in order, until q is
+// closed; after ctx ends it drops them.
+func serveStream(ctx context.Context, src Source, q <-chan sourced, h Handler, o Options) {
+	st := newStream(src)
+	h.Connected(src.ID, true)
+	for m := range q {
+		if ctx.Err() != nil {
+			continue
+		}
+		st.src = m.src
+		st.handleLive(ctx, m.frames, h, o)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

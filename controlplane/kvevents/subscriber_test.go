@@ -241,6 +241,64 @@ func TestListenCentral(t *testing.T) {
 	<-done
 }
 
+// gated records batches per stream; r1's first batch waits for release.
+type gated struct {
+	recorder
+	blocked, release chan struct{}
+	once             sync.Once
+}
+
+func (g *gated) Batch(id StreamID, seq uint64, b *Batch) {
+	if id.Replica == "r1" {
+		g.once.Do(func() { close(g.blocked); <-g.release })
+	}
+	g.add("%s %d", id.Replica, seq)
+}
+
+// With one bound socket for every engine, each stream is applied by a goroutine of its
+// own (issue 15): a stream whose handler is busy holds up no other, and every stream's
+// batches stay in their order.
+func TestListenAppliesStreamsInParallelEachInOrder(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := &gated{blocked: make(chan struct{}), release: make(chan struct{})}
+	addr, done, err := Listen(ctx, "tcp://127.0.0.1:0", func(topic string) (Source, bool) {
+		switch topic {
+		case "kv@10.0.0.1@m":
+			return Source{ID: StreamID{"r1", 0}}, true
+		case "kv@10.0.0.2@m":
+			return Source{ID: StreamID{"r2", 0}}, true
+		}
+		return Source{}, false
+	}, g, func(string) {}, Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pubs []*publisher.Publisher
+	for _, topic := range []string{"kv@10.0.0.1@m", "kv@10.0.0.2@m"} {
+		p, err := publisher.Open(publisher.Config{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://" + addr.String(),
+			Topic: topic, BufferSteps: 10, HWM: 100}, publisher.Options{Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		waitSubscribed(t, p)
+		pubs = append(pubs, p)
+	}
+	mustPublish(t, pubs[0], stored(1))
+	<-g.blocked // r1's handler is busy with batch 0...
+	for i := range 3 {
+		mustPublish(t, pubs[0], removed(uint64(i)))
+	}
+	mustPublish(t, pubs[1], stored(1))
+	mustPublish(t, pubs[1], removed(1))
+	g.waitFor(t, "r2 0", "r2 1") // ...and r2 is applied meanwhile
+	close(g.release)
+	g.waitFor(t, "r1 0", "r1 1", "r1 2", "r1 3")
+	cancel()
+	<-done
+}
+
 // Bad messages are counted and skipped; the stream goes on.
 func TestHandleLiveSkipsBadInput(t *testing.T) {
 	rec := &recorder{}
