@@ -88,15 +88,17 @@ func TestRoutesToTheReplicaHoldingThePrefix(t *testing.T) {
 }
 
 // Seed 000's spill: the owner keeps the prefix while its extra queue is under the
-// tokens a hit saves, and loses it above.
+// tokens a hit saves plus the spill's charge (shared/rule: the saving over the 3
+// replicas), and loses it above.
 func TestOwnerSpillsWhenItsQueueIsDeeperThanTheSaving(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		prior := chat(system, "q0")
 		saving := float64(len(system)) / 4 // cached tokens of the system prompt at 4 bytes/token
+		spillAt := saving + saving/3
 		for _, c := range []struct {
 			extra     float64
 			ownerKeep bool
-		}{{saving - 1000, true}, {saving + 1000, false}} {
+		}{{spillAt - 1000, true}, {spillAt + 1000, false}} {
 			t.Run(fmt.Sprint(c.ownerKeep), func(t *testing.T) { spillCase(t, vm, prior, saving, c.extra, c.ownerKeep) })
 		}
 	})

@@ -1,17 +1,39 @@
 // Package rule is kvroute's routing decision: for a request x and each eligible replica r,
 //
-//	cost(r) = (Q(r) + U(r, x)) / speed(r)
+//	cost(r) = (Q(r) + U(r, x) + W(r, x) / n) / speed(r)
 //
-// where Q(r) is the prompt work already queued on r (uncached tokens not yet prefilled)
-// and U(r, x) = prompt tokens of x - tokens of x already cached on r. The minimum wins.
+// where Q(r) is the prompt work already queued on r (uncached tokens not yet prefilled),
+// U(r, x) = prompt tokens of x - tokens of x already cached on r, and W(r, x) = U(r, x) -
+// the smallest U among the n candidates: the tokens r would prefill again that another
+// candidate already holds (0 for the replicas holding the longest prefix). The minimum
+// wins.
 //
-// Seed 000's worked example: 8,000-token prompts, 6,000 of them a shared prefix. The owner
-// of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000, so the owner keeps
-// the request while its extra queue is under the 6,000 tokens (428 ms of prefill) it
-// saves, and the first request that finds it deeper spills to the coldest replica, which
-// becomes a second owner. Hot prefixes gain owners in proportion to their load without a
-// separate replication policy; when nothing is cached anywhere the rule is plain
-// least-queued-tokens.
+// Seed 000's worked example: 8,000-token prompts, 6,000 of them a shared prefix, 22
+// replicas. The owner of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000
+// + 6,000/22, so the owner keeps the request while its extra queue is under the 6,000
+// tokens (428 ms of prefill) it saves plus 273, and the first request that finds it
+// deeper spills to the coldest replica, which becomes a second owner. Hot prefixes gain
+// owners in proportion to their load without a separate replication policy; when nothing
+// is cached anywhere W is 0 and the rule is plain least-queued-tokens.
+//
+// # What a spill costs
+//
+// Q + U is what the request itself waits for. A spill also costs the fleet: the W tokens
+// it prefills again are work that would not exist had the request gone to the owner, and
+// the requests that queue behind it pay for it. Spread over the n candidates, that work
+// raises the mean queue by W/n, and the rule charges the spill that share. Without it the
+// rule spilled whenever the owner's queue was deeper than the saving, even when the
+// request gained a few milliseconds and the fleet paid a whole prefix for them.
+//
+// Worked example (SGLang's generated-shared-prefix benchmark): 4 replicas, prompts of
+// 2,176 tokens whose 2,048-token system prompt one replica holds. The owner is prefilling
+// another group's first request (Q = 2,176), another replica is idle. Without the charge
+// the owner costs 2,176 + 128 = 2,304 tokens and the idle replica 2,176: the request
+// spilled, gaining 128 tokens (9 ms) for 2,048 tokens (146 ms) of prefill the fleet did
+// again. With it the idle replica costs 2,176 + 2,048/4 = 2,688 and the owner keeps the
+// request; it spills once the owner's queue is 2,048 x (1 + 1/4) = 2,560 tokens deeper
+// than the idle replica's. At 22 replicas the charge moves seed 000's spill point by 5%
+// (6,000 to 6,273 tokens).
 //
 // # Where Q and the cached tokens come from
 //
@@ -40,13 +62,14 @@
 // 0.046: 3.28 us to load a token over PCIe against 71.3 us to prefill it, docs/rule.md).
 // Worked example, with the numbers of docs/rule.md: an 8,000-token prompt whose 6,000-token
 // prefix replica A holds in GPU memory, B holds only in CPU memory, and C not at all.
-// U(A) = 2,000; U(B) = 2,000 + 6,000 x 0.046 = 2,276; U(C) = 8,000. With queues Q(A) =
-// 1,000, Q(B) = 0, Q(C) = 0 the costs are 3,000, 2,276 and 8,000 tokens: B wins, since
-// loading the prefix (276 token-equivalents, 20 ms) costs less than A's extra queue. Before
-// tiers counted, B and C tied at 8,000 and A kept the request while its queue was up to
-// 6,000 tokens deeper; now B, not a cold replica, takes A's spill while A's queue is more
-// than 276 tokens deeper than B's, and a cold replica only when B is 5,724 tokens deeper
-// still. A replica that holds a block in GPU and CPU memory counts it as GPU (Cached).
+// U(A) = 2,000; U(B) = 2,000 + 6,000 x 0.046 = 2,276; U(C) = 8,000, so W(B) = 276 and
+// W(C) = 6,000. With queues Q(A) = 1,000, Q(B) = 0, Q(C) = 0 the costs are 3,000, 2,276 +
+// 276/3 = 2,368 and 8,000 + 6,000/3 = 10,000 tokens: B wins, since loading the prefix
+// (276 token-equivalents, 20 ms) costs less than A's extra queue. Before tiers counted, B
+// and C tied and A kept the request while its queue was up to 8,000 tokens deeper; now B,
+// not a cold replica, takes A's spill while A's queue is more than 368 tokens deeper than
+// B's, and a cold replica only when B is 7,632 tokens deeper still. A replica that holds a
+// block in GPU and CPU memory counts it as GPU (Cached).
 //
 // # What the rule does at each age
 //
@@ -155,17 +178,15 @@ type Decision struct {
 	Spill bool
 	// BestCached is the longest cached prefix, in tokens, among all replicas.
 	BestCached float64
-	// Cost is the pick's cost in seconds of prefill (0 on fallback).
+	// Cost is the pick's cost in seconds of prefill, its spill charge included (0 on
+	// fallback).
 	Cost float64
 }
 
-// Cost is (Q + U) / speed for a prompt of promptTokens tokens.
+// Cost is (Q + U) / speed for a prompt of promptTokens tokens: what the request waits for
+// on r. Pick adds a spill's charge, W/n, which depends on the other candidates.
 func Cost(promptTokens float64, r Replica) float64 {
-	speed := r.Speed
-	if speed <= 0 {
-		speed = 1
-	}
-	return (r.Queued + Uncached(promptTokens, r)) / speed
+	return (r.Queued + Uncached(promptTokens, r)) / speed(r)
 }
 
 // Uncached is U(r, x): the prompt tokens r must prefill, plus the prefill-token
@@ -205,6 +226,7 @@ type Picker struct {
 type scored struct {
 	idx  int
 	cost float64
+	u    float64 // U(r, x), for the spill charge
 }
 
 // NewPicker returns a Picker whose near-tie breaking is driven by seed (fixed in tests,
@@ -235,12 +257,14 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 	pk.scored = pk.scored[:0]
 	for i, r := range replicas {
 		if Eligible(r, p) {
-			pk.scored = append(pk.scored, scored{i, Cost(promptTokens, r)})
+			u := Uncached(promptTokens, r)
+			pk.scored = append(pk.scored, scored{i, (r.Queued + u) / speed(r), u})
 		}
 	}
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
 	}
+	pk.chargeSpills(replicas, len(pk.scored))
 	return pk.finish(replicas, d, max)
 }
 
@@ -296,24 +320,23 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 		if !r.Healthy || r.StateAge > p.MaxCacheAge {
 			continue
 		}
-		load := r.Pending + Uncached(promptTokens, r)
+		u := Uncached(promptTokens, r)
+		load := r.Pending + u
 		if load > bound {
 			continue
 		}
-		speed := r.Speed
-		if speed <= 0 {
-			speed = 1
-		}
-		pk.scored = append(pk.scored, scored{i, load / speed})
+		pk.scored = append(pk.scored, scored{i, load / speed(r), u})
 	}
 	if len(pk.scored) == 0 {
 		// Everyone is over the bound: the least pending first.
 		for i, r := range replicas {
 			if r.Healthy && r.StateAge <= p.MaxCacheAge {
-				pk.scored = append(pk.scored, scored{i, r.Pending})
+				pk.scored = append(pk.scored, scored{i, r.Pending, 0})
 			}
 		}
 		d.Fallback = true
+	} else {
+		pk.chargeSpills(replicas, n)
 	}
 	d.Stale = true
 	d = pk.finish(replicas, d, max)
@@ -321,6 +344,31 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 		d.Cost = 0
 	}
 	return d
+}
+
+// chargeSpills adds to each scored candidate its share of the prefill it would do again:
+// W(r)/n = (U(r) - the smallest U among the candidates) / n, n the replicas that share the
+// work (see the package doc, "What a spill costs").
+func (pk *Picker) chargeSpills(replicas []Replica, n int) {
+	if len(pk.scored) < 2 || n < 1 {
+		return
+	}
+	least := pk.scored[0].u
+	for _, s := range pk.scored[1:] {
+		least = math.Min(least, s.u)
+	}
+	for k := range pk.scored {
+		s := &pk.scored[k]
+		s.cost += (s.u - least) / float64(n) / speed(replicas[s.idx])
+	}
+}
+
+// speed is r's prefill rate, 1 when unset.
+func speed(r Replica) float64 {
+	if r.Speed <= 0 {
+		return 1
+	}
+	return r.Speed
 }
 
 // finish sorts the scored candidates, breaks near ties at random and fills the order.
@@ -372,7 +420,7 @@ func (pk *Picker) LeastQueued(replicas []Replica, order []int) Decision {
 		if !r.Healthy {
 			q = math.Inf(1)
 		}
-		pk.scored = append(pk.scored, scored{i, q})
+		pk.scored = append(pk.scored, scored{i, q, 0})
 	}
 	slices.SortStableFunc(pk.scored, func(x, y scored) int {
 		if c := cmp.Compare(x.cost, y.cost); c != 0 {

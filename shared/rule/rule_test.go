@@ -18,8 +18,9 @@ func exact() Params {
 	return p
 }
 
-// Seed 000: 8,000-token prompts, 6,000 tokens shared. The owner keeps the request while
-// its extra queue is under the 6,000 tokens a hit saves, and loses it above.
+// Seed 000: 8,000-token prompts, 6,000 tokens shared, 22 replicas. The owner keeps the
+// request while its extra queue is under the 6,000 tokens a hit saves plus the spill's
+// charge, 6,000/22 (273 tokens), and loses it above.
 func TestSeed000SpillPoint(t *testing.T) {
 	const prompt, shared = 8000, 6000
 	cases := []struct {
@@ -29,8 +30,9 @@ func TestSeed000SpillPoint(t *testing.T) {
 	}{
 		{"idle fleet", 0, true},
 		{"owner 1,000 tokens deeper", 1000, true},
-		{"owner 5,999 tokens deeper", 5999, true},
-		{"owner 6,001 tokens deeper", 6001, false},
+		{"owner 6,001 tokens deeper (the spill point without the charge)", 6001, true},
+		{"owner 6,272 tokens deeper", 6272, true},
+		{"owner 6,274 tokens deeper", 6274, false},
 		{"owner 20,000 tokens deeper", 20000, false},
 		{"cold replica deeper", -3000, true},
 	}
@@ -40,7 +42,9 @@ func TestSeed000SpillPoint(t *testing.T) {
 			replicas := []Replica{
 				healthy(base+c.extraQueue, shared), // the owner
 				healthy(base, 0),
-				healthy(base+500, 0),
+			}
+			for len(replicas) < 22 {
+				replicas = append(replicas, healthy(base+500, 0))
 			}
 			d := NewPicker(exact(), 1).Pick(prompt, replicas, nil)
 			require.NotEmpty(t, d.Order)
@@ -51,6 +55,63 @@ func TestSeed000SpillPoint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The package doc's worked example (SGLang's generated-shared-prefix benchmark): 4
+// replicas, 2,176-token prompts whose 2,048-token system prompt replica 0 holds while it
+// prefills another group's first request. The rule without the spill charge sent the
+// request to the idle replica (2,176 < 2,304 tokens), gaining 128 tokens of wait for
+// 2,048 tokens of repeated prefill (kvroute-bench --workload gsp --replicas 4 --rate 16:
+// 3.6% of requests spilled, 84.8% cached against 88.2% for a router that never spills).
+// With the charge the idle replica costs 2,176 + 2,048/4 = 2,688 and the owner keeps it
+// until its queue is 2,048 x 5/4 = 2,560 tokens deeper.
+func TestSpillPaysForTheCopy(t *testing.T) {
+	const prompt, system = 2176, 2048
+	replicas := []Replica{healthy(2176, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
+	d := NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, 0, d.Order[0], "order %v", d.Order)
+	assert.False(t, d.Spill)
+	assert.InDelta(t, 2304, d.Cost, 1e-9, "an owner pays no charge")
+	assert.Equal(t, []int{0, 1, 2}, d.Order)
+
+	replicas[0].Queued = 2559 // + 128 = 2,687 < 2,688
+	assert.Equal(t, 0, NewPicker(exact(), 1).Pick(prompt, replicas, nil).Order[0])
+	replicas[0].Queued = 2561
+	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, 1, d.Order[0])
+	assert.True(t, d.Spill)
+	assert.InDelta(t, 2688, d.Cost, 1e-9, "the spill's cost includes its charge")
+
+	// Nothing cached anywhere: no charge, least queued.
+	for i := range replicas {
+		replicas[i].Cached = 0
+	}
+	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, 1, d.Order[0])
+	assert.InDelta(t, 2176, d.Cost, 1e-9)
+}
+
+// The charge is relative to the candidates: an owner excluded by a guard does not make
+// the others pay for a copy that has to be made anyway.
+func TestSpillChargeCountsCandidatesOnly(t *testing.T) {
+	const prompt, shared = 8000, 6000
+	full := healthy(0, shared)
+	full.KVUsage = 0.99
+	partial := healthy(4200, 3000) // U 5,000: 9,200
+	cold := healthy(0, 0)          // U 8,000, 3,000 more than the partial holder: 8,000 + 3,000/2
+	d := NewPicker(exact(), 1).Pick(prompt, []Replica{full, partial, cold}, nil)
+	assert.Equal(t, []int{1, 2}, d.Order, "9,200 against 9,500 (charged against the excluded owner: 10,200 against 10,000)")
+	assert.InDelta(t, 9200, d.Cost, 1e-9)
+}
+
+// Speed divides the charge as it divides the rest of the cost: a spill's copy is
+// prefilled on the spill target.
+func TestSpillChargeIsInTheTargetsSeconds(t *testing.T) {
+	owner := Replica{Queued: 9000, Cached: 6000, Speed: 1, Healthy: true} // 11,000
+	cold := Replica{Queued: 6000, Speed: 2, Healthy: true}                // (6,000 + 8,000 + 3,000) / 2 = 8,500
+	d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+	assert.Equal(t, []int{1, 0}, d.Order)
+	assert.InDelta(t, 8500, d.Cost, 1e-9)
 }
 
 // The threshold scales with prefill speed: a replica twice as fast spends half the
@@ -232,6 +293,12 @@ func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	d = pk.Pick(prompt, []Replica{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 500, 0)}, nil)
 	assert.Equal(t, 1, d.Order[0])
 	assert.True(t, d.Spill)
+	// Within the bound the spill pays its charge as in the fresh regime: 6,000/3.
+	d = pk.Pick(prompt, []Replica{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
+	assert.Equal(t, 0, d.Order[0], "9,000 against 8,000 + 2,000")
+	d = pk.Pick(prompt, []Replica{stale(0, 8500, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
+	assert.Equal(t, 1, d.Order[0], "10,500 against 10,000")
+	assert.True(t, d.Spill)
 
 	// The bound: with this router busy everywhere, the owner may hold at most 1.25x its
 	// share; here its share is (4 x 20,000 + 8,000) / 4 x 1.25 = 27,500 tokens.
@@ -239,12 +306,12 @@ func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	others := []Replica{owner, stale(0, 18000, 0), stale(0, 18000, 0), stale(0, 18000, 0)}
 	d = pk.Pick(prompt, others, nil)
 	assert.NotEqual(t, 0, d.Order[0], "over the bound")
-	others[0].Pending = 25000 // 27,000 <= 27,500; cost 27,000 vs 26,000: still spills by cost
-	d = pk.Pick(prompt, others, nil)
-	assert.NotEqual(t, 0, d.Order[0])
-	others[0].Pending = 23000 // 25,000 < 26,000
+	// Under the bound (27,000 <= 27,187.5) the cost decides: 27,000 against 18,000 +
+	// 8,000 + the spill's charge 6,000/4.
+	others[0].Pending = 25000
 	d = pk.Pick(prompt, others, nil)
 	assert.Equal(t, 0, d.Order[0])
+	assert.InDelta(t, 27000, d.Cost, 1e-9)
 
 	// Unhealthy replicas stay out; the KV guard is off (usage is as old as the queue).
 	r := stale(0, 0, shared)

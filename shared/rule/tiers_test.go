@@ -28,17 +28,20 @@ func TestOffloadedHitCountsAtItsLoadCost(t *testing.T) {
 	d := pk.Pick(prompt, []Replica{a, b, c}, nil)
 	require.False(t, d.Fallback)
 	assert.Equal(t, []int{1, 0, 2}, d.Order, "B loads the prefix for less than A's extra queue")
-	assert.InDelta(t, 2276, d.Cost, 1e-9)
+	assert.InDelta(t, 2276+276.0/3, d.Cost, 1e-9, "with the spill's charge, 276/3")
 	assert.True(t, d.Spill, "B does not hold the prefix in GPU memory")
 
-	// A keeps it while its queue is under 276 tokens deeper than B's ...
-	a.Queued = 275
+	// A keeps it while its queue is under 276 x 4/3 = 368 tokens deeper than B's ...
+	a.Queued = 367
 	assert.Equal(t, 0, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
-	// ... and B, not the cold replica, takes A's spill until B is 5,724 tokens deeper.
-	a.Queued = 20000
-	b.Queued = 5723
+	a.Queued = 369
 	assert.Equal(t, 1, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
-	b.Queued = 5725
+	// ... and B, not the cold replica, takes A's spill until B is 5,724 x 4/3 = 7,632
+	// tokens deeper.
+	a.Queued = 20000
+	b.Queued = 7631
+	assert.Equal(t, 1, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	b.Queued = 7633
 	assert.Equal(t, 2, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
 }
 

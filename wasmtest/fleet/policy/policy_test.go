@@ -248,11 +248,12 @@ func TestOracleRule(t *testing.T) {
 	f.states[1].QueuedPrefillTokens = 6000
 	f.states[2].QueuedPrefillTokens = 1000
 	ch := p.Route(r, 0)
-	// Owner: 6,000 + 2,000 = 8,000 vs cold 1,000 + 8,000 = 9,000: the owner.
+	// Owner: 6,000 + 2,000 = 8,000 vs cold 1,000 + 8,000 + 6,000/3 = 11,000: the owner.
 	assert.Equal(t, 1, ch.Order[0])
 	assert.False(t, ch.Spill)
-	// The owner's queue grows past the 6,000 tokens it saves: spill to the coldest.
-	f.states[1].QueuedPrefillTokens = 7100
+	// The owner's queue grows past the 6,000 tokens it saves plus the spill's charge
+	// (shared/rule: 6,000/3): spill to the coldest.
+	f.states[1].QueuedPrefillTokens = 8500
 	f.states[2].QueuedPrefillTokens = 0
 	ch = p.Route(r, 0)
 	assert.Equal(t, 2, ch.Order[0])
