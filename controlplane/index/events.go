@@ -1,7 +1,6 @@
 package index
 
 import (
-	"encoding/binary"
 	"math"
 	"slices"
 	"time"
@@ -157,7 +156,7 @@ func (s *eventSink) Connected(id kvevents.StreamID, up bool) {
 
 // stored maps a BlockStored event's blocks to token-domain keys. The chain seed is the
 // replica's model, the event's LoRA name and the cache_salt of the chain's first block;
-// each block's key is prefix.Next(parent key, le32(its token ids)), i.e. exactly what
+// each block's key is prefix.NextTokens(parent key, its token ids), i.e. exactly what
 // prefix.TokenKeys gives a filter for the same token-id prompt. vLLM's own hash is only
 // used to find the parent: it depends on the hash algorithm and PYTHONHASHSEED, ours
 // does not.
@@ -216,8 +215,7 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 		ck := cks[:0]
 		for t := 0; t < mult; t++ {
 			off := (i*mult + t) * bt
-			r.scratch = le32(r.scratch[:0], ev.Tokens[off:off+bt])
-			key = prefix.Next(key, r.scratch)
+			key = prefix.NextTokens(key, ev.Tokens[off:off+bt])
 			if prefix.IsCheckpoint(pos, ix.cfg.Stride) {
 				ck = append(ck, key)
 			}
@@ -378,12 +376,4 @@ func (ix *Index) ageText(r *replica, tokens float64) {
 
 func isGPU(medium string) bool {
 	return medium == "" || medium == "GPU" || medium == "gpu" || medium == "cuda"
-}
-
-// le32 appends token ids as 4 little-endian bytes each, as prefix.TokenKeys hashes them.
-func le32(dst []byte, toks []uint32) []byte {
-	for _, t := range toks {
-		dst = binary.LittleEndian.AppendUint32(dst, t)
-	}
-	return dst
 }

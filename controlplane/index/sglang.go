@@ -133,8 +133,7 @@ func (ix *Index) sglangStored(r *replica, rk *rank, ev *kvevents.Event) {
 				sg.last = -1
 				return
 			}
-			r.scratch = le32(r.scratch[:0], toks[:bt])
-			key = prefix.Next(key, r.scratch)
+			key = prefix.NextTokens(key, toks[:bt])
 			if prefix.IsCheckpoint(int(pos), ix.cfg.Stride) {
 				cks = append(cks, key)
 			}

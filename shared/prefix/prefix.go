@@ -125,6 +125,25 @@ func Next(parent uint64, block []byte) uint64 {
 	return xxhash.Sum64(appendLink(buf, parent, block))
 }
 
+// NextTokens is Next(parent, block) for a token-domain block: each id as 4
+// little-endian bytes, the bytes TokenKeys hashes. It writes the hash input once, on
+// the stack for blocks of up to 64 ids (the control plane hashes every block of every
+// KV event this way, issue 15).
+func NextTokens(parent uint64, tokens []uint32) uint64 {
+	var stack [8 + 64*4]byte
+	buf := stack[:]
+	if n := 8 + 4*len(tokens); n > len(stack) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:8+4*len(tokens)]
+	binary.LittleEndian.PutUint64(buf, parent)
+	b := buf[8:]
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[4*i:], t)
+	}
+	return xxhash.Sum64(buf)
+}
+
 // appendLink writes the hash input of a block: its parent's key, then its bytes. One
 // contiguous buffer for the one-shot xxhash.Sum64 is several times faster than a
 // streaming digest for blocks this small (notably under wasm).

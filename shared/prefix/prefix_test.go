@@ -148,6 +148,50 @@ func TestTokenKeysLargeBlocksDoNotAllocateWrongly(t *testing.T) {
 	assert.Equal(t, Next(seed, buf), got[0])
 }
 
+// NextTokens gives exactly Next over the ids' little-endian bytes, and TokenKeys' chain,
+// for every block size (on and off the stack buffer).
+func TestNextTokensIsNextOfLE32(t *testing.T) {
+	seed := Seed(Token, "llama", "", Salt{})
+	var toks []uint32
+	for i := range 200 {
+		toks = append(toks, uint32(i)*2654435761)
+	}
+	for n := 0; n <= len(toks); n++ {
+		buf := make([]byte, 0, 4*n)
+		for _, tk := range toks[:n] {
+			buf = append(buf, byte(tk), byte(tk>>8), byte(tk>>16), byte(tk>>24))
+		}
+		require.Equal(t, Next(seed, buf), NextTokens(seed, toks[:n]), "%d ids", n)
+	}
+	for _, bt := range []int{1, 16, 64, 65, 100} {
+		keys := TokenKeys(nil, seed, toks, bt)
+		h := seed
+		for i, k := range keys {
+			h = NextTokens(h, toks[i*bt:(i+1)*bt])
+			require.Equal(t, k, h, "block size %d, block %d", bt, i)
+		}
+	}
+	// The test vector's chain, through NextTokens.
+	var vec []uint32
+	for i := 0; i < 40; i++ {
+		vec = append(vec, uint32(i*1000+7))
+	}
+	h0 := NextTokens(Seed(Token, "llama", "", Salt{}), vec[:16])
+	assert.Equal(t, uint64(0xeec91f89fbf7d6d6), h0)
+	assert.Equal(t, uint64(0xd6de6f8fdbd64beb), NextTokens(h0, vec[16:32]))
+}
+
+func BenchmarkNextTokens16(b *testing.B) {
+	toks := make([]uint32, 16)
+	for i := range toks {
+		toks[i] = uint32(i * 7919)
+	}
+	var h uint64
+	for b.Loop() {
+		h = NextTokens(h, toks)
+	}
+}
+
 func BenchmarkTextKeys32KB(b *testing.B) {
 	text := make([]byte, 32<<10)
 	for i := range text {
