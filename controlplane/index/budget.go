@@ -22,7 +22,9 @@ import (
 //     domains and be speculative meanwhile, hence the slack), and its KV-event streams
 //     track at most Slack x capacity / block_size engine blocks;
 //   - globally: MaxKeys entries (keys held by replicas plus engine blocks tracked), the
-//     --max-keys flag.
+//     --max-keys flag, and MaxBytes bytes of the index's structures, --max-index-bytes
+//     (bytes.go prices each kind of entry). Both apply: whichever binds first. Without
+//     MaxBytes, MaxKeys defaults to DefaultMaxKeys; with it, to no entry limit.
 //
 // A report whose chain is longer than the replica's whole KV cache is dropped whole
 // (oversized); otherwise a chain is admitted up to the first key that does not fit (its
@@ -36,6 +38,9 @@ type Budget struct {
 	// MaxKeys caps the index's entries over all replicas. At the default the control
 	// plane stays under about 300 MB RSS whatever its inputs (TestReportFlood).
 	MaxKeys int
+	// MaxBytes caps the index's structures in bytes as bytes.go prices them; 0: no
+	// byte limit.
+	MaxBytes int64
 	// DefaultCapacityTokens is a replica's KV capacity until its metrics give one.
 	DefaultCapacityTokens int64
 	// Slack multiplies the per-replica limits derived from the capacity.
@@ -58,10 +63,15 @@ const (
 	reasonReplica                = "replica_budget"
 	reasonGlobal                 = "global_budget"
 	reasonMaxReplicas            = "max_replicas"
+	noKeyLimit                   = 1 << 50 // MaxKeys when only MaxBytes is given
 )
 
 func (b Budget) withDefaults() Budget {
-	if b.MaxKeys <= 0 {
+	switch {
+	case b.MaxKeys > 0:
+	case b.MaxBytes > 0:
+		b.MaxKeys = noKeyLimit
+	default:
 		b.MaxKeys = DefaultMaxKeys
 	}
 	if b.DefaultCapacityTokens <= 0 {
@@ -77,10 +87,15 @@ func (b Budget) withDefaults() Budget {
 }
 
 // budgetState is the index's accounting. The KV-event path admits without Index.mu:
-// used is atomic, and mu (taken last, after any replica or model lock) guards
-// counted, dropped and hwm; reclaims is guarded by Index.mu.
+// used, bytes, countedN, extra and meters are safe for concurrent use, and mu (taken last,
+// after any replica or model lock) guards counted, dropped and hwm; reclaims is
+// guarded by Index.mu.
 type budgetState struct {
 	used     atomic.Int64 // entries at the last recount plus those admitted since
+	bytes    atomic.Int64 // bytes at the last recount (bytes.go)
+	countedN atomic.Int64 // entries at the last recount
+	extra    atomic.Int64 // bytes of expiry items admitted since (admitSpec)
+	meters   meters       // bytes.go
 	mu       sync.Mutex
 	counted  time.Time
 	dropped  map[dropKey]uint64
@@ -102,31 +117,52 @@ func (ix *Index) drop(input, reason string, n int) {
 	ix.budget.dropped[dropKey{input, reason}] += uint64(n)
 }
 
-// recount sums the entries the budget covers: every replica's size as of its last
-// unlock (unlockReplica: holdings plus engine blocks and pages tracked). Caller holds
-// budget.mu.
+// recount sums the entries the budget covers, every replica's size as of its last
+// unlock (unlockReplica: holdings plus engine blocks and pages tracked), and prices
+// them (bytes.go). Caller holds budget.mu.
 func (ix *Index) recount(now time.Time) {
-	var n int64
-	for _, r := range *ix.byID.Load() {
-		n += r.size.Load()
-	}
+	n, b := ix.count(*ix.byID.Load())
 	ix.budget.used.Store(n)
+	ix.budget.countedN.Store(n)
+	ix.budget.bytes.Store(b)
+	ix.budget.extra.Store(0)
 	ix.budget.counted = now
 }
 
-// globalRoom is how many new entries the global limit admits. The running count only
-// grows between recounts (removals are not tracked), so a shortfall triggers a recount,
+// globalRoom is how many new entries the global limits admit. The running counts only
+// grow between recounts (removals are not tracked), so a shortfall triggers a recount,
 // at most every recountEvery.
 func (ix *Index) globalRoom(want int) int {
-	max := int64(ix.cfg.Budget.MaxKeys)
-	if ix.budget.used.Load()+int64(want) > max {
-		ix.budget.mu.Lock()
-		if now := time.Now(); now.Sub(ix.budget.counted) >= recountEvery {
-			ix.recount(now)
-		}
-		ix.budget.mu.Unlock()
+	if ix.room() < int64(want) {
+		ix.recountSoon()
 	}
-	return int(max - ix.budget.used.Load())
+	return int(ix.room())
+}
+
+// recountSoon recounts unless the last recount is less than recountEvery old.
+func (ix *Index) recountSoon() {
+	ix.budget.mu.Lock()
+	if now := time.Now(); now.Sub(ix.budget.counted) >= recountEvery {
+		ix.recount(now)
+	}
+	ix.budget.mu.Unlock()
+}
+
+// room is how many new entries both limits admit now: MaxKeys less the entries, and
+// the bytes MaxBytes leaves at worstEntry an entry.
+func (ix *Index) room() int64 {
+	used := ix.budget.used.Load()
+	room := int64(ix.cfg.Budget.MaxKeys) - used
+	if maxB := ix.cfg.Budget.MaxBytes; maxB > 0 {
+		room = min(room, (maxB-ix.bytesNow(used))/worstEntry)
+	}
+	return room
+}
+
+// bytesNow is the bytes at the last recount plus worstEntry for each entry admitted
+// since, plus the expiry items admitted since.
+func (ix *Index) bytesNow(used int64) int64 {
+	return ix.budget.bytes.Load() + max(used-ix.budget.countedN.Load(), 0)*worstEntry + ix.budget.extra.Load()
 }
 
 func (ix *Index) capacityTokens(r *replica) int64 {
@@ -192,11 +228,37 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 		fresh = n
 	}
 	ix.budget.used.Add(int64(fresh))
+	if !evict {
+		keys, why = ix.admitSpec(keys, why)
+		ix.meterSpec(len(keys)) // bytes.go
+	}
+	ix.meterReplica(r, fresh, nil, 0)
 	ix.noteHWM(hwmKey{r: r, what: hwmHold}, len(r.hold)+fresh)
 	r.m.mu.Lock()
 	mk := len(r.m.keys)
+	ix.meterModel(r.m, fresh, time.Now())
 	r.m.mu.Unlock()
 	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, mk+fresh)
+	return keys, why
+}
+
+// admitSpec cuts a placement's chain to the expiry items the byte budget has room for:
+// a placement queues one for each of its keys (speculative.go), held already or not, so
+// placements that refresh held keys grow the queue without adding entries.
+func (ix *Index) admitSpec(keys []uint64, why string) ([]uint64, string) {
+	maxB := ix.cfg.Budget.MaxBytes
+	if maxB <= 0 {
+		return keys, why
+	}
+	room := func() int64 { return (maxB - ix.bytesNow(ix.budget.used.Load())) / specCharge }
+	if room() < int64(len(keys)) {
+		ix.recountSoon()
+	}
+	if n := int(max(room(), 0)); n < len(keys) {
+		ix.drop(inputReportKeys, reasonGlobal, len(keys)-n)
+		keys, why = keys[:n], reasonGlobal
+	}
+	ix.budget.extra.Add(int64(len(keys)) * specCharge)
 	return keys, why
 }
 
@@ -215,6 +277,12 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 		return false
 	}
 	ix.budget.used.Add(int64(n + keys))
+	ix.meterReplica(r, keys, rk, n) // bytes.go
+	if now := time.Now(); ix.budget.meters.stale(r.m, now) {
+		r.m.mu.Lock()
+		ix.meterModel(r.m, keys, now)
+		r.m.mu.Unlock()
+	}
 	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, len(rk.blocks)+n)
 	return true
 }
@@ -251,21 +319,31 @@ func (ix *Index) admitReplicas(specs []Spec) []Spec {
 
 // BudgetState is the budget part of GET /debug/state.
 type BudgetState struct {
-	MaxKeys     int                          `json:"max_keys"`
-	Keys        int                          `json:"keys"`
+	MaxKeys int `json:"max_keys"` // 0: none (only MaxBytes was given)
+	Keys    int `json:"keys"`
+	// MaxBytes and Bytes: the byte limit (0: none) and the index's bytes (bytes.go).
+	MaxBytes    int64                        `json:"max_bytes"`
+	Bytes       int64                        `json:"bytes"`
 	MaxReplicas int                          `json:"max_replicas"`
 	Reclaims    uint64                       `json:"reclaims"`
 	Dropped     map[string]map[string]uint64 `json:"dropped"`
 }
 
-// BudgetState returns the budget's limits, use and drops (input -> reason -> count).
+// BudgetState returns the budget's limits, use and drops (input -> reason -> count),
+// every replica and model measured afresh.
 func (ix *Index) BudgetState() BudgetState {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.meterAll() // bytes.go
 	ix.budget.mu.Lock()
 	defer ix.budget.mu.Unlock()
 	ix.recount(time.Now())
-	st := BudgetState{MaxKeys: ix.cfg.Budget.MaxKeys, Keys: int(ix.budget.used.Load()), MaxReplicas: ix.cfg.Budget.MaxReplicas,
+	maxKeys := ix.cfg.Budget.MaxKeys
+	if maxKeys == noKeyLimit {
+		maxKeys = 0
+	}
+	st := BudgetState{MaxKeys: maxKeys, Keys: int(ix.budget.used.Load()), MaxReplicas: ix.cfg.Budget.MaxReplicas,
+		MaxBytes: ix.cfg.Budget.MaxBytes, Bytes: ix.budget.bytes.Load(),
 		Reclaims: ix.budget.reclaims, Dropped: map[string]map[string]uint64{}}
 	for k, n := range ix.budget.dropped {
 		if st.Dropped[k.input] == nil {
@@ -292,13 +370,18 @@ var (
 		[]string{"input", "reason"}, nil)
 	dBudgetKeys = prometheus.NewDesc("kvroute_controlplane_budget_keys",
 		"Entries the budget covers (keys held by replicas plus engine blocks tracked).", nil, nil)
-	dBudgetMax = prometheus.NewDesc("kvroute_controlplane_budget_max_keys", "The global limit on those entries (--max-keys).", nil, nil)
+	dBudgetMax   = prometheus.NewDesc("kvroute_controlplane_budget_max_keys", "The global limit on those entries (--max-keys; 0: none).", nil, nil)
+	dBudgetBytes = prometheus.NewDesc("kvroute_controlplane_budget_bytes",
+		"The index's structures in bytes, priced by kind of entry (keys held, engine blocks, pages, speculative entries, replicas).", nil, nil)
+	dBudgetMaxBytes = prometheus.NewDesc("kvroute_controlplane_budget_max_bytes", "The global limit on those bytes (--max-index-bytes; 0: none).", nil, nil)
 )
 
 func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- dBudgetDropped
 	ch <- dBudgetKeys
 	ch <- dBudgetMax
+	ch <- dBudgetBytes
+	ch <- dBudgetMaxBytes
 }
 
 func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -315,6 +398,8 @@ func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(dBudgetDropped, prometheus.CounterValue, float64(st.Dropped[inputReplicas][reasonMaxReplicas]), inputReplicas, reasonMaxReplicas)
 	ch <- prometheus.MustNewConstMetric(dBudgetKeys, prometheus.GaugeValue, float64(st.Keys))
 	ch <- prometheus.MustNewConstMetric(dBudgetMax, prometheus.GaugeValue, float64(st.MaxKeys))
+	ch <- prometheus.MustNewConstMetric(dBudgetBytes, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(dBudgetMaxBytes, prometheus.GaugeValue, float64(st.MaxBytes))
 }
 
 // overBudget is a report's result when the budget dropped all of its keys, else "".

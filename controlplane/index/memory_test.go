@@ -21,6 +21,8 @@ import (
 // 1,000 x 10,000 x 4 keys is 40 M keys (several GB at the measured size), more than
 // this machine's tests should take; the default run is 1,000 x 250 x 4 (1 M keys) and
 // the size per key is flat in the key count (maps and slabs, no per-prefix overhead).
+// BenchmarkMemoryFleet (fleetmem_test.go) has the whole 1,000 x 10,000 shape with
+// prefixes shared by replicas, per input path, and the byte budget's price beside it.
 func BenchmarkMemoryPerKey(b *testing.B) {
 	const replicas, prefixes, keysPer = 1000, 250, 4
 	for _, dom := range []prefix.Domain{prefix.Token, prefix.Text} {

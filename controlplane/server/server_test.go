@@ -460,7 +460,7 @@ func TestDebugStateFieldsAndReadiness(t *testing.T) {
 	if got := keys(rep["kv_events"].(map[string]any)); !slices.Equal(got, wantKV) {
 		t.Fatalf("kv_events fields %v", got)
 	}
-	if got := keys(st["budget"].(map[string]any)); !slices.Equal(got, []string{"dropped", "keys", "max_keys", "max_replicas", "reclaims"}) {
+	if got := keys(st["budget"].(map[string]any)); !slices.Equal(got, []string{"bytes", "dropped", "keys", "max_bytes", "max_keys", "max_replicas", "reclaims"}) {
 		t.Fatalf("budget fields %v", got)
 	}
 	if len(reps) != 3 || rep["id"] != "a" || rep["model"] != "m" || rep["address"] != "10.0.0.1:8000" {

@@ -1,0 +1,272 @@
+package index
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// The byte budget's accounting (issue 15; the limit itself, Budget.MaxBytes, is
+// admitted in budget.go). The index's bytes are not read from the heap, which holds
+// the publisher's tables and everything else too, but summed from the index's own
+// structures, each priced from its Go layout:
+//
+//   - a holding (a key on one replica, whatever its sources): its slot in the replica's
+//     holdings map, its slab entry and its slot in the model's holder list;
+//   - a distinct key of a model: its slot in the model's key map and its holder list,
+//     and its slot in the changed-key set until the next table build;
+//   - an engine block of vLLM's KV events: its slot in the rank's block map (and, for
+//     engine blocks larger than ours, the checkpoint keys it names);
+//   - an SGLang page: its slab entry, its slot in the page map and its token tail;
+//   - a speculative entry: its item in the expiry queue;
+//   - a replica: its fixed structures (meterReplica's fixed part).
+//
+// Go's maps (swiss tables) keep 8 slots and 8 control bytes a group and grow when 7/8
+// full: by doubling up to 1,024 slots, then table by table (mapBytes). Slices are
+// priced at their capacity. Structures that an in-flight admission is about to grow
+// are priced at their size after it. Maps are priced by their entries: what a map
+// keeps after deletions (Go maps never shrink) is not priced until Reclaim rebuilds it
+// (once it falls to a quarter of its peak, reclaim.go).
+//
+// The replica's structures are measured under its lock whenever it admits something
+// (admitKeys, admitBlocks) and by BudgetState; the budget's recount (which takes no
+// replica lock) prices a replica at its last measurement scaled to its current entry
+// count (replica.size), and a replica never measured at worstEntry an entry. Between
+// recounts every admitted entry is charged worstEntry, the most an entry of any kind
+// costs in maps just grown, so the running figure stays above what a recount would
+// find for the same entries. Not yet priced by kind: the slower tiers' maps (tiers.go), charged
+// at their replica's mean bytes per entry.
+
+const (
+	mapHeader    = 48 // a map's header (internal/runtime/maps.Map)
+	tableHeader  = 32 // one table's (maps.table) and its directory pointer
+	groupSlots   = 8
+	tableSlots   = 1024 // maxTableCapacity
+	listMinBytes = 8    // a holder list's smallest allocation (tiny allocator)
+	splitMid     = 0.99 // mapBytes: a large map's tables split around this fill...
+	splitSD      = 0.025
+	// replicaOverhead: a replica's entries in the index's replica maps (by ID twice), its
+	// model slot, its spec's strings and its holdings' and ranks' map headers.
+	replicaOverhead = 4*(16+8)*2 + 8 + 64 + 2*mapHeader
+)
+
+// slotBytes is the size of one map slot of key K and value V.
+func slotBytes[K comparable, V any]() int64 {
+	var s struct {
+		k K
+		v V
+	}
+	return int64(unsafe.Sizeof(s))
+}
+
+var (
+	holdSlot  = slotBytes[uint64, int32]()
+	keySlot   = slotBytes[uint64, []uint16]()
+	dirtySlot = slotBytes[uint64, struct{}]()
+	blockSlot = slotBytes[uint64, blockRef]()
+	multiSlot = slotBytes[uint64, []uint64]()
+	pageSlot  = slotBytes[uint64, []int32]()
+	seedSlot  = slotBytes[seedKey, uint64]()
+	// specCharge is what a placement's expiry item can cost (the queue grows by
+	// append, so up to twice its items).
+	specCharge = 2 * int64(unsafe.Sizeof(specItem{}))
+	// worstEntry is what one new entry of any kind can cost at most: a holding of a
+	// key new to the model, speculative, in maps just grown (7/16 full).
+	worstEntry = (holdSlot+keySlot+dirtySlot+3)*16/7 + 1 + // 3 maps' slots and control bytes
+		int64(unsafe.Sizeof(holding{}))*5/4 + listMinBytes + 2 + 2*int64(unsafe.Sizeof(specItem{}))
+)
+
+// mapBytes prices a map of n entries whose slots take slot bytes. Up to 8 entries fit
+// one group; up to 1,024 slots a table doubles when 7/8 full, so n entries take the
+// next power of two of n*8/7 slots; beyond, tables of 1,024 slots split in two one by
+// one. Each table's groups are one allocation.
+func mapBytes(n int, slot int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	group := groupSlots + groupSlots*slot
+	if n <= groupSlots {
+		return mapHeader + sizeClass(group)
+	}
+	if slots := int64(1) << bits.Len64(uint64((n*groupSlots+6)/7-1)); slots <= tableSlots {
+		return mapHeader + 8 + tableHeader + sizeClass(slots/groupSlots*group)
+	}
+	// Past one table, the tables split one by one as each gets 7/8 full. Keys spread
+	// evenly, so they split around the n at which all would be 7/8 full: the share
+	// split by n is about normal around it, sd 2.5% (measured, TestMapBytes; centred 1%
+	// early here to price a little high rather than low).
+	c := int64(2 * tableSlots)
+	for float64(n) > (splitMid+4*splitSD)*float64(c)*7/8 {
+		c *= 2
+	}
+	x := float64(n) / (float64(c) * 7 / 8)
+	split := 0.5 * (1 + math.Erf((x-splitMid)/(splitSD*math.Sqrt2)))
+	tables := float64(c/tableSlots) * (1 + split)
+	return mapHeader + int64(tables*float64(8+tableHeader+sizeClass(tableSlots/groupSlots*group)))
+}
+
+// meter is one replica's or model's structures at their last measurement.
+type meter struct {
+	fixed, bytes, entries atomic.Int64
+	at                    atomic.Int64 // a model's: UnixNano of the measurement
+}
+
+// estimate prices the replica metered by m (nil: never measured) at size entries.
+func (m *meter) estimate(size int64) int64 {
+	if m == nil {
+		return int64(unsafe.Sizeof(replica{})) + replicaOverhead + size*worstEntry
+	}
+	e := m.entries.Load()
+	if e <= 0 {
+		return m.fixed.Load() + size*worstEntry
+	}
+	return m.fixed.Load() + m.bytes.Load()*size/e
+}
+
+// meters are the accounting's measurements, keyed by *replica and *model.
+type meters struct {
+	byKey sync.Map
+	spec  atomic.Int64 // the speculative queue's bytes (measured under Index.mu)
+}
+
+func (ms *meters) get(k any) *meter {
+	if v, ok := ms.byKey.Load(k); ok {
+		return v.(*meter)
+	}
+	v, _ := ms.byKey.LoadOrStore(k, &meter{})
+	return v.(*meter)
+}
+
+// stale says whether model m's measurement is older than recountEvery: the KV-event
+// path measures a model at most that often (its lock is shared by the model's replicas).
+func (ms *meters) stale(m *model, now time.Time) bool {
+	mt := ms.peek(m)
+	return mt == nil || now.UnixNano()-mt.at.Load() >= int64(recountEvery)
+}
+
+func (ms *meters) peek(k any) *meter {
+	if v, ok := ms.byKey.Load(k); ok {
+		return v.(*meter)
+	}
+	return nil
+}
+
+// meterReplica measures r's structures as they will be once hold more holdings, and
+// blocks more engine blocks in rank rk, are added. Caller holds r.mu.
+func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
+	nh := len(r.hold) + hold
+	slab := max(cap(r.slab), len(r.slab)+hold-len(r.freeIdx))
+	b := mapBytes(nh, holdSlot) + int64(slab)*int64(unsafe.Sizeof(holding{})) +
+		int64(cap(r.freeIdx))*4 + int64(nh)*2 // its slot in the key's holder list
+	entries := nh
+	fixed := int64(unsafe.Sizeof(replica{})) + replicaOverhead + mapBytes(len(r.seeds), seedSlot) +
+		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{}))
+	for _, x := range r.ranks {
+		fixed += int64(unsafe.Sizeof(rank{})) + 2*mapHeader
+		nb := len(x.blocks)
+		if x == rk {
+			nb += blocks
+		}
+		entries += nb
+		b += mapBytes(nb, blockSlot) + mapBytes(len(x.multi), multiSlot)
+		if len(x.multi) > 0 && x.blockSize > 0 {
+			ks := (x.blockSize/max(ix.cfg.BlockTokens, 1))/max(ix.cfg.Stride, 1) + 1
+			b += int64(len(x.multi)) * sizeClass(int64(8*ks))
+		}
+		if sg := x.sg; sg != nil {
+			entries += sg.live
+			b += mapBytes(len(sg.pages), pageSlot) + int64(len(sg.pages))*listMinBytes +
+				int64(cap(sg.slab))*int64(unsafe.Sizeof(sgEntry{})) + int64(cap(sg.free))*4 +
+				int64(sg.live)*sizeClass(int64(4*ix.cfg.BlockTokens/2)) // token tails, half a block on average
+		}
+	}
+	m := ix.budget.meters.get(r)
+	m.fixed.Store(fixed)
+	m.bytes.Store(b)
+	m.entries.Store(int64(entries))
+}
+
+// meterModel measures m's key structures as they will be once fresh new keys are added.
+// Caller holds m.mu.
+func (ix *Index) meterModel(m *model, fresh int, now time.Time) {
+	nk := len(m.keys) + fresh
+	b := int64(unsafe.Sizeof(model{})) + int64(cap(m.slots))*8 +
+		mapBytes(nk, keySlot) + int64(nk)*listMinBytes + mapBytes(len(m.dirty)+fresh, dirtySlot)
+	mt := ix.budget.meters.get(m)
+	mt.bytes.Store(b)
+	mt.at.Store(now.UnixNano())
+}
+
+// meterSpec measures the speculative queue. Caller holds Index.mu.
+func (ix *Index) meterSpec(add int) {
+	n := max(cap(ix.specQ), len(ix.specQ)+add)
+	ix.budget.meters.spec.Store(int64(n) * int64(unsafe.Sizeof(specItem{})))
+}
+
+// meterAll measures every replica and model. Caller holds Index.mu and no other lock.
+func (ix *Index) meterAll() {
+	for _, r := range ix.replicas {
+		r.mu.Lock()
+		ix.meterReplica(r, 0, nil, 0)
+		ix.unlockReplica(r)
+	}
+	now := time.Now()
+	for _, m := range ix.models {
+		m.mu.Lock()
+		ix.meterModel(m, 0, now)
+		m.mu.Unlock()
+	}
+	ix.meterSpec(0)
+}
+
+// count is the recount's sum of entries (every replica's size as of its last unlock)
+// and their price: every replica at its last measurement scaled to its current
+// entries, every model, the speculative queue. Meters of replicas and models no longer
+// listed are forgotten. Caller holds budget.mu.
+func (ix *Index) count(byID map[string]*replica) (entries, bytes int64) {
+	ms := &ix.budget.meters
+	total := ms.spec.Load()
+	live := make(map[any]struct{}, len(byID)+1)
+	for _, r := range byID {
+		n := r.size.Load()
+		entries += n
+		total += ms.peek(r).estimate(n)
+		live[r] = struct{}{}
+		if _, ok := live[r.m]; !ok {
+			live[r.m] = struct{}{}
+			if mt := ms.peek(r.m); mt != nil {
+				total += mt.bytes.Load()
+			}
+		}
+	}
+	ms.byKey.Range(func(k, _ any) bool {
+		if _, ok := live[k]; !ok {
+			ms.byKey.Delete(k)
+		}
+		return true
+	})
+	return entries, total
+}
+
+// sizeClasses are the Go allocator's small object sizes (internal/runtime/gc); larger
+// objects take whole 8 KB pages.
+var sizeClasses = [...]int64{8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
+	240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 896, 1024, 1152, 1280,
+	1408, 1536, 1792, 2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912,
+	8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576,
+	27264, 28672, 32768}
+
+// sizeClass is what an allocation of n bytes takes.
+func sizeClass(n int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	if i, _ := slices.BinarySearch(sizeClasses[:], n); i < len(sizeClasses) {
+		return sizeClasses[i]
+	}
+	return (n + 8191) &^ 8191
+}
