@@ -98,7 +98,8 @@ func run(args []string) error {
 	fs.IntVar(&ic.UnhealthyAfter, "unhealthy-after", 3, "consecutive failed scrapes before a replica is marked unhealthy")
 	fs.Float64Var(&ic.DefaultUncachedTokens, "default-uncached-tokens", 512, "uncached prompt tokens assumed per waiting request until outcomes say better (engines without kvroute:queued_prefill_tokens)")
 	fs.IntVar(&ic.MaxKeysPerReplica, "max-keys-per-replica", 1<<20, "hard cap on the keys one replica may hold, whatever its capacity")
-	fs.IntVar(&ic.Budget.MaxKeys, "max-keys", index.DefaultMaxKeys, "memory budget: entries the index holds over all replicas (keys plus KV-event blocks, about 0.6 KB each at peak); inputs beyond it are dropped and counted; 262,144 keep the process under about 300 MB RSS")
+	fs.IntVar(&ic.Budget.MaxKeys, "max-keys", 0, "memory budget in entries: keys the replicas hold plus KV-event blocks tracked, over all replicas; inputs beyond it are dropped and counted (default 262,144, which keeps the process under about 300 MB RSS; no entry limit when only --max-index-bytes is given)")
+	fs.Int64Var(&ic.Budget.MaxBytes, "max-index-bytes", 0, "memory budget in bytes of the index's own structures, priced per kind of entry (at 1,000 replicas x 10,000 prefixes, 87-112 B a key a replica holds from reports, 259 B from KV events with its engine blocks: docs/controlplane.md); inputs beyond it are dropped and counted; with --max-keys too, whichever binds first; 0: none")
 	fs.Int64Var(&ic.Budget.DefaultCapacityTokens, "default-capacity-tokens", index.DefaultCapacityTokens, "a replica's KV capacity in tokens until vllm:cache_config_info gives num_gpu_blocks x block_size; a replica holds at most 4 x capacity / (stride x block-tokens) keys")
 	fs.IntVar(&ic.Budget.MaxReplicas, "max-replicas", index.DefaultMaxReplicas, "replicas discovery may list; the rest are dropped and counted")
 	fs.DurationVar(&ic.RefreshInterval, "refresh-interval", 100*time.Millisecond, "while scrapes succeed, publish a version at least this often so state age stays fresh")
@@ -188,6 +189,8 @@ func run(args []string) error {
 		return err
 	}
 	o.Logger.Info("kvroute control plane listening", "addr", cp.Addr(), "engines", len(o.Engines), "kubernetes", *k8sSelector != "", "inference_pools", len(pools))
+	b := cp.Index.BudgetState() // 0: no such limit
+	o.Logger.Info("index memory budget", "max_keys", b.MaxKeys, "max_index_bytes", b.MaxBytes)
 	<-ctx.Done()
 	o.Logger.Info("shutting down")
 	return cp.Wait()

@@ -41,7 +41,7 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	b, _ := os.ReadFile(f.Name())
-	for _, want := range []string{"-listen", "127.0.0.1:8080", "-max-keys", "-insecure-no-token", "-kv-bind-allow", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
+	for _, want := range []string{"-listen", "127.0.0.1:8080", "-max-keys", "-max-index-bytes", "-insecure-no-token", "-kv-bind-allow", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("--help lacks %q", want)
 		}
