@@ -36,13 +36,22 @@ import (
 // (getrusage: the per-core cost, less sensitive to the shared machine's noise).
 //
 //	go test ./controlplane/index -run '^$' -bench IngestEndToEnd -cpu 1,2 -benchtime 1x
-func BenchmarkIngestEndToEnd(b *testing.B) {
+func BenchmarkIngestEndToEnd(b *testing.B) { benchIngestEndToEnd(b, false) }
+
+// The same with the control plane's socket bound (--kv-bind) and the engines
+// connecting to it: one SUB socket for every engine, each stream applied by its own
+// goroutine (kvevents.Listen).
+//
+//	go test ./controlplane/index -run '^$' -bench IngestBind -cpu 1,2 -benchtime 1x
+func BenchmarkIngestBind(b *testing.B) { benchIngestEndToEnd(b, true) }
+
+func benchIngestEndToEnd(b *testing.B, bind bool) {
 	for _, layout := range []sim.Encoding{sim.Map, sim.Array} {
 		for _, engines := range []int{8} {
 			b.Run(fmt.Sprintf("layout=%s/engines=%d", layout, engines), func(b *testing.B) {
 				var blocks, wall, cpu float64
 				for range b.N {
-					bl, w, c := ingestEndToEnd(b, layout, engines, 400)
+					bl, w, c := ingestEndToEnd(b, layout, engines, 400, bind)
 					blocks, wall, cpu = blocks+bl, wall+w, cpu+c
 				}
 				b.ReportMetric(blocks/wall, "blocks/s")
@@ -58,7 +67,7 @@ const (
 	e2ePerReq  = 32 // blocks each stores (and evicts)
 	e2eChains  = 64 // distinct chains per engine
 	e2eRootLen = 96
-	pubEnv     = "KVROUTE_INGEST_PUB" // "layout,engines,steps" in the child
+	pubEnv     = "KVROUTE_INGEST_PUB" // "layout,engines,steps[,endpoint to dial]" in the child
 )
 
 // e2ePayloads are one engine's messages: the chains' roots, then the steps (repeated).
@@ -127,29 +136,10 @@ func cpuTime() time.Duration {
 }
 
 // ingestEndToEnd runs one measurement: steps scheduler steps per engine after the
-// roots. It returns the blocks stored, the wall time and the CPU time spent.
-func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int) (blocks, wall, cpu float64) {
+// roots. It returns the blocks stored, the wall time and the CPU time spent. With
+// bind, the control plane listens and the engines connect (topic kv@e<n>).
+func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind bool) (blocks, wall, cpu float64) {
 	b.StopTimer()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIngestPublisherProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d", pubEnv, layout, engines, steps), "GOMAXPROCS=1")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer stdin.Close()
-	rd := bufio.NewScanner(stdout)
-	var addrs []string
-	for rd.Scan() && rd.Text() != "ready" {
-		if a, ok := strings.CutPrefix(rd.Text(), "addr "); ok {
-			addrs = append(addrs, a)
-		}
-	}
-	if len(addrs) != engines {
-		b.Fatalf("publisher gave %d addresses", len(addrs))
-	}
 	ix := New(Config{Budget: Budget{MaxKeys: 1 << 24}})
 	var specs []Spec
 	for i := range engines {
@@ -161,7 +151,42 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int) (bloc
 	sink := &countingSink{Handler: ix.Events(), batches: make([]atomic.Int64, engines), want: perEngine, done: make(chan struct{})}
 	sink.left.Store(int64(engines))
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var wg sync.WaitGroup
+	env := fmt.Sprintf("%s=%s,%d,%d", pubEnv, layout, engines, steps)
+	if bind {
+		addr, done, err := kvevents.Listen(ctx, "tcp://127.0.0.1:0", func(topic string) (kvevents.Source, bool) {
+			id, ok := strings.CutPrefix(topic, "kv@")
+			return kvevents.Source{ID: kvevents.StreamID{Replica: id}}, ok
+		}, byReplica{sink}, func(string) {}, kvevents.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); <-done }()
+		env += ",tcp://" + addr.String()
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIngestPublisherProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env, "GOMAXPROCS=1")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	defer func() { cancel(); wg.Wait() }() // before the publisher goes: no reconnections
+	rd := bufio.NewScanner(stdout)
+	var addrs []string
+	for rd.Scan() && rd.Text() != "ready" {
+		if a, ok := strings.CutPrefix(rd.Text(), "addr "); ok {
+			addrs = append(addrs, a)
+		}
+	}
+	if !bind && len(addrs) != engines {
+		b.Fatalf("publisher gave %d addresses", len(addrs))
+	}
 	for i, a := range addrs {
 		wg.Add(1)
 		go func() {
@@ -170,9 +195,9 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int) (bloc
 				&rankAs{sink, i}, kvevents.Options{})
 		}()
 	}
-	defer func() { cancel(); wg.Wait() }()
-	// Wait for every subscription (and its topic filter) to reach the publisher.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	// Wait for every subscription (and its topic filter) to reach the publisher; with
+	// bind the publisher waits for them itself before it is ready.
+	for deadline := time.Now().Add(10 * time.Second); !bind; {
 		n := 0
 		for _, st := range ix.DebugState(time.Now()) {
 			if st.KVEvents.Connected {
@@ -212,6 +237,14 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int) (bloc
 	return float64(stored), wall, cpu
 }
 
+// byReplica counts the streams of a bound socket by their replica ("e<n>").
+type byReplica struct{ *countingSink }
+
+func (r byReplica) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
+	n, _ := strconv.Atoi(strings.TrimPrefix(id.Replica, "e"))
+	(&rankAs{r.countingSink, n}).Batch(id, seq, b)
+}
+
 // rankAs tags a stream with its engine number for countingSink.
 type rankAs struct {
 	*countingSink
@@ -242,7 +275,19 @@ func TestIngestPublisherProcess(t *testing.T) {
 	var msgs [][]zmq4.Msg
 	for i := range engines {
 		pub := zmq4.NewPub(ctx)
-		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		topic := "kv"
+		if len(parts) > 3 { // the control plane is bound: connect, as engines with --kv-bind
+			topic = fmt.Sprintf("kv@e%d", i)
+			if err := pub.Dial(parts[3]); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); len(pub.(zmq4.Topics).Topics()) == 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("the subscription did not arrive")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		} else if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
 			t.Fatal(err)
 		}
 		socks = append(socks, pub)
@@ -253,7 +298,7 @@ func TestIngestPublisherProcess(t *testing.T) {
 			var s [8]byte
 			binary.BigEndian.PutUint64(s[:], seq)
 			seq++
-			m = append(m, zmq4.NewMsgFrom([]byte("kv"), s[:], p))
+			m = append(m, zmq4.NewMsgFrom([]byte(topic), s[:], p))
 		}
 		for _, p := range roots {
 			add(p)
@@ -262,7 +307,9 @@ func TestIngestPublisherProcess(t *testing.T) {
 			add(st[j%len(st)])
 		}
 		msgs = append(msgs, m)
-		fmt.Printf("addr tcp://%s\n", pub.Addr())
+		if len(parts) <= 3 {
+			fmt.Printf("addr tcp://%s\n", pub.Addr())
+		}
 	}
 	fmt.Println("ready")
 	in := bufio.NewScanner(os.Stdin)
@@ -320,7 +367,7 @@ func BenchmarkIngestParallel(b *testing.B) {
 	}
 	per := (b.N + engines - 1) / engines
 	b.ResetTimer()
-	start := time.Now()
+	start, c0 := time.Now(), cpuTime()
 	var wg sync.WaitGroup
 	for i := range engines {
 		wg.Add(1)
@@ -339,5 +386,8 @@ func BenchmarkIngestParallel(b *testing.B) {
 		}()
 	}
 	wg.Wait()
-	b.ReportMetric(float64(per*engines*stepBlocks)/time.Since(start).Seconds(), "blocks/s")
+	wall, cpu := time.Since(start).Seconds(), (cpuTime() - c0).Seconds()
+	b.ReportMetric(float64(per*engines*stepBlocks)/wall, "blocks/s")
+	b.ReportMetric(float64(per*engines*stepBlocks)/cpu, "blocks/cpu-s")
+	b.ReportMetric(cpu/wall, "cores")
 }
