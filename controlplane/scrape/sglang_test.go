@@ -1,11 +1,6 @@
 package scrape
 
-import (
-	"bytes"
-	"testing"
-
-	simmetrics "github.com/kvroute/kvroute/wasmtest/engine/metrics"
-)
+import "testing"
 
 // SGLang's /metrics as SGLang @93d04878 exposes it (python/sglang/srt/metrics/
 // collector.py: SchedulerMetricsCollector gauges sglang:num_running_reqs,
@@ -59,15 +54,8 @@ sglang:cached_tokens_created{model_name="q"} 1.7e+09
 // running, KV usage, lifetime hit rate, and kvroute's queued-prefill extension; no
 // capacity, as that revision exports none.
 func TestParseSimulatedSGLangPage(t *testing.T) {
-	var buf bytes.Buffer
-	err := simmetrics.WriteSGLang(&buf, simmetrics.Snapshot{ModelName: "m", Created: 1.7e9, Running: 3, Waiting: 4,
-		KVUsage: 0.5, QueuedPrefillTokens: 1200, PrefixQueries: 1000, PrefixHits: 400, PromptTokens: 1000,
-		GenerationTokens: 50, Success: map[string]int64{"length": 2}, CapacityTokens: 4096,
-		TTFT: simmetrics.NewHistogram(simmetrics.SGLangTTFTBuckets), E2E: simmetrics.NewHistogram(simmetrics.SGLangE2EBuckets)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Parse(buf.Bytes(), SGLang)
+	page := sglangPage(t)
+	s, err := Parse(page, SGLang)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +66,7 @@ func TestParseSimulatedSGLangPage(t *testing.T) {
 		t.Fatalf("hit rate %v, capacity %d", s.HitRate, s.CapacityTokens)
 	}
 	// The same page read with vLLM's names finds nothing of it.
-	if v, err := Parse(buf.Bytes(), VLLM); err != nil || v.Waiting != 0 || v.HasKVUsage || v.HitRate != 0 {
+	if v, err := Parse(page, VLLM); err != nil || v.Waiting != 0 || v.HasKVUsage || v.HitRate != 0 {
 		t.Fatalf("vLLM names on an SGLang page: %+v %v", v, err)
 	}
 }
