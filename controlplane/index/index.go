@@ -17,17 +17,18 @@
 //   - events.go: KV events (kvevents.Handler): engine blocks to token-domain keys,
 //     gaps, restarts, clears, eviction pressure on reported keys.
 //   - sglang.go: SGLang's KV events (pages instead of blocks).
+//   - tiers.go: blocks held in slower media (vLLM's CPU offloading, LMCache), per
+//     replica and medium.
 //   - reports.go: the filters' reports (placements, outcomes) and what outcomes teach.
 //   - scrape.go: metrics scrapes and replica health.
 //   - flush.go: what the next table version carries (Flush) and each replica's state.
-//   - budget.go: the memory budget (admission, drops); reclaim.go: giving memory
-//     back after a flood.
+//   - budget.go: the memory budget (admission, drops); bytes.go: what each kind of
+//     entry costs in bytes, for --max-index-bytes; reclaim.go: giving memory back after
+//     a flood.
 //   - debug.go: GET /debug/state and Prometheus.
 package index
 
 import (
-	"cmp"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,5 +211,3 @@ func ewma(cur float64, n int, v, alpha float64) float64 {
 	}
 	return cur + alpha*(v-cur)
 }
-
-func sortSlots(s []uint32) []uint32 { slices.SortFunc(s, cmp.Compare[uint32]); return s }
