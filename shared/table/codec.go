@@ -15,13 +15,20 @@ import (
 //	         u64 version | u64 base version (delta only, else 0) | i64 generated Unix ms
 //	         u32 payload length
 //	payload  uv model count, then per model:
-//	           str name | u8 flags (1 removed, 2 reset: entries start empty)
+//	           str name | u8 flags (1 removed, 2 reset: entries start empty,
+//	                                4 replicas patched: format 2 deltas, not with reset)
 //	           unless removed:
 //	             uv block_bytes | uv block_tokens | uv stride | uv bytes_per_token x1000
 //	             format 2 only: uv tier count (<= 8), then per tier: str medium name
 //	             uv replica count, then per replica:
 //	               uv slot | str id | str addr | uv speed | uv queued | uv kv_usage x10000
 //	               uv state_age_ms | u8 flags (1 healthy)
+//	             or, patched: the replicas that changed since the base (slots strictly
+//	             increasing), then the slots that left (see patch.go):
+//	               uv slot | u8 fields (1 healthy, 2 identity, 4 queued, 8 kv, 16 age)
+//	               [str id | str addr | uv speed] [uv queued] [uv kv_usage x10000]
+//	               [uv state_age_ms], each when its field bit is set
+//	               uv dropped count, then slots (uv, strictly increasing)
 //	             uv upsert count, then per upsert (keys strictly increasing):
 //	               u64 key | uv slot count (>= 1) | slots (uv, strictly increasing)
 //	               (format 2: each is a holder, tier << 16 | slot, tier <= tier count)
@@ -29,8 +36,10 @@ import (
 //	trailer  u32 CRC-32C of header and payload
 //	str = uv length | bytes
 //
-// A full frame resets every model; a delta names only the models that changed and always
-// carries their whole replica list, so queue terms are fresh on every version.
+// A full frame resets every model; a delta names only the models that changed and carries
+// their replica list: in format 1 whole, so queue terms are fresh on every version; in
+// format 2 whole or patched (what changed since the base, the state ages of the others
+// advanced by the time between the two versions).
 //
 // Format 2 adds the slower KV tiers (offloaded blocks, see Holder): a filter says in its
 // poll which formats it reads (api.TableFormatsHeader) and gets format 2 only if it
@@ -48,6 +57,7 @@ const (
 
 	flagRemoved = 1
 	flagReset   = 2
+	flagPatched = 4 // format 2
 )
 
 // Kind says whether a frame is a full snapshot or a delta.
@@ -103,6 +113,13 @@ type ModelChange struct {
 	Tiers   []string
 	Upserts Entries
 	Removes []uint64
+	// Patched (format-2 deltas only, see PatchReplicas): Replicas lists only the
+	// replicas that changed since the base, ReplicaFields[i] which of Replicas[i]'s
+	// values the frame carries (the others stay the base's), and Dropped the slots that
+	// left; every other replica of the base stays, its state age advanced.
+	Patched       bool
+	ReplicaFields []uint8
+	Dropped       []uint32
 }
 
 // Frame is a decoded frame: a full snapshot (every model Reset) or a delta.
@@ -180,7 +197,14 @@ func Encode(f *Frame) []byte {
 		if mc.Reset {
 			flags = flagReset
 		}
-		w.modelHead(mc.Name, flags, mc.Config, mc.Replicas, mc.Tiers)
+		if mc.Patched {
+			if format != FormatTiers || mc.Reset || f.Kind != Delta {
+				panic(fmt.Sprintf("table: model %q: replica patches exist only in format-2 delta sections", mc.Name))
+			}
+			w.patchedHead(mc)
+		} else {
+			w.modelHead(mc.Name, flags, mc.Config, mc.Replicas, mc.Tiers)
+		}
 		ups, rems := &mc.Upserts, mc.Removes
 		if format == FormatVersion {
 			ups, rems = gpuView(mc)
@@ -312,7 +336,7 @@ func Decode(b []byte) (*Frame, error) {
 	if kind == Full && f.Base != 0 {
 		return nil, fmt.Errorf("%w: full frame with base version %d", ErrCorrupt, f.Base)
 	}
-	r := reader{b: body[headerSize:], format: f.Format}
+	r := reader{b: body[headerSize:], format: f.Format, kind: kind}
 	n := r.count(2) // a model section is at least a name length and flags
 	seen := map[string]bool{}
 	for i := 0; i < n && r.err == nil; i++ {
@@ -372,7 +396,14 @@ func (t *Table) ApplyFrame(f *Frame) error {
 				return fmt.Errorf("%w: delta v%d changes unknown model %q", ErrBaseMismatch, f.Version, mc.Name)
 			}
 		}
-		m, err := NewModel(mc.Name, mc.Config, mc.Replicas)
+		rs := mc.Replicas
+		if mc.Patched {
+			var err error
+			if rs, err = mc.patchedReplicas(t.Models[mc.Name], t.GeneratedMs, f.GeneratedMs); err != nil {
+				return fmt.Errorf("%w: %v", ErrCorrupt, err)
+			}
+		}
+		m, err := NewModel(mc.Name, mc.Config, rs)
 		if err == nil {
 			err = m.SetTiers(mc.Tiers)
 		}
@@ -453,18 +484,7 @@ func (w *writer) uv(v uint64)  { w.b = binary.AppendUvarint(w.b, v) }
 func (w *writer) str(s string) { w.uv(uint64(len(s))); w.b = append(w.b, s...) }
 
 func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica, tiers []string) {
-	w.str(name)
-	w.b = append(w.b, flags)
-	w.uv(uint64(c.BlockBytes))
-	w.uv(uint64(c.BlockTokens))
-	w.uv(uint64(c.Stride))
-	w.uv(quantize(c.BytesPerToken, 1000))
-	if w.format == FormatTiers {
-		w.uv(uint64(len(tiers)))
-		for _, t := range tiers {
-			w.str(t)
-		}
-	}
+	w.config(name, flags, c, tiers)
 	w.uv(uint64(len(rs)))
 	for _, r := range rs {
 		w.uv(uint64(r.Slot))
@@ -479,6 +499,50 @@ func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica, tier
 			fl = 1
 		}
 		w.b = append(w.b, fl)
+	}
+}
+
+func (w *writer) config(name string, flags byte, c Config, tiers []string) {
+	w.str(name)
+	w.b = append(w.b, flags)
+	w.uv(uint64(c.BlockBytes))
+	w.uv(uint64(c.BlockTokens))
+	w.uv(uint64(c.Stride))
+	w.uv(quantize(c.BytesPerToken, 1000))
+	if w.format == FormatTiers {
+		w.uv(uint64(len(tiers)))
+		for _, t := range tiers {
+			w.str(t)
+		}
+	}
+}
+
+// patchedHead is modelHead for a patched section (format 2).
+func (w *writer) patchedHead(mc *ModelChange) {
+	w.config(mc.Name, flagPatched, mc.Config, mc.Tiers)
+	w.uv(uint64(len(mc.Replicas)))
+	for i, r := range mc.Replicas {
+		f := mc.ReplicaFields[i]
+		w.uv(uint64(r.Slot))
+		w.b = append(w.b, f)
+		if f&patchIdentity != 0 {
+			w.str(r.ID)
+			w.str(r.Addr)
+			w.uv(uint64(r.Speed))
+		}
+		if f&patchQueued != 0 {
+			w.uv(r.Queued)
+		}
+		if f&patchKV != 0 {
+			w.uv(quantize(r.KVUsage, 10000))
+		}
+		if f&patchAge != 0 {
+			w.uv(uint64(r.StateAgeMs))
+		}
+	}
+	w.uv(uint64(len(mc.Dropped)))
+	for _, s := range mc.Dropped {
+		w.uv(uint64(s))
 	}
 }
 
@@ -512,6 +576,7 @@ type reader struct {
 	b      []byte
 	err    error
 	format uint8
+	kind   Kind
 }
 
 func (r *reader) fail(format string, args ...any) {
@@ -598,7 +663,11 @@ func (r *reader) model() ModelChange {
 	var mc ModelChange
 	mc.Name = r.str("model name")
 	flags := r.byte1()
-	if flags&^(flagRemoved|flagReset) != 0 {
+	known := byte(flagRemoved | flagReset)
+	if r.format == FormatTiers && r.kind == Delta {
+		known |= flagPatched
+	}
+	if flags&^known != 0 || flags&flagPatched != 0 && flags&^flagPatched != 0 {
 		r.fail("model %q: unknown flags %#x", mc.Name, flags)
 	}
 	if flags&flagRemoved != 0 {
@@ -630,7 +699,12 @@ func (r *reader) model() ModelChange {
 	if r.format == FormatTiers {
 		maxHolder = uint64(Holder(MaxSlot, len(mc.Tiers)))
 	}
-	nr := r.count(10) // slot, two strings, four varints, flags
+	nr := 0
+	if flags&flagPatched != 0 {
+		r.patch(&mc)
+	} else {
+		nr = r.count(10) // slot, two strings, four varints, flags
+	}
 	if nr > MaxSlot+1 {
 		r.fail("model %q: %d replicas", mc.Name, nr)
 	}
@@ -696,6 +770,50 @@ func (r *reader) model() ModelChange {
 		}
 	}
 	return mc
+}
+
+// patch reads a patched section's replicas and dropped slots (format 2 deltas).
+func (r *reader) patch(mc *ModelChange) {
+	mc.Patched = true
+	n := r.count(2) // slot and fields
+	if n > MaxSlot+1 {
+		r.fail("model %q: %d replicas", mc.Name, n)
+	}
+	for i := 0; i < n && r.err == nil; i++ {
+		var p Replica
+		p.Slot = uint32(r.uvMax(MaxSlot, "slot"))
+		if i > 0 && p.Slot <= mc.Replicas[i-1].Slot {
+			r.fail("model %q: patched slots not increasing", mc.Name)
+		}
+		f := r.byte1()
+		if f&^patchKnown != 0 {
+			r.fail("model %q: unknown replica fields %#x", mc.Name, f)
+		}
+		if f&patchIdentity != 0 {
+			p.ID, p.Addr = r.str("replica id"), r.str("replica addr")
+			p.Speed = uint32(r.uvMax(math.MaxUint32, "speed"))
+		}
+		if f&patchQueued != 0 {
+			p.Queued = r.uv()
+		}
+		if f&patchKV != 0 {
+			p.KVUsage = float64(r.uvMax(10000, "kv_usage")) / 10000
+		}
+		if f&patchAge != 0 {
+			p.StateAgeMs = uint32(r.uvMax(math.MaxUint32, "state_age_ms"))
+		}
+		p.Healthy = f&patchHealthy != 0
+		mc.Replicas = append(mc.Replicas, p)
+		mc.ReplicaFields = append(mc.ReplicaFields, f)
+	}
+	nd := r.count(1)
+	for i := 0; i < nd && r.err == nil; i++ {
+		s := uint32(r.uvMax(MaxSlot, "dropped slot"))
+		if i > 0 && s <= mc.Dropped[i-1] {
+			r.fail("model %q: dropped slots not increasing", mc.Name)
+		}
+		mc.Dropped = append(mc.Dropped, s)
+	}
 }
 
 func (r *reader) flag() bool {

@@ -26,7 +26,7 @@ const (
 
 // tieredTable is the golden table plus slower tiers: key 200 also on slot 1 in CPU,
 // key 400 only in CPU (slot 0) and Disk (slot 2), key 300 on slot 1 in GPU and CPU.
-func tieredTable(t *testing.T) *Table {
+func tieredTable(t testing.TB) *Table {
 	tb := New()
 	tb.Version, tb.GeneratedMs = 7, 1_790_000_000_123
 	m, err := NewModel("llama", goldenCfg, goldenReplicas)
