@@ -28,19 +28,41 @@ type Publisher struct {
 	maxKeys int
 	first   uint64
 
+	// frames holds the current version's encoded frames, one per (base, model,
+	// format), shared by every poll that asks for it: the first poll encodes it, the
+	// others wait for its bytes. cacheV changes with the version, under mu.
 	cacheMu sync.Mutex
 	cacheV  uint64
-	frames  map[frameKey][]byte
+	frames  map[frameKey]*frame
+	encodes int // frames encoded (tests)
 
 	waitMu sync.Mutex
 	wake   chan struct{}
 
 	beforeSwap func() // tests: runs after the next table is built, before it is swapped in
+	// tests: beforeEncode runs before a poll encodes a frame for the others, waiting
+	// when a poll is about to wait for another's encoding.
+	beforeEncode, waiting func()
 }
 
 type version struct {
 	v, base uint64
+	gen     int64 // GeneratedMs
 	models  map[string]*change
+	// replicas are every model's replicas in this version, kept for the newest
+	// replicaHistory versions: a format-2 delta from one of them carries only the
+	// replicas that changed since (table.ModelChange.PatchReplicas).
+	replicas map[string][]table.Replica
+}
+
+// replicaHistory is how many recent versions keep their replica lists: a filter more
+// than 64 versions (3-6 s) behind gets whole lists in its delta.
+const replicaHistory = 64
+
+// frame is one encoded answer, ready when done is closed.
+type frame struct {
+	done chan struct{}
+	res  Result
 }
 
 func (v version) keys() int {
@@ -98,7 +120,7 @@ func New(o Options) *Publisher {
 	if o.FirstVersion == 0 {
 		o.FirstVersion = uint64(time.Now().UnixMilli())
 	}
-	return &Publisher{t: table.New(), first: o.FirstVersion, maxHist: o.MaxHistory, maxKeys: o.MaxDeltaKeys, frames: map[frameKey][]byte{}, wake: make(chan struct{})}
+	return &Publisher{t: table.New(), first: o.FirstVersion, maxHist: o.MaxHistory, maxKeys: o.MaxDeltaKeys, frames: map[frameKey]*frame{}, wake: make(chan struct{})}
 }
 
 // Version is the current version (0 before the first publish).
@@ -122,7 +144,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	f := &table.Frame{Format: table.FormatTiers, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
 	// f1 is the same version as a format-1 filter sees it (GPU holders only).
 	f1 := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: f.GeneratedMs}
-	rec := version{v: f.Version, base: f.Base, models: make(map[string]*change, len(ups))}
+	rec := version{v: f.Version, base: f.Base, gen: f.GeneratedMs, models: make(map[string]*change, len(ups))}
 	for i := range ups {
 		u := &ups[i]
 		mc := table.ModelChange{
@@ -145,6 +167,16 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	if err := nt.ApplyFrame(f); err != nil {
 		return 0, fmt.Errorf("publish v%d: %w", f.Version, err)
 	}
+	rec.replicas = make(map[string][]table.Replica, len(nt.Models))
+	for name, m := range nt.Models {
+		rec.replicas[name] = m.Replicas // replaced by later versions, never changed
+	}
+	// The frame just applied is the delta from the previous version for all models,
+	// the one most pollers want, in both formats; format 2 carries only the replicas
+	// that changed. Encoded before the swap, so polls never wait for it and the first
+	// ones after the swap find it.
+	enc := table.Encode(patched(f, cur))
+	enc1 := table.Encode(f1)
 	if p.beforeSwap != nil {
 		p.beforeSwap()
 	}
@@ -152,6 +184,9 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	p.t = nt
 	p.hist = append(p.hist, rec)
 	p.histN += rec.keys()
+	if n := len(p.hist) - 1 - replicaHistory; n >= 0 {
+		p.hist[n].replicas = nil
+	}
 	// Versions beyond MaxHistory, or whose keys a delta could not carry anyway (more
 	// than MaxDeltaKeys in all: compose answers a full frame), are forgotten, so the
 	// history's memory is bounded by keys as well as by versions.
@@ -163,18 +198,24 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		clear(p.hist[:drop])
 		p.hist = append(p.hist[:0:0], p.hist[drop:]...)
 	}
-	// The frame just applied is the delta from the previous version for all models,
-	// the one most pollers want, in both formats.
-	enc := table.Encode(f)
-	enc1 := table.Encode(f1)
-	p.mu.Unlock()
-
 	p.cacheMu.Lock()
 	p.cacheV = f.Version
 	clear(p.frames)
-	p.frames[frameKey{base: f.Base, format: table.FormatTiers}] = enc
-	p.frames[frameKey{base: f.Base, format: table.FormatVersion}] = enc1
+	for _, e := range []struct {
+		format uint8
+		body   []byte
+	}{{table.FormatTiers, enc}, {table.FormatVersion, enc1}} {
+		if f.Base == 0 {
+			break // the first version: no filter has a version to take a delta from
+		}
+		done := make(chan struct{})
+		close(done)
+		p.frames[frameKey{base: f.Base, format: e.format}] = &frame{done: done,
+			res: Result{Version: f.Version, GeneratedMs: f.GeneratedMs, Kind: table.Delta, Body: e.body}}
+	}
+	p.encodes += 2
 	p.cacheMu.Unlock()
+	p.mu.Unlock()
 
 	p.waitMu.Lock()
 	close(p.wake)
@@ -217,79 +258,110 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 }
 
 // FrameFormat is Frame in the given table format (table.FormatVersion or FormatTiers).
+// Polls asking for the same frame of the same version share one encoding of it.
 func (p *Publisher) FrameFormat(have uint64, hasHave bool, model string, format uint8) Result {
 	if format != table.FormatTiers {
 		format = table.FormatVersion
 	}
 	p.mu.RLock()
-	cur := p.t.Version
+	t := p.t
+	cur := t.Version
 	if cur == 0 {
 		p.mu.RUnlock()
 		return Result{NotReady: true}
 	}
-	gen := p.t.GeneratedMs
+	gen := t.GeneratedMs
 	if hasHave && have == cur {
 		p.mu.RUnlock()
 		return Result{Version: cur, GeneratedMs: gen, Current: true}
 	}
 	// Only versions this process published and still remembers get a delta.
 	delta := hasHave && have >= p.first && have < cur && len(p.hist) > 0 && have >= p.hist[0].base
+	k := frameKey{model: model, format: format}
 	if delta {
-		if b := p.cached(cur, frameKey{have, model, format}); b != nil {
-			p.mu.RUnlock()
-			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
+		k.base = have
+	}
+	e, mine := p.frame(cur, k)
+	if !mine {
+		p.mu.RUnlock()
+		if p.waiting != nil {
+			p.waiting()
 		}
-		if f := p.compose(have, model, format); f != nil {
-			p.mu.RUnlock()
-			// f holds copies (Entries copy the slots; replica lists are replaced, never
-			// changed in place), so it is encoded outside the lock a Publish waits for:
-			// polls queued behind that Publish do not wait for this encoding too.
-			b := table.Encode(f)
-			p.store(cur, frameKey{have, model, format}, b)
-			return Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: b}
-		}
+		<-e.done
+		return e.res
+	}
+	if p.beforeEncode != nil {
+		p.beforeEncode()
+	}
+	var f *table.Frame
+	if delta {
+		f = p.compose(have, model, format)
 	}
 	p.mu.RUnlock()
-	return p.full(model, format)
-}
-
-func (p *Publisher) cached(cur uint64, k frameKey) []byte {
-	p.cacheMu.Lock()
-	defer p.cacheMu.Unlock()
-	if p.cacheV != cur {
-		return nil
+	// The frame is encoded outside the lock a Publish waits for, so polls queued behind
+	// that Publish do not wait for this encoding too: f holds copies (Entries copy the
+	// slots; replica lists are replaced, never changed in place), and t, a published
+	// table, is never changed again (Publish applies the next version to a copy).
+	if f != nil {
+		e.res = Result{Version: cur, GeneratedMs: gen, Kind: table.Delta, Body: table.Encode(f)}
+		p.encoded()
+	} else if k.base == 0 {
+		e.res = p.full(t, model, format)
+	} else {
+		// A delta larger than a full frame: the full frame, shared with its own polls.
+		e.res = p.FrameFormat(0, false, model, format)
 	}
-	return p.frames[k]
+	close(e.done)
+	return e.res
 }
 
-func (p *Publisher) store(cur uint64, k frameKey, b []byte) {
+// frame returns the current version's entry for k and whether the caller is to encode
+// it (then it must fill in res and close done). Caller holds mu (read).
+func (p *Publisher) frame(cur uint64, k frameKey) (*frame, bool) {
 	p.cacheMu.Lock()
 	defer p.cacheMu.Unlock()
+	if e := p.frames[k]; e != nil && p.cacheV == cur {
+		return e, false
+	}
+	e := &frame{done: make(chan struct{})}
 	if p.cacheV == cur && len(p.frames) < 1024 {
-		p.frames[k] = b
+		p.frames[k] = e
 	}
+	return e, true
 }
 
-// full encodes the current table (or one model of it). Encoding only reads the table
-// (table.Model.Each), so concurrent requests share the read lock.
-func (p *Publisher) full(model string, format uint8) Result {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	cur, gen := p.t.Version, p.t.GeneratedMs
-	k := frameKey{0, model, format}
-	if b := p.cached(cur, k); b != nil {
-		return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
-	}
-	t := p.t
+func (p *Publisher) encoded() {
+	p.cacheMu.Lock()
+	p.encodes++
+	p.cacheMu.Unlock()
+}
+
+// full encodes the published table t (or one model of it) as a full frame.
+func (p *Publisher) full(t *table.Table, model string, format uint8) Result {
+	res := Result{Version: t.Version, GeneratedMs: t.GeneratedMs, Kind: table.Full}
 	if model != "" {
-		t = &table.Table{Version: p.t.Version, GeneratedMs: p.t.GeneratedMs, Models: map[string]*table.Model{}}
-		if m := p.t.Models[model]; m != nil {
-			t.Models[model] = m
+		one := &table.Table{Version: t.Version, GeneratedMs: t.GeneratedMs, Models: map[string]*table.Model{}}
+		if m := t.Models[model]; m != nil {
+			one.Models[model] = m
+		}
+		t = one
+	}
+	res.Body = table.EncodeFullFormat(t, format)
+	p.encoded()
+	return res
+}
+
+// patched is f (a format-2 delta from base, whole replica lists) with the replica list
+// of every model base has patched: only what changed since base.
+func patched(f *table.Frame, base *table.Table) *table.Frame {
+	out := *f
+	out.Models = slices.Clone(f.Models)
+	for i := range out.Models {
+		if m := base.Models[out.Models[i].Name]; m != nil {
+			out.Models[i].PatchReplicas(m.Replicas, base.GeneratedMs, f.GeneratedMs)
 		}
 	}
-	b := table.EncodeFullFormat(t, format)
-	p.store(cur, k, b)
-	return Result{Version: cur, GeneratedMs: gen, Kind: table.Full, Body: b}
+	return &out
 }
 
 // compose builds the delta from version have to the current one from the keys that
@@ -335,6 +407,13 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 	}
 	slices.Sort(names)
 	f := &table.Frame{Format: format, Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
+	// Format 2 carries only the replicas that changed since have, when have is recent
+	// enough for its replicas to be known.
+	var baseRec *version
+	if i := have - p.hist[0].v; format == table.FormatTiers && have >= p.hist[0].v && i < uint64(len(p.hist)) &&
+		p.hist[i].v == have && p.hist[i].replicas != nil {
+		baseRec = &p.hist[i]
+	}
 	for _, name := range names {
 		a := accs[name]
 		m := p.t.Models[name]
@@ -345,6 +424,9 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 		mc := table.ModelChange{Name: name, Reset: a.reset, Config: m.Config, Replicas: m.Replicas}
 		if format == table.FormatTiers {
 			mc.Tiers = m.Tiers
+			if rs, ok := baseRec.replicasOf(name); ok {
+				mc.PatchReplicas(rs, baseRec.gen, f.GeneratedMs)
+			}
 		}
 		slices.Sort(a.keys)
 		for _, k := range slices.Compact(a.keys) {
@@ -361,6 +443,15 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 		f.Models = append(f.Models, mc)
 	}
 	return f
+}
+
+// replicasOf is model name's replicas in version v, if known.
+func (v *version) replicasOf(name string) ([]table.Replica, bool) {
+	if v == nil {
+		return nil, false
+	}
+	rs, ok := v.replicas[name]
+	return rs, ok
 }
 
 // Table returns the published table for read-only inspection under fn (tests, debug).
