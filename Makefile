@@ -13,7 +13,8 @@ build: wasm native ## bin/kvroute.wasm and every command in bin/
 
 # The filter: a WASI reactor loaded by Envoy (proxy-wasm), built with upstream Go, then
 # patched so the Go runtime never calls the host's poll_oneoff (filter/wasmpatch: Envoy
-# 1.35-1.38 answer it with ENOSYS and the runtime dies at its first GC).
+# 1.35-1.38 answer it with ENOSYS and the runtime dies at its first GC), and so the host
+# writes the values it returns into the filter's reused buffers (wasmpatch.UseAllocator).
 wasm: ## bin/kvroute.wasm, the filter (built with upstream Go, then patched by kvroute-wasmpatch)
 	@mkdir -p $(BIN)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(BIN)/kvroute.go.wasm ./filter

@@ -135,6 +135,7 @@ const (
 
 type section struct {
 	id         byte
+	head       int    // where the section's id byte is, within the module
 	start, end int    // content, within the module
 	name       string // custom sections
 }
@@ -163,6 +164,7 @@ func parse(b []byte) (*module, error) {
 	m := &module{raw: b}
 	r := &reader{b: b, pos: 8}
 	for r.pos < len(b) {
+		head := r.pos
 		id := r.byte()
 		size := r.u32()
 		start := r.pos
@@ -170,7 +172,7 @@ func parse(b []byte) (*module, error) {
 		if r.err != nil || end > len(b) || end < start {
 			return nil, fmt.Errorf("wasmpatch: section %d at byte %d runs past the end", id, start)
 		}
-		s := section{id: id, start: start, end: end}
+		s := section{id: id, head: head, start: start, end: end}
 		sr := &reader{b: b[:end], pos: start}
 		var err error
 		switch id {

@@ -5,6 +5,7 @@
 package wasmbuild
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -19,7 +20,8 @@ import (
 )
 
 // Build compiles the main package in directory dir into the module file out and applies
-// the poll_oneoff shim, as `make wasm` does for the filter.
+// the poll_oneoff shim and, for a module that offers one, its own memory allocator
+// (wasmpatch.UseAllocator), as `make wasm` does for the filter.
 func Build(dir, out string) error {
 	if err := BuildUnpatched(dir, out); err != nil {
 		return err
@@ -29,11 +31,21 @@ func Build(dir, out string) error {
 		return err
 	}
 	patched, _, err := wasmpatch.PollOneoffShim(b)
-	if errors.Is(err, wasmpatch.ErrNoPollOneoff) {
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, wasmpatch.ErrNoPollOneoff):
+		patched = b
+	case err != nil:
 		return fmt.Errorf("patch %s: %w", dir, err)
+	}
+	alloc, err := wasmpatch.UseAllocator(patched)
+	switch {
+	case err == nil:
+		patched = alloc
+	case !errors.Is(err, wasmpatch.ErrNoExport):
+		return fmt.Errorf("patch %s: %w", dir, err)
+	}
+	if bytes.Equal(patched, b) {
+		return nil
 	}
 	return os.WriteFile(out, patched, 0o644)
 }

@@ -1,11 +1,14 @@
 // Command kvroute-wasmpatch finishes the filter's build: it redirects the Go runtime's
 // calls to WASI poll_oneoff to a local function, so the module survives the
-// proxy-wasm-cpp-host that Envoy 1.35-1.38 ship (see package wasmpatch for why).
+// proxy-wasm-cpp-host that Envoy 1.35-1.38 ship (see package wasmpatch for why), and
+// points the proxy_on_memory_allocate export at the filter's allocator, which reuses
+// its buffers (wasmpatch.UseAllocator).
 //
 //	kvroute-wasmpatch --in bin/kvroute.go.wasm --out bin/kvroute.wasm
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,7 +23,8 @@ var help = cli.Help{
 	Intro: `finishes the filter's build. It redirects the Go runtime's calls to WASI
 poll_oneoff in a compiled proxy-wasm module to a local function that answers as
 proxy-wasm-cpp-host >= 94091cd does, so the module survives the cpp-host of Envoy
-1.35-1.38. make wasm runs it.`,
+1.35-1.38, and points proxy_on_memory_allocate at the filter's own allocator when the
+module exports one (kvroute_memory_allocate). make wasm runs it.`,
 	Usage: []string{"--in MODULE --out MODULE"},
 }
 
@@ -44,10 +48,20 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *in, err)
 	}
+	alloc, err := wasmpatch.UseAllocator(patched)
+	switch {
+	case err == nil:
+		patched = alloc
+	case !errors.Is(err, wasmpatch.ErrNoExport):
+		return fmt.Errorf("%s: %w", *in, err)
+	}
 	if err := os.WriteFile(*out, patched, 0o644); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: %s: %d call(s) to poll_oneoff (function %d) now go to function %d\n",
 		name, *out, res.CallSites, res.Import, res.Shim)
+	if alloc != nil {
+		fmt.Fprintf(stdout, "%s: %s: %s is the filter's %s\n", name, *out, wasmpatch.MemoryAllocate, wasmpatch.Allocator)
+	}
 	return nil
 }
