@@ -224,17 +224,25 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	return f.Version, nil
 }
 
-// Wait blocks until the version moves past v or ctx ends.
-func (p *Publisher) Wait(ctx context.Context, v uint64) {
+// Changed returns a channel closed when the version moves past v, or nil when it already
+// has.
+func (p *Publisher) Changed(v uint64) <-chan struct{} {
 	p.waitMu.Lock()
 	ch := p.wake
 	p.waitMu.Unlock()
 	if p.Version() != v {
-		return
+		return nil
 	}
-	select {
-	case <-ch:
-	case <-ctx.Done():
+	return ch
+}
+
+// Wait blocks until the version moves past v or ctx ends.
+func (p *Publisher) Wait(ctx context.Context, v uint64) {
+	if ch := p.Changed(v); ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
 	}
 }
 

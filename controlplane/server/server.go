@@ -3,13 +3,13 @@
 package server
 
 import (
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,7 +52,27 @@ type Server struct {
 	inflightMu sync.Mutex
 	inflight   int64
 	busy       atomic.Uint64
+
+	// What a table answer's headers and counters need, made once rather than per poll
+	// (a poll is tiny; thousands of proxies make tens of thousands a second).
+	frameCounters [3]prometheus.Counter // full, delta, not_modified
+	versionHdrs   atomic.Pointer[versionHeaders]
 }
+
+// versionHeaders are the header values every answer of one version shares.
+type versionHeaders struct {
+	version uint64
+	value   []string // X-Kvroute-Version
+	etag    []string
+}
+
+// Header values shared by every table answer: net/http only reads them.
+var (
+	hdrTableType = []string{api.TableContentType}
+	hdrNoStore   = []string{"no-store"}
+	hdrVary      = []string{api.TableFormatsHeader}
+	hdrFrame     = [...][]string{table.Full: {"full"}, table.Delta: {"delta"}}
+)
 
 // Metrics are the API's own Prometheus metrics.
 type Metrics struct {
@@ -102,6 +122,11 @@ func (s *Server) Handler() http.Handler {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
+	if s.Metrics != nil {
+		for i, kind := range []string{"full", "delta", "not_modified"} {
+			s.frameCounters[i] = s.Metrics.TableFrames.WithLabelValues(kind)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc(api.TablePath, s.count("table", s.auth(s.table)))
 	mux.HandleFunc(api.ReportsPath, s.count("reports", s.auth(s.reports)))
@@ -128,12 +153,18 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
 
 func (s *Server) count(name string, h http.HandlerFunc) http.HandlerFunc {
+	var byCode sync.Map // status code -> prometheus.Counter
 	return func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, code: 200}
 		h(sw, r)
-		if s.Metrics != nil {
-			s.Metrics.Requests.WithLabelValues(name, strconv.Itoa(sw.code)).Inc()
+		if s.Metrics == nil {
+			return
 		}
+		c, ok := byCode.Load(sw.code)
+		if !ok {
+			c, _ = byCode.LoadOrStore(sw.code, s.Metrics.Requests.WithLabelValues(name, strconv.Itoa(sw.code)))
+		}
+		c.(prometheus.Counter).Inc()
 	}
 }
 
@@ -180,10 +211,10 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
 		return
 	}
-	q := r.URL.Query()
+	q := r.URL.RawQuery
 	var have uint64
 	hasHave := false
-	if v := q.Get("version"); v != "" {
+	if v := queryGet(q, "version"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "version %q: want an unsigned integer", v)
@@ -191,13 +222,13 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		}
 		have, hasHave = n, true
 	}
-	model := q.Get("model")
+	model := queryGet(q, "model")
 	if len(model) > table.MaxStringLen {
 		writeError(w, http.StatusBadRequest, "model name longer than %d bytes", table.MaxStringLen)
 		return
 	}
 	var wait time.Duration
-	if v := q.Get("wait_ms"); v != "" {
+	if v := queryGet(q, "wait_ms"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "wait_ms %q: want milliseconds", v)
@@ -205,49 +236,104 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = min(time.Duration(n)*time.Millisecond, MaxWait)
 	}
-	if hasHave && wait > 0 && s.Publisher.Version() == have {
-		// Long poll: answer as soon as a new version exists, or 304 at the deadline.
-		ctx, cancel := context.WithTimeout(r.Context(), wait)
-		s.Publisher.Wait(ctx, have)
-		cancel()
+	if hasHave && wait > 0 {
+		if changed := s.Publisher.Changed(have); changed != nil {
+			// Long poll: answer as soon as a new version exists, or 304 at the deadline.
+			t := timers.Get().(*time.Timer)
+			t.Reset(wait)
+			select {
+			case <-changed:
+			case <-t.C:
+			case <-r.Context().Done():
+			}
+			t.Stop()
+			timers.Put(t)
+		}
 	}
 	res := s.Publisher.FrameFormat(have, hasHave, model, tableFormat(r.Header.Get(api.TableFormatsHeader)))
-	w.Header().Set("Vary", api.TableFormatsHeader)
+	h := w.Header()
+	h["Vary"] = hdrVary
 	switch {
 	case res.NotReady:
-		w.Header().Set("Retry-After", "1")
+		h.Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "no table yet: waiting for discovery")
 		return
 	case res.Current:
-		w.Header().Set(api.TableAgeHeader, s.ageMs(res))
-		w.Header().Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
-		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
+		vh := s.versionHeaders(res.Version)
+		h[api.TableAgeHeader] = []string{s.ageMs(res)}
+		h["X-Kvroute-Version"], h["Etag"] = vh.value, vh.etag
 		w.WriteHeader(http.StatusNotModified)
 		if s.Metrics != nil {
-			s.Metrics.TableFrames.WithLabelValues("not_modified").Inc()
+			s.frameCounters[2].Inc()
 		}
 		return
 	}
-	kind := "full"
-	if res.Kind == table.Delta {
-		kind = "delta"
-	}
-	h := w.Header()
-	h.Set("Content-Type", api.TableContentType)
-	h.Set("Content-Length", strconv.Itoa(len(res.Body)))
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Kvroute-Version", strconv.FormatUint(res.Version, 10))
-	h.Set("X-Kvroute-Frame", kind)
-	h.Set(api.TableAgeHeader, s.ageMs(res))
-	h.Set("ETag", strconv.Quote(strconv.FormatUint(res.Version, 10)))
+	vh := s.versionHeaders(res.Version)
+	h["Content-Type"] = hdrTableType
+	h["Content-Length"] = []string{strconv.Itoa(len(res.Body))}
+	h["Cache-Control"] = hdrNoStore
+	h["X-Kvroute-Version"] = vh.value
+	h["X-Kvroute-Frame"] = hdrFrame[res.Kind]
+	h[api.TableAgeHeader] = []string{s.ageMs(res)}
+	h["Etag"] = vh.etag
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodGet {
 		w.Write(res.Body)
 	}
 	if s.Metrics != nil {
-		s.Metrics.TableFrames.WithLabelValues(kind).Inc()
+		s.frameCounters[res.Kind-1].Inc() // full 0, delta 1
 		s.Metrics.TableBytes.Add(float64(len(res.Body)))
 	}
+}
+
+// timers are the long polls' deadlines, reused (Go 1.23 timers: Stop and Reset leave no
+// stale tick behind).
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// versionHeaders are version v's header values, made once per version.
+func (s *Server) versionHeaders(v uint64) *versionHeaders {
+	if vh := s.versionHdrs.Load(); vh != nil && vh.version == v {
+		return vh
+	}
+	n := strconv.FormatUint(v, 10)
+	vh := &versionHeaders{version: v, value: []string{n}, etag: []string{strconv.Quote(n)}}
+	s.versionHdrs.Store(vh)
+	return vh
+}
+
+// queryGet is url.Values.Get of the parsed raw query, without building the map: the
+// first value of key, unescaped, skipping pairs ParseQuery skips (a semicolon, a bad
+// escape).
+func queryGet(raw, key string) string {
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" || strings.Contains(pair, ";") {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		if strings.ContainsAny(k, "%+") {
+			var err error
+			if k, err = url.QueryUnescape(k); err != nil {
+				continue
+			}
+		}
+		if k != key {
+			continue
+		}
+		if strings.ContainsAny(v, "%+") {
+			var err error
+			if v, err = url.QueryUnescape(v); err != nil {
+				continue
+			}
+		}
+		return v
+	}
+	return ""
 }
 
 // ageMs is how old the answered version is.

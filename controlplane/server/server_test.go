@@ -25,10 +25,11 @@ import (
 )
 
 type env struct {
-	ix  *index.Index
-	pub *publish.Publisher
-	srv *httptest.Server
-	now time.Time
+	ix      *index.Index
+	pub     *publish.Publisher
+	srv     *httptest.Server
+	handler http.Handler
+	now     time.Time
 }
 
 func newEnv(t testing.TB, token string, history int) *env {
@@ -36,7 +37,8 @@ func newEnv(t testing.TB, token string, history int) *env {
 	e := &env{ix: index.New(index.Config{}), pub: publish.New(publish.Options{MaxHistory: history, FirstVersion: 100}), now: time.Unix(1_800_000_000, 0)}
 	reg := prometheus.NewRegistry()
 	s := &Server{Index: e.ix, Publisher: e.pub, Token: token, MaxBodyBytes: 4096, Gatherer: reg, Metrics: NewMetrics(reg), Now: func() time.Time { return e.now }}
-	e.srv = httptest.NewServer(s.Handler())
+	e.handler = s.Handler()
+	e.srv = httptest.NewServer(e.handler)
 	t.Cleanup(e.srv.Close)
 	e.ix.SetReplicas([]index.Spec{
 		{ID: "a", Model: "m", Addr: "10.0.0.1:8000"},
@@ -82,9 +84,23 @@ type resp struct {
 
 func (e *env) get(t testing.TB, query, token string) resp {
 	t.Helper()
+	return e.do(t, query, token, "")
+}
+
+// getFormats polls as a filter listing formats does.
+func (e *env) getFormats(t testing.TB, query, formats string) resp {
+	t.Helper()
+	return e.do(t, query, "", formats)
+}
+
+func (e *env) do(t testing.TB, query, token, formats string) resp {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+api.TablePath+query, nil)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if formats != "" {
+		req.Header.Set(api.TableFormatsHeader, formats)
 	}
 	r, err := http.DefaultClient.Do(req)
 	if err != nil {
