@@ -166,7 +166,10 @@ func TestReportFlood(t *testing.T) {
 		slowest   time.Duration
 		start     time.Time
 		lastOK    time.Time
-		longest   time.Duration // longest time without a successful poll
+		longest   time.Duration // longest time without a successful poll (logged)
+		oldest    time.Duration // oldest version served (X-Kvroute-Age-Ms)
+		inARow    int           // consecutive polls past the filter's timeout
+		mostInRow int
 		peak      memSample
 		over      atomic.Bool
 	)
@@ -194,6 +197,8 @@ func TestReportFlood(t *testing.T) {
 				pollMu.Lock()
 				if errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err) {
 					timeouts = append(timeouts, msg)
+					inARow++
+					mostInRow = max(mostInRow, inARow)
 				} else {
 					pollFails = append(pollFails, msg)
 				}
@@ -205,6 +210,11 @@ func TestReportFlood(t *testing.T) {
 			pollMu.Lock()
 			slowest = max(slowest, time.Since(t0))
 			codes[resp.StatusCode]++
+			inARow = 0
+			// Ages only until the clock is moved for the expiry check below.
+			if ms, err := strconv.Atoi(resp.Header.Get(api.TableAgeHeader)); err == nil && skew.Load() == 0 {
+				oldest = max(oldest, time.Duration(ms)*time.Millisecond)
+			}
 			if err != nil {
 				pollFails = append(pollFails, err.Error())
 			} else if resp.StatusCode == http.StatusOK {
@@ -282,8 +292,8 @@ func TestReportFlood(t *testing.T) {
 	wg.Wait()
 	after := settledMem()
 	pollMu.Lock()
-	t.Logf("polls %v (slowest %v, longest without a successful poll %v), failures %d %q, timeouts %d %q; after expiry %v",
-		codes, slowest.Round(time.Millisecond), longest.Round(time.Millisecond), len(pollFails), first(pollFails, 3), len(timeouts), first(timeouts, 3), after)
+	t.Logf("polls %v (slowest %v, oldest version served %v, longest without a successful poll %v), failures %d %q, timeouts %d (at most %d in a row) %q; after expiry %v",
+		codes, slowest.Round(time.Millisecond), oldest, longest.Round(time.Millisecond), len(pollFails), first(pollFails, 3), len(timeouts), mostInRow, first(timeouts, 3), after)
 	pollMu.Unlock()
 
 	if over.Load() || floodPeak.rss > ceilingRSS {
@@ -292,15 +302,17 @@ func TestReportFlood(t *testing.T) {
 	if sent != batches {
 		t.Errorf("only %d of %d batches sent", sent, batches)
 	}
-	// What routing needs from the polls: every answer valid, and the filter's table never
-	// older than the rule's state-age guard (rule.DefaultParams, 2 s) for want
-	// of one. A single poll past the filter's 1 s timeout is retried on the next tick;
-	// under a loaded CI machine one did time out (slowest successful poll 431 ms), so
-	// timeouts are counted and bounded through the gap, not forbidden one by one.
+	// What routing needs from the polls: every answer valid, the versions served kept
+	// fresh (the publisher is not starved by the flood: every answer's age under the
+	// rule's state-age guard, rule.DefaultParams, 2 s), and no two polls in a row past
+	// the filter's 1 s timeout (one is retried on the next tick). The time between
+	// successful polls is logged, not asserted: the flood's batches are built in this
+	// process, and on a loaded 2-core CI machine the poller goroutine itself went 2.3
+	// and 3.6 s unscheduled while every answer it got was fast and fresh.
 	guard := rule.DefaultParams().MaxStateAge
-	if len(pollFails) > 0 || codes[http.StatusOK]+codes[http.StatusNotModified] == 0 || longest > guard {
-		t.Errorf("table polls during the flood: %v, failures %q, timeouts %q, longest without a successful poll %v (guard %v)",
-			codes, first(pollFails, 5), first(timeouts, 5), longest, guard)
+	if len(pollFails) > 0 || codes[http.StatusOK]+codes[http.StatusNotModified] == 0 || oldest > guard || mostInRow > 1 {
+		t.Errorf("table polls during the flood: %v, failures %q, timeouts %q (%d in a row), oldest version served %v (guard %v)",
+			codes, first(pollFails, 5), first(timeouts, 5), mostInRow, oldest, guard)
 	}
 	if after.heap > before.heap+32<<20 {
 		t.Errorf("memory did not fall back after expiry: before %v, after %v", before, after)

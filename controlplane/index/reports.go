@@ -24,8 +24,13 @@ type ReportMetrics struct {
 // reports were applied.
 func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetrics) int {
 	applied := 0
-	for start := 0; start < len(b.Reports); start += reportsPerLock {
-		end := min(start+reportsPerLock, len(b.Reports))
+	for start, end := 0, 0; start < len(b.Reports); start = end {
+		end = start + 1 // a lock holds one report at least, and the next ones while they are small
+		for keys := len(b.Reports[start].Keys); end < len(b.Reports) && end-start < reportsPerLock; end++ {
+			if keys += len(b.Reports[end].Keys); keys > keysPerLock {
+				break
+			}
+		}
 		ix.mu.Lock()
 		for i := start; i < end; i++ {
 			res := ix.report(&b.Reports[i], now, met)
@@ -48,7 +53,13 @@ func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetr
 // independent, so a batch need not apply at once; holding the lock for a whole batch of
 // long chains (10,000 reports, a few hundred keys each) kept every table build, and so
 // every filter's poll, waiting for it: 0.5-0.7 s in TestReportFlood.
-const reportsPerLock = 64
+// keysPerLock bounds it by keys too: 64 reports of 16,384 keys each (the flood's
+// longest chains) held it long enough for the versions filters were served to age
+// past the rule's 2 s state-age guard in TestReportFlood.
+const (
+	reportsPerLock = 64
+	keysPerLock    = 4096
+)
 
 func (ix *Index) findReplica(m *model, addr string) *replica {
 	for _, r := range m.slots {
