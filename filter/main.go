@@ -60,6 +60,8 @@ type plugin struct {
 	hdrBuf   []byte        // the endpoint header being built
 	hdrStr   string        // ... and the last one set
 	usage    prompt.Parser // reads usage in responses (its buffers)
+	mem      hostBufs      // what host calls on the request path return (hostmem.go)
+	names    names         // tenants, model headers and upstream addresses kept
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
@@ -74,6 +76,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 		return types.OnPluginStartStatusFailed
 	}
 	p.cfg = cfg
+	p.mem = newHostBufs(cfg.MaxBodyBytes)
 	p.now = time.Now
 	p.vmID = randomID()
 	p.router = route.NewRouter(cfg.RuleParams(), randomID())

@@ -62,11 +62,11 @@ type placed struct {
 }
 
 // claim takes the next record number (0: the sequence key could not be updated).
-func (s *placed) claim() uint64 {
+func (s *placed) claim(p *plugin) uint64 {
 	for try := 0; try < 4; try++ {
 		v, cas := s.seqVal, s.seqCas
 		if !s.seqFresh || try > 0 {
-			b, c, err := proxywasm.GetSharedData(placedSeqKey)
+			b, c, err := p.mem.value.sharedData(placedSeqKey)
 			v, cas = 0, uint64(c)
 			switch {
 			case err == nil && len(b) == 8:
@@ -105,7 +105,7 @@ const (
 // share publishes a placement the VM made to its siblings and returns its number, which
 // started takes (0 when it could not be published).
 func (s *placed) share(p *plugin, r *api.Report, tokens float64) uint64 {
-	n := s.claim()
+	n := s.claim(p)
 	if n == 0 {
 		return 0
 	}
@@ -143,7 +143,7 @@ func (s *placed) flushStarts(p *plugin) {
 	if len(s.starts) == 0 {
 		return
 	}
-	n := s.claim()
+	n := s.claim(p)
 	if n == 0 {
 		return
 	}
@@ -171,7 +171,7 @@ func appendStr(b []byte, s string) []byte {
 // there are none.
 func (s *placed) catchUp(p *plugin, now time.Time) {
 	s.seqFresh = false
-	b, cas, err := proxywasm.GetSharedData(placedSeqKey)
+	b, cas, err := p.mem.value.sharedData(placedSeqKey)
 	if err == types.ErrorStatusNotFound {
 		s.seqVal, s.seqCas, s.seqFresh = 0, uint64(cas), true
 		return
@@ -186,7 +186,7 @@ func (s *placed) catchUp(p *plugin, now time.Time) {
 	}
 	n := max(s.seen+1, v-min(v, placedRing-1))
 	for ; n <= v; n++ {
-		b, _, err := proxywasm.GetSharedData(placedKeys[n%placedRing])
+		b, _, err := p.mem.value.sharedData(placedKeys[n%placedRing])
 		if err != nil {
 			break
 		}

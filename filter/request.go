@@ -63,26 +63,31 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	// Only kvroute chooses endpoints: a client-sent header would let any client aim its
 	// requests at any replica (and at other tenants' caches).
 	_ = proxywasm.RemoveHttpRequestHeader(cfg.EndpointHeader)
-	method, _ := proxywasm.GetHttpRequestHeader(":method")
-	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	// Each value read through p.mem.value is used before the next read overwrites it.
+	v := &h.p.mem.value
+	method, _ := v.requestHeader(":method")
+	post := method == "POST"
+	path, _ := v.requestHeader(":path")
 	a, ok := prompt.APIForPath(path)
-	if !ok || method != "POST" {
+	if !ok || !post {
 		return types.ActionContinue
 	}
 	h.api, h.routable = a, true
 	if cfg.Tenants.Header != "" {
-		h.tenant, _ = proxywasm.GetHttpRequestHeader(cfg.Tenants.Header)
+		t, _ := v.requestHeader(cfg.Tenants.Header)
+		h.tenant = h.p.names.keep(t)
 	}
 	if cfg.ModelHeader != "" {
-		h.modelHeader, _ = proxywasm.GetHttpRequestHeader(cfg.ModelHeader)
+		m, _ := v.requestHeader(cfg.ModelHeader)
+		h.modelHeader = h.p.names.keep(m)
 	}
 	if endOfStream {
 		h.decide(nil)
 		return types.ActionContinue
 	}
 	h.contentLength = -1
-	if v, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
-		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+	if cl, err := v.requestHeader("content-length"); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(cl), 10, 64); err == nil && n >= 0 {
 			h.contentLength = n
 		}
 	}
@@ -144,7 +149,8 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if !endOfStream {
 		return types.ActionPause
 	}
-	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	// The body lives in p.mem.body until the next request's: routing copies what it keeps.
+	body, err := h.p.mem.body.requestBody(bodySize)
 	if err != nil {
 		body = nil
 	}
@@ -171,7 +177,7 @@ func (h *httpContext) nextChunk(bodySize int) int {
 // stream, so the decision happens here.
 func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
 	if h.routable && !h.decided {
-		body, err := proxywasm.GetHttpRequestBody(0, h.p.cfg.MaxBodyBytes+1)
+		body, err := h.p.mem.body.requestBody(h.p.cfg.MaxBodyBytes + 1)
 		if err != nil {
 			body = nil
 		}

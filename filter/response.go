@@ -3,11 +3,12 @@ package main
 import (
 	"strconv"
 
-	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
 )
+
+var upstreamAddress = newPropertyPath("upstream", "address")
 
 // tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
 // body and in the last chunk of a stream. Responses are never held back.
@@ -17,7 +18,7 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	if !h.placed {
 		return types.ActionContinue
 	}
-	if s, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+	if s, err := h.p.mem.value.responseHeader(":status"); err == nil {
 		h.status, _ = strconv.Atoi(s)
 	}
 	if endOfStream {
@@ -41,7 +42,7 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 		return types.ActionContinue
 	}
 	if bodySize > 0 {
-		if chunk, err := proxywasm.GetHttpResponseBody(0, bodySize); err == nil {
+		if chunk, err := h.p.mem.chunk.responseBody(bodySize); err == nil {
 			h.tail = keepTail(h.tail, chunk)
 		}
 	}
@@ -86,8 +87,8 @@ func (h *httpContext) finish() {
 	p := h.p
 	served := h.first
 	// The replica that served may be a retry target or the fallback's choice.
-	if up, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(up) > 0 && string(up) != served {
-		served = string(up)
+	if up, err := p.mem.value.property(upstreamAddress); err == nil && len(up) > 0 && string(up) != served {
+		served = p.names.keep(string(up))
 	}
 	r := h.report
 	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, served, h.status, p.now().UnixMilli()
