@@ -218,6 +218,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
+	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval, the filter before the long poll)")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
 	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL, as the control plane's --spec-ttl (seconds or a duration)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")

@@ -11,9 +11,11 @@
 //     running) every ScrapeInterval; a dead engine's scrape fails.
 //
 // Every PublishInterval the index's changes become a table version (a delta frame, as
-// controlplane/publish makes them). Each proxy polls every PollInterval and receives
-// the newest version that is at least Stale old; like the filter, it takes the table as
-// current from the moment its poll returned (it cannot see the lag).
+// controlplane/publish makes them). Each proxy's leader long-polls the table as the
+// filter does (control_plane.wait_ms, Config.Wait): the control plane answers as soon
+// as it publishes a version the proxy lacks, so the proxy receives each version when it
+// is published, Stale later; with Wait 0 it polls every PollInterval and receives the
+// newest version at least Stale old (the filter's behaviour before the long poll).
 //
 // The proxies parse the OpenAI body with shared/prompt, hash its canonical text with
 // route.NewChain, and route on it; they never see token ids.
@@ -50,6 +52,10 @@ type Config struct {
 	Filter api.Config
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
+	// Wait is the leader's long poll (control_plane.wait_ms, default 1 s): a version
+	// reaches the proxy when it is published (Stale later), and a poll that finds none
+	// for Wait confirms the table (304). 0 polls every PollInterval instead.
+	Wait time.Duration
 	// Outages are control-plane outages: from At for Duration no proxy receives a
 	// table and every report a proxy posts is lost (the control plane itself keeps
 	// scraping and publishing).
@@ -89,6 +95,7 @@ func DefaultConfig() Config {
 		Rule:           fc.RuleParams(),
 		ScrapeInterval: 100 * time.Millisecond, PublishInterval: 50 * time.Millisecond,
 		PollInterval:   time.Duration(fc.ControlPlane.PollMs) * time.Millisecond,
+		Wait:           time.Duration(max(fc.ControlPlane.WaitMs, 0)) * time.Millisecond,
 		ReportInterval: time.Duration(fc.ControlPlane.ReportMs) * time.Millisecond,
 		MaxReportBatch: fc.ControlPlane.MaxReportBatch, Filter: fc,
 		AgeFromGeneration: true, LedgerStarts: true, Seed: 1,
@@ -109,12 +116,18 @@ type Outage struct{ At, Duration time.Duration }
 
 // cpDown reports whether the control plane is unreachable at now.
 func (p *Policy) cpDown(now time.Duration) bool {
+	_, down := p.cpBack(now)
+	return down
+}
+
+// cpBack is when the outage around now ends (down: now is in one).
+func (p *Policy) cpBack(now time.Duration) (back time.Duration, down bool) {
 	for _, o := range p.cfg.Outages {
 		if now >= o.At && now < o.At+o.Duration {
-			return true
+			return o.At + o.Duration, true
 		}
 	}
-	return false
+	return now, false
 }
 
 // Epoch is the wall-clock time of simulated time 0 (the filter and index use time.Time).
@@ -127,6 +140,13 @@ type Stats struct {
 	ParseErrors, Oversized, SaltInjected   int
 	Reports, ReportsApplied, ReportsLost   int
 	Versions                               int
+	// StaleDecisions are the rule's stale-regime decisions
+	// (kvroute_stale_decisions_total).
+	StaleDecisions int
+	// Applied counts the versions the proxies applied and ApplyLag their total delay
+	// from publication (the Go mirror's proxies; not counted for kvroute-wasm).
+	Applied  int
+	ApplyLag time.Duration
 }
 
 // Policy is kvroute's policy over a simulated fleet.
@@ -167,8 +187,13 @@ type router struct {
 	generated    time.Duration // when the newest applied version was published
 	applied      int           // global number of frames applied
 	poll, report policy.Timer
-	queue        []api.Report
-	order        []int
+	// Long poll (Config.Wait): polling is true from the first poll tick with the
+	// control plane reachable until one without (a failed poll waits for the tick);
+	// answered is when the control plane last answered.
+	polling  bool
+	answered time.Duration
+	queue    []api.Report
+	order    []int
 }
 
 func (cfg *Config) check() error {
@@ -229,7 +254,7 @@ func (p *Policy) Name() string {
 func (p *Policy) NextWake() time.Duration {
 	w := p.nextControlPlaneWake()
 	for _, r := range p.routers {
-		w = min(w, r.poll.At(), r.report.At())
+		w = min(w, r.poll.At(), r.report.At(), p.nextAnswer(r))
 	}
 	return w
 }
@@ -239,10 +264,20 @@ func (p *Policy) Wake(now time.Duration) {
 	down := p.cpDown(now)
 	for _, r := range p.routers {
 		if r.poll.Due(now) {
-			if !down {
+			switch {
+			case down:
+				r.polling = false
+			case p.cfg.Wait <= 0 || !r.polling:
+				// A periodic poll, or the long poll's first: the control plane answers
+				// at once with what the proxy lacks.
 				p.pollTable(r, now)
+				r.polling, r.answered = p.cfg.Wait > 0, now
 			}
 			r.rt.Local.Prune(r.Proxy.confirmed, at(now))
+		}
+		if r.polling && !down && p.nextAnswer(r) <= now {
+			p.pollTable(r, now)
+			r.answered = now
 		}
 		if r.report.Due(now) {
 			if down {
@@ -280,6 +315,21 @@ func (p *Policy) publishVersion(now time.Duration, ups []index.ModelUpdate) {
 	p.Stats.Versions++
 }
 
+// nextAnswer is when the control plane answers r's long poll: when the first version r
+// lacks is Stale old, or with a 304 Wait after its last answer; never while r is not
+// long-polling, and not before the control plane is back.
+func (p *Policy) nextAnswer(r *router) time.Duration {
+	if !r.polling {
+		return policy.Never
+	}
+	t := r.answered + p.cfg.Wait
+	if r.applied < p.framesBase+len(p.frames) {
+		t = min(t, p.frames[r.applied-p.framesBase].at+p.cfg.Stale)
+	}
+	back, _ := p.cpBack(t)
+	return back
+}
+
 // pollTable is the filter leader's poll: every version published at least Stale ago
 // that the proxy lacks, applied in order; the table counts as confirmed now.
 func (p *Policy) pollTable(r *router, now time.Duration) {
@@ -294,6 +344,8 @@ func (p *Policy) pollTable(r *router, now time.Duration) {
 		r.applied++
 		r.loaded = true
 		r.generated = pf.at
+		p.Stats.Applied++
+		p.Stats.ApplyLag += now - pf.at
 	}
 	if r.loaded {
 		r.confirmed = now

@@ -245,3 +245,47 @@ func TestFirstByteCorrectsOlderSnapshots(t *testing.T) {
 	assert.Greater(t, negative(with), len(with)/2, "most first bytes take the request off an older snapshot")
 	assert.Zero(t, negative(without))
 }
+
+// The leader long-polls (Config.Wait, the filter's control_plane.wait_ms): each version
+// reaches the proxy when it is published, Stale later. Before the simulator modelled it,
+// proxies polled every PollInterval (what Wait 0 still does) and a version waited for the
+// next poll: with versions every 50 ms and polls every 100 ms, 0-100 ms, 25 ms plus the
+// two timers' phase difference on average (23.5 ms in this run).
+func TestLongPollDeliversVersionsWhenPublished(t *testing.T) {
+	w := tiny(t, 10*time.Second)
+	lag := func(wait, stale time.Duration) (time.Duration, *kvroute.Policy) {
+		cfg := kvroute.DefaultConfig()
+		cfg.Wait, cfg.Stale = wait, stale
+		res, kp := run(t, w, 3, cfg)
+		require.Equal(t, w.Len(), res.Requests)
+		require.Positive(t, kp.Stats.Applied)
+		return kp.Stats.ApplyLag / time.Duration(kp.Stats.Applied), kp
+	}
+	assert.Equal(t, time.Second, kvroute.DefaultConfig().Wait, "the filter's default wait_ms")
+	// Only the versions published before the proxy's first poll (in its first 100 ms)
+	// wait.
+	mean, kp := lag(time.Second, 0)
+	assert.Less(t, mean, time.Millisecond, "versions applied when published")
+	assert.Equal(t, kp.Stats.Versions, kp.Stats.Applied, "one proxy: every version, none skipped")
+	mean, _ = lag(time.Second, 200*time.Millisecond)
+	assert.InDelta(t, 200*time.Millisecond, mean, float64(time.Millisecond), "--stale delays each version by that")
+	mean, _ = lag(0, 0)
+	assert.Greater(t, mean, 20*time.Millisecond, "periodic polls every 100 ms")
+}
+
+// A long poll that finds no new version for Wait is a 304 that confirms the table: with
+// the table dated from the poll's return (AgeFromGeneration false) its age stays under
+// Wait even when the control plane publishes nothing for seconds. (Without the 304s the
+// age grew to the 10 s between versions and most decisions were the stale regime's.)
+func TestLongPollTimesOutInto304(t *testing.T) {
+	w := tiny(t, 30*time.Second)
+	cfg := kvroute.DefaultConfig()
+	cfg.PublishInterval = 10 * time.Second
+	cfg.Wait = 300 * time.Millisecond
+	cfg.AgeFromGeneration = false
+	res, kp := run(t, w, 3, cfg)
+	assert.Equal(t, w.Len(), res.Requests)
+	assert.LessOrEqual(t, kp.Stats.Versions, 3)
+	assert.Greater(t, kp.Stats.Decisions, w.Len()/2)
+	assert.Zero(t, kp.Stats.StaleDecisions, "the table never went stale: 304s kept confirming it")
+}

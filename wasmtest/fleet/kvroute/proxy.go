@@ -69,6 +69,9 @@ func (x *Proxy) Route(req *route.Request, now time.Time) (route.Decision, route.
 		if d.Fallback {
 			st.Fallbacks++
 		}
+		if d.Stale {
+			st.StaleDecisions++
+		}
 	}
 	return d, res
 }
