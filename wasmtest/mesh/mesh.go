@@ -7,7 +7,6 @@
 package mesh
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,15 +14,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"slices"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/kvroute/kvroute/controlplane"
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
@@ -161,14 +155,6 @@ func (o *Options) defaults() {
 	}
 }
 
-// ShardAuthority and ShardCluster name the control plane of a sharded mesh's model as
-// one control plane per model would be named in Istio (docs/controlplane.md).
-func ShardAuthority(model string) string {
-	return "kvroute-controlplane-" + model + ".kvroute-system.svc.cluster.local"
-}
-
-func ShardCluster(model string) string { return "outbound|8080||" + ShardAuthority(model) }
-
 // Mesh is a running local mesh.
 type Mesh struct {
 	opts    Options
@@ -179,17 +165,6 @@ type Mesh struct {
 	Reports *ReportTap
 
 	cps []*cpShard // one control plane; with Options.Models, one per model
-}
-
-// cpShard is one control plane of the mesh and the engines it watches.
-type cpShard struct {
-	model   string // "" for the one control plane of an unsharded mesh
-	cluster string
-	addr    string
-	tap     *ReportTap
-	mu      sync.Mutex
-	cp      *controlplane.ControlPlane
-	stop    context.CancelFunc
 }
 
 // Start brings the mesh up: engines, control plane, filter host and proxy. The proxy's
@@ -335,119 +310,6 @@ func (m *Mesh) engineList() []discovery.Engine {
 	return es
 }
 
-// shardEngines are the engines control plane s watches: with Models, only its model's
-// (a control plane per model is given only that model's engines, docs/controlplane.md).
-func (m *Mesh) shardEngines(s *cpShard) []discovery.Engine {
-	es := m.engineList()
-	if s.model == "" {
-		return es
-	}
-	return slices.DeleteFunc(es, func(e discovery.Engine) bool { return e.Model != s.model })
-}
-
-// shard is the control plane of model ("" or any model of an unsharded mesh: its one).
-func (m *Mesh) shard(model string) *cpShard {
-	for _, s := range m.cps {
-		if s.model == model {
-			return s
-		}
-	}
-	if len(m.cps) == 1 && m.cps[0].model == "" {
-		return m.cps[0]
-	}
-	panic(fmt.Sprintf("mesh: no control plane serves model %q", model))
-}
-
-func (m *Mesh) startControlPlane(s *cpShard) error {
-	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
-	logger := m.opts.Logger.With("part", "controlplane")
-	if s.model != "" {
-		logger = logger.With("shard", s.model)
-	}
-	cp, err := controlplane.New(controlplane.Options{
-		Listen: s.addr, Engines: m.shardEngines(s),
-		PublishInterval: ms(m.opts.PublishInterval), ScrapeInterval: ms(m.opts.ScrapeInterval),
-		Logger: logger,
-	})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := cp.Start(ctx); err != nil {
-		cancel()
-		return err
-	}
-	s.mu.Lock()
-	s.cp, s.stop = cp, cancel
-	s.mu.Unlock()
-	return nil
-}
-
-// ControlPlane returns the running control plane (the first model's with Models), or
-// nil while it is stopped.
-func (m *Mesh) ControlPlane() *controlplane.ControlPlane { return m.cps[0].running() }
-
-func (s *cpShard) running() *controlplane.ControlPlane {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cp
-}
-
-// ControlPlaneURL is the control plane's base URL (the first model's with Models).
-func (m *Mesh) ControlPlaneURL() string { return "http://" + m.cps[0].addr }
-
-// ShardURL is the base URL of the control plane that serves model.
-func (m *Mesh) ShardURL(model string) string { return "http://" + m.shard(model).addr }
-
-// StopControlPlane shuts the control plane down (a fault the filter must survive); with
-// Models, every model's.
-func (m *Mesh) StopControlPlane() {
-	for _, s := range m.cps {
-		s.shutdown()
-	}
-}
-
-// StopShard shuts down the control plane of model alone.
-func (m *Mesh) StopShard(model string) { m.shard(model).shutdown() }
-
-func (s *cpShard) shutdown() {
-	s.mu.Lock()
-	cp, stop := s.cp, s.stop
-	s.cp, s.stop = nil, nil
-	s.mu.Unlock()
-	if cp != nil {
-		stop()
-		_ = cp.Wait()
-	}
-}
-
-// StartControlPlane starts a fresh control plane at the same address (with Models, each
-// stopped one): it rebuilds its state from the engines and the filters' reports.
-func (m *Mesh) StartControlPlane() error {
-	started := false
-	for _, s := range m.cps {
-		if s.running() == nil {
-			if err := m.startControlPlane(s); err != nil {
-				return err
-			}
-			started = true
-		}
-	}
-	if !started {
-		return errors.New("control plane already running")
-	}
-	return nil
-}
-
-// StartShard starts the control plane of model again at its address.
-func (m *Mesh) StartShard(model string) error {
-	s := m.shard(model)
-	if s.running() != nil {
-		return fmt.Errorf("the control plane of %s is already running", model)
-	}
-	return m.startControlPlane(s)
-}
-
 // ExternalEngines are the engines from Options.Engines (none: the mesh runs simulated
 // replicas, Engines).
 func (m *Mesh) ExternalEngines() []discovery.Engine { return slices.Clone(m.opts.Engines) }
@@ -496,43 +358,6 @@ func (m *Mesh) Ready(ctx context.Context) bool {
 	}
 }
 
-// versionGauge is the filter's gauge of the table version it has of s.
-func (s *cpShard) versionGauge() string {
-	if s.model == "" {
-		return "kvroute_table_version"
-	}
-	return "kvroute_shard_" + s.model + "_table_version"
-}
-
-// healthyVersion is control plane s's table version once it lists every engine it
-// watches as healthy, else -1.
-func (m *Mesh) healthyVersion(ctx context.Context, s *cpShard) int64 {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+s.addr+"/debug/state", nil)
-	if err != nil {
-		return -1
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Version  int64
-		Replicas []struct {
-			Healthy bool `json:"healthy"`
-		}
-	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil || len(st.Replicas) < len(m.shardEngines(s)) {
-		return -1
-	}
-	for _, r := range st.Replicas {
-		if !r.Healthy {
-			return -1
-		}
-	}
-	return st.Version
-}
-
 // URL is the proxy's base URL, where clients send OpenAI requests.
 func (m *Mesh) URL() string { return m.Proxy.URL }
 
@@ -548,69 +373,4 @@ func (m *Mesh) Close() {
 	for _, s := range m.Engines {
 		s.Close()
 	}
-}
-
-// ReportTap passes the filters' calls to a control plane and keeps totals of the
-// outcome reports on the way: predicted against actual cached tokens. A sharded mesh
-// has one per control plane, adding up into the same totals.
-type ReportTap struct {
-	rp  *httputil.ReverseProxy
-	sum *tapTotals
-}
-
-type tapTotals struct {
-	mu sync.Mutex
-	t  ReportTotals
-}
-
-// ReportTotals add up outcome reports with usage.
-type ReportTotals struct {
-	Outcomes, PromptTokens, PredictedCached, ActualCached int64
-}
-
-func newReportTap(cpAddr string, sum *tapTotals) *ReportTap {
-	u := &url.URL{Scheme: "http", Host: cpAddr}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.ErrorLog = nil
-	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
-		http.Error(w, "control plane unreachable", http.StatusBadGateway)
-	}
-	return &ReportTap{rp: rp, sum: sum}
-}
-
-func (t *ReportTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == api.ReportsPath && r.Body != nil {
-		b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
-		r.Body.Close()
-		if err == nil {
-			if rb, _, err := api.ParseReportBatch(b); err == nil {
-				t.add(rb.Reports)
-			}
-		}
-		r.Body = io.NopCloser(bytes.NewReader(b))
-		r.ContentLength = int64(len(b))
-	}
-	t.rp.ServeHTTP(w, r)
-}
-
-func (t *ReportTap) add(rs []api.Report) {
-	t.sum.mu.Lock()
-	defer t.sum.mu.Unlock()
-	for _, r := range rs {
-		if r.Kind != api.KindOutcome || r.PromptTokens <= 0 || r.CachedTokens < 0 {
-			continue
-		}
-		s := &t.sum.t
-		s.Outcomes++
-		s.PromptTokens += int64(r.PromptTokens)
-		s.PredictedCached += int64(min(r.PredictedCachedTokens, r.PromptTokens))
-		s.ActualCached += int64(r.CachedTokens)
-	}
-}
-
-// Totals returns the sums so far (of every control plane's reports).
-func (t *ReportTap) Totals() ReportTotals {
-	t.sum.mu.Lock()
-	defer t.sum.mu.Unlock()
-	return t.sum.t
 }
