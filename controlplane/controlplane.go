@@ -8,6 +8,8 @@
 //	cp, err := controlplane.New(controlplane.Options{Listen: "127.0.0.1:0", Engines: engines})
 //	err = cp.Start(ctx) // serves until ctx ends; cp.Wait() returns after shutdown
 //	url := "http://" + cp.Addr() + api.TablePath
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package controlplane
 
 import (

@@ -1,6 +1,8 @@
 // Package discovery says which engine replicas exist: a static list (file or flags) or
 // the ready endpoints of labelled Kubernetes Services. It only describes engines; the
 // control plane scrapes and subscribes to what it lists.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package discovery
 
 import (

@@ -26,6 +26,8 @@
 //     entry costs in bytes, for --max-index-bytes; reclaim.go: giving memory back after
 //     a flood.
 //   - debug.go: GET /debug/state and Prometheus.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package index
 
 import (

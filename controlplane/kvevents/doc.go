@@ -17,4 +17,6 @@
 //     restarts, reconnection; a goroutine per stream, on a bound socket too.
 //   - replay.go: the client of an engine's replay endpoint (Replay).
 //   - transport.go: the TCP transport that caps a ZMTP frame's size.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package kvevents

@@ -29,6 +29,9 @@
 // function and code sections change, and the "name" custom section gets the new
 // function's name. An instruction the decoder does not know fails the rewrite rather
 // than risk a wrong one.
+//
+// An API on purpose: meant for reuse outside kvroute and kept compatible within a minor
+// version (README, "What is an API").
 package wasmpatch
 
 import (

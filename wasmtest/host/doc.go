@@ -100,4 +100,7 @@
 // both ways. Stream (with a Recorder's hooks) gives step-by-step control: send headers, body
 // chunks and trailers, check what passed, advance a virtual clock, continue. SharedData,
 // Metric and Logs read the host's state by name.
+//
+// An API on purpose: meant for reuse outside kvroute and kept compatible within a minor
+// version (README, "What is an API").
 package host

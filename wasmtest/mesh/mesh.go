@@ -4,6 +4,8 @@
 // `make run` starts and what the end-to-end tests drive. With Options.Engines the control
 // plane and the proxy go in front of engines that already run (vLLM, SGLang or
 // kvroute-enginesim) instead of simulated ones.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package mesh
 
 import (

@@ -3,6 +3,8 @@
 // override_host load-balancing policy: to the first endpoint of the routing header that
 // accepts the connection, then the next, then the least_request fallback over the
 // configured endpoints. Responses stream back through the filter chunk by chunk.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package proxy
 
 import (

@@ -2,6 +2,8 @@
 // (GOOS=wasip1 GOARCH=wasm -buildmode=c-shared, then filter/wasmpatch's poll_oneoff shim),
 // so a test always loads the module built from the code it sits next to. The Go build
 // cache makes repeated builds cheap.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package wasmbuild
 
 import (

@@ -18,7 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/kvroute/kvroute/internal/cli"
-	"github.com/kvroute/kvroute/manifests/wasmimage"
+	"github.com/kvroute/kvroute/manifests/internal/wasmimage"
 )
 
 const command = "kvroute-oci"

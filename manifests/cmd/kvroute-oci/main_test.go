@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvroute/kvroute/manifests/wasmimage"
+	"github.com/kvroute/kvroute/manifests/internal/wasmimage"
 	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
 )
 

@@ -26,6 +26,8 @@
 // _maybe_evict_cached_block pops one block id and emits one BlockRemoved;
 // get_one_block returns the first. vllm/v1/core/kv_cache_manager.py @ace980e6:
 // max_cache_hit_length = request.num_tokens - 1.)
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package cache
 
 import "fmt"

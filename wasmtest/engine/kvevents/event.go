@@ -11,6 +11,8 @@
 // only writes events: the one decoder is production's (controlplane/kvevents), and the
 // tests here read the encoder's bytes with it. The package has no transport; see
 // package publisher for ZMQ.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package kvevents
 
 // Kind is an event's type (msgspec tag).

@@ -7,6 +7,8 @@
 //
 // Written by hand rather than with client_golang, which sorts labels and formats
 // numbers differently.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package metrics
 
 import (

@@ -7,6 +7,8 @@
 // version). Its PUB queues messages in one queue for all subscribers, bounded by hwm
 // (beyond it new messages are dropped, as libzmq drops for a slow subscriber); one stuck
 // subscriber therefore delays the others (go-zeromq issue #151).
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package publisher
 
 import (

@@ -6,6 +6,8 @@
 // Simulated time t corresponds to wall time start + t x TimeScale: TimeScale 1 is real
 // time, 0.001 runs one simulated second per wall millisecond. Latencies in responses
 // and metrics are simulated seconds.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package replica
 
 import (

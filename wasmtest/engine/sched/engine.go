@@ -24,6 +24,8 @@
 // are hashed and cached when scheduled, and the step's KV events are published at its
 // start, as vLLM does. The step ends after timing.Profile.Step; then every request whose
 // known tokens are all computed samples one token.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package sched
 
 import (

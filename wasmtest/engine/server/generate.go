@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/wasmtest/engine/openai"
+	"github.com/kvroute/kvroute/wasmtest/engine/internal/openai"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"

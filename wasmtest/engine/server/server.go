@@ -4,6 +4,8 @@
 // replica), plus loopback-only fault switches under /admin/ for tests.
 //
 // Prompt text is never logged: logs carry request ids and token counts.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package server
 
 import (
@@ -21,8 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/wasmtest/engine/internal/openai"
 	"github.com/kvroute/kvroute/wasmtest/engine/metrics"
-	"github.com/kvroute/kvroute/wasmtest/engine/openai"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
 	"github.com/kvroute/kvroute/wasmtest/engine/version"

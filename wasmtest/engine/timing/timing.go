@@ -15,6 +15,8 @@
 // replica-seconds; a step with prefill only pays no weight read (it is hidden under the
 // compute), which keeps TTFT of a lone request = its uncached tokens x prefill_per_token,
 // docs/rule.md's 570 ms cold / 143 ms warm.
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package timing
 
 import (

@@ -15,6 +15,8 @@
 //
 // Decoding is not possible (ids are hashes); generated text is made of words from a
 // fixed list, one per generated token ([OutputText]).
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package tokenizer
 
 const (

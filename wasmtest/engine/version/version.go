@@ -16,6 +16,8 @@
 //   - Per-token latency metric: vllm:time_per_output_token_seconds before 0.11, both
 //     it (deprecated) and vllm:inter_token_latency_seconds in 0.11, the latter alone
 //     from 0.12 (PR #24110; see [Version.TPOT]).
+//
+// Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package version
 
 import (

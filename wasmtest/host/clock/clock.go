@@ -1,6 +1,9 @@
 // Package clock is the time source of the proxy-wasm host: the wall clock by default, or a
 // virtual clock that only moves when the caller advances it, so a simulation can drive the
 // real filter (its ticks, its HTTP-call timeouts and its own time.Now) in virtual time.
+//
+// An API on purpose: meant for reuse outside kvroute and kept compatible within a minor
+// version (README, "What is an API").
 package clock
 
 import (
