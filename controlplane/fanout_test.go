@@ -328,7 +328,7 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 		}()
 	}
 	time.Sleep(3 * time.Second) // warm up: connections, full tables
-	cpu0 := childCPU(b, cmd.Process.Pid)
+	user0, sys0 := childCPU(b, cmd.Process.Pid)
 	t0 := time.Now()
 	s0 := scrapes.Load()
 	measuring.Store(true)
@@ -337,7 +337,9 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	b.StopTimer()
 	measuring.Store(false)
 	wall := time.Since(t0).Seconds()
-	cpu := childCPU(b, cmd.Process.Pid) - cpu0
+	user1, sys1 := childCPU(b, cmd.Process.Pid)
+	user, sys := user1-user0, sys1-sys0
+	cpu := user + sys
 	sc1 := scrapes.Load() - s0
 	cancel()
 	wg.Wait()
@@ -360,8 +362,8 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	if vmax > vmin {
 		r.versionsPerSec = float64(vmax-vmin) / wall
 	}
-	b.Logf("%s (formats %q, churn %.2f, page %s): %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores, %.1f versions/s, %d deltas received (%.0f bytes each), p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
-		mode, *fanoutFormats, *fanoutChurn, *fanoutPage, proxies, engines, float64(sc1)/wall, r.cores, r.versionsPerSec, len(lat), r.deltaBytes, r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
+	b.Logf("%s (formats %q, churn %.2f, page %s): %d proxies, %d engines (%.0f scrapes/s): control plane %.2f cores (%.0f%% in the kernel), %.1f versions/s, %d deltas received (%.0f bytes each), p50 %.0f ms p99 %.0f ms, %.0f KB/s out, %.0f req/s, %d errors",
+		mode, *fanoutFormats, *fanoutChurn, *fanoutPage, proxies, engines, float64(sc1)/wall, r.cores, 100*sys/max(cpu, 1e-9), r.versionsPerSec, len(lat), r.deltaBytes, r.p50, r.p99, r.bytesPerSec/1e3, r.reqPerSec, r.errors)
 	mu.Unlock()
 	return r
 }
@@ -372,8 +374,8 @@ type version struct {
 	GeneratedMs int64
 }
 
-// childCPU is a process's user+system CPU seconds so far (/proc/PID/stat).
-func childCPU(b *testing.B, pid int) float64 {
+// childCPU is a process's user and system CPU seconds so far (/proc/PID/stat).
+func childCPU(b *testing.B, pid int) (user, sys float64) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		b.Fatal(err)
@@ -381,7 +383,7 @@ func childCPU(b *testing.B, pid int) float64 {
 	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // USER_HZ
+	return ut / 100, st / 100 // USER_HZ
 }
 
 // TestFanoutControlPlaneProcess is BenchmarkFanout's control plane; without its
