@@ -30,3 +30,7 @@ func (b *hostBuf) sharedData(key string) ([]byte, uint32, error) {
 func (b *hostBuf) property(path *propertyPath) ([]byte, error) {
 	return proxywasm.GetProperty(path.parts)
 }
+
+func (b *hostBuf) dequeue(queueID uint32) ([]byte, error) {
+	return proxywasm.DequeueSharedQueue(queueID)
+}

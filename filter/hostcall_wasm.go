@@ -56,6 +56,9 @@ func hostGetBufferBytes(bufferType uint32, start, maxSize int32, data unsafe.Poi
 //go:wasmimport env proxy_get_shared_data
 func hostGetSharedData(key *byte, keySize int32, value unsafe.Pointer, valueSize unsafe.Pointer, cas unsafe.Pointer) uint32
 
+//go:wasmimport env proxy_dequeue_shared_queue
+func hostDequeueSharedQueue(queueID uint32, data unsafe.Pointer, size unsafe.Pointer) uint32
+
 //go:wasmimport env proxy_get_property
 func hostGetProperty(path *byte, pathSize int32, value unsafe.Pointer, valueSize unsafe.Pointer) uint32
 
@@ -137,6 +140,13 @@ func (b *hostBuf) property(path *propertyPath) ([]byte, error) {
 	p := path.abi
 	v, _, err := b.call(func() uint32 {
 		return hostGetProperty(unsafe.StringData(p), int32(len(p)), unsafe.Pointer(&out.data), unsafe.Pointer(&out.size))
+	})
+	return v, err
+}
+
+func (b *hostBuf) dequeue(queueID uint32) ([]byte, error) {
+	v, _, err := b.call(func() uint32 {
+		return hostDequeueSharedQueue(queueID, unsafe.Pointer(&out.data), unsafe.Pointer(&out.size))
 	})
 	return v, err
 }

@@ -35,8 +35,8 @@ type leader struct {
 	waitMs, pollMs int
 	pollSent       time.Time
 	failedPolls    int
-	items          [][]byte // report queue items, reused
-	reportCalls    int      // report posts outstanding
+	item           hostBuf // the report queue item being posted (reports.go nextItem)
+	reportCalls    int     // report posts outstanding
 }
 
 func newLeader(cfg *api.ControlPlane, tickMs int) leader {
@@ -48,6 +48,7 @@ func newLeader(cfg *api.ControlPlane, tickMs int) leader {
 		stuckAfter: cfg.TimeoutMs/tickMs + 10,
 		waitMs:     max(cfg.WaitMs, 0),
 		pollMs:     max(1, cfg.PollMs/tickMs) * tickMs,
+		item:       hostBuf{keep: 4 << 20},
 	}
 }
 
@@ -236,20 +237,28 @@ func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now tim
 	return s.keys.publishFull(frame, t.Version, now)
 }
 
-// postReports sends what the VMs queued for s since the last post, in one batch, to
-// s's control plane.
+// postReports sends what the VMs queued for s since the last post to s's control plane:
+// every item (at most maxPostsPerTick), each posted as it is dequeued (the host copies a
+// call's body when it dispatches it), so one buffer holds them all in turn. When it
+// empties the queue it tells the VMs (keys.drained) that their flushes up to the count it
+// read first are out of the queue, and their buffers free (reports.go).
 func (l *leader) postReports(p *plugin, s *shard) {
 	l.reportWait = l.reportEvery - 1
 	if !s.queueOK {
 		return
 	}
 	p.flushReports(s) // the leader's own, so they leave on this tick
-	l.items, _ = p.drainReports(s, l.items[:0], s.cp.MaxReportBatch)
+	flushed := p.readCount(s.keys.flushed)
 	hdrs := append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
-	// Each item is a whole batch: post it as the host handed it over (no copy in the
-	// guest), at most max_report_batch reports per tick.
-	for i, it := range l.items {
-		n := uint64(binary.LittleEndian.Uint32(it[len(itemMagic):]))
+	for posts := 0; ; posts++ {
+		if posts == maxPostsPerTick {
+			return // the rest on the next tick
+		}
+		it, count, ok := p.nextItem(s, &l.item)
+		if !ok {
+			break
+		}
+		n := uint64(count)
 		_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, it[itemHead:], nil,
 			uint32(s.cp.TimeoutMs), func(int, int, int) {
 				l.reportCalls = max(l.reportCalls-1, 0)
@@ -263,13 +272,16 @@ func (l *leader) postReports(p *plugin, s *shard) {
 					p.metrics.reportsDropped.Increment(n)
 				}
 			})
-		l.items[i] = nil
 		if err != nil {
 			p.metrics.reportsDropped.Increment(n)
 			continue
 		}
 		l.reportCalls++
 		l.reportBusy = 1
+	}
+	if flushed != 0 && flushed > p.readCount(s.keys.drained) {
+		binary.LittleEndian.PutUint64(p.countBuf[:], flushed)
+		_ = put(s.keys.drained, p.countBuf[:])
 	}
 }
 

@@ -62,6 +62,7 @@ type plugin struct {
 	usage    prompt.Parser // reads usage in responses (its buffers)
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
 	names    names         // tenants, model headers and upstream addresses kept
+	countBuf [8]byte       // a count being written to shared data (reports.go)
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {

@@ -4,17 +4,17 @@ import (
 	"encoding/binary"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
 )
 
 // Reports leave a VM in batches: the request path appends each report as a binary
 // record (api.ReportsContentType) to the VM's buffer, with no allocation and no host
-// call; the VM's tick (or a full buffer) hands the buffer to the shared queue as one
-// item; the leader's tick drains at most max_report_batch reports' worth of items and
-// posts each as a binary batch. A report waits at most a tick longer than when every
-// report was its own queue item, and the leader dequeues one item per VM per tick
-// instead of one per report.
+// call; the VM's tick hands the buffer's items to the shared queue; the leader's tick
+// dequeues every item (at most maxPostsPerTick) and posts each as a binary batch. A
+// report waits at most a tick longer than when every report was its own queue item, and
+// the leader dequeues a few items per VM per tick instead of one per report.
 //
 // Each shard has its own buffer in each VM and its own queue (keys.queue: the report
 // queue below for the control_plane block, kvroute/shard/<name>/reports/v2 for a named
@@ -22,21 +22,55 @@ import (
 //
 // A queue item is itemMagic, the number of records (uint32, little endian), then a whole
 // binary batch (its header with the proxy's name, then the records): the leader posts
-// each item's batch as it was dequeued, without copying it. The queue is named for its format, so VMs of an older filter (a configuration
-// reload runs both for a while) never mix JSON items into a binary batch.
+// each item's batch as it was dequeued, without copying it. An item holds at most
+// maxItemRecords reports (and never more than max_report_batch, the most in one POST), so
+// a VM's buffer holds its items back to back and the tick enqueues each; until issue 15
+// the request that filled an item enqueued it (the host copying it, 280 KB at 256 reports
+// of 8,000-token prompts) and allocated the next buffer. The queue is named for its
+// format, so VMs of an older filter (a configuration reload runs both for a while) never
+// mix JSON items into a binary batch.
+//
+// A buffer handed to the queue is reused once the leader has taken its items out of the
+// queue, never before: a host may keep the bytes it is given until they are dequeued (the
+// SDK's emulator does). Each shard counts the VMs' flushes in shared data (keys.flushed,
+// incremented after a flush's items are in the queue), and the leader, when it has
+// emptied the queue, writes the count it read before it began (keys.drained): every
+// flush counted up to there has been dequeued. A buffer retired at a flush counted no
+// later than that is free; one whose count is unknown (a failed increment) is left to
+// the garbage collector. Before, a new buffer a quarter larger than the tick's reports
+// (twice, before issue 15) was allocated on every tick, and the garbage collector ran in
+// the ticks every few hundred requests.
 const (
 	reportQueue = "kvroute/reports/v2"
 	itemMagic   = "KVQ2"
 	itemHead    = len(itemMagic) + 4
-	// maxItemRecords: a VM flushes at this many reports even before its tick, and the
-	// leader never posts more than max_report_batch.
+	// maxItemRecords: the most reports in one item; the leader never posts more than
+	// max_report_batch.
 	maxItemRecords = 256
+	// maxHeldItems: a VM whose tick is late enqueues its items on the request path
+	// rather than hold more than this many (4,096 reports, 4.5 MB of 8,000-token ones).
+	maxHeldItems = 16
+	// maxPostsPerTick bounds the leader's posts (items) on one tick, for each shard:
+	// 4,096 reports, 40,960 a second. Until issue 15 the leader took at most
+	// max_report_batch reports a tick, 5,120 a second by default (2,560 requests a
+	// second, placement and outcome each), and a proxy busier than that grew the queue
+	// without bound.
+	maxPostsPerTick = 16
 )
 
 type reportBuf struct {
-	b   []byte // itemHead, then n records; nil after a flush
-	n   int
-	cap int // the last flush's size: the next buffer starts that large
+	b     []byte // items back to back; nil until the first report
+	items []int  // where each item in b starts
+	n     int    // records in the last item
+	cap   int    // the last flush's size: a new buffer starts a quarter larger
+	// The buffers of the last two flushes, and their flush counts (0: unknown), until
+	// the leader has drained them (see above).
+	spent [2]spentBuf
+}
+
+type spentBuf struct {
+	b     []byte
+	flush uint64
 }
 
 // enqueue appends one report to the VM's batch for shard s.
@@ -45,14 +79,18 @@ func (p *plugin) enqueue(s *shard, r *api.Report) {
 		return
 	}
 	rb := &s.reports
-	if rb.b == nil {
+	switch {
+	case rb.b == nil:
 		p.freshReports(s)
+	case rb.n >= min(maxItemRecords, s.cp.MaxReportBatch):
+		if len(rb.items) >= maxHeldItems {
+			p.flushReports(s)
+		} else {
+			p.startItem(s)
+		}
 	}
 	rb.b = r.AppendBinary(rb.b)
 	rb.n++
-	if rb.n >= min(maxItemRecords, s.cp.MaxReportBatch) {
-		p.flushReports(s)
-	}
 }
 
 // flushAllReports hands every shard's batch to its queue (each VM, each tick).
@@ -62,49 +100,116 @@ func (p *plugin) flushAllReports() {
 	}
 }
 
-// flushReports hands the VM's batch for s to s's shared queue. The buffer is not
-// reused: a host may keep the bytes it is given (the SDK's emulator does).
+// flushReports hands the VM's items for s to s's shared queue, one queue item each, and
+// starts the next buffer.
 func (p *plugin) flushReports(s *shard) {
 	rb := &s.reports
 	if rb.n == 0 {
 		return
 	}
-	binary.LittleEndian.PutUint32(rb.b[len(itemMagic):], uint32(rb.n))
-	if err := proxywasm.EnqueueSharedQueue(s.queueID, rb.b); err != nil {
-		p.metrics.reportsDropped.Increment(uint64(rb.n))
+	p.closeItem(s)
+	for i, start := range rb.items {
+		end := len(rb.b)
+		if i+1 < len(rb.items) {
+			end = rb.items[i+1]
+		}
+		item := rb.b[start:end]
+		if err := proxywasm.EnqueueSharedQueue(s.queueID, item); err != nil {
+			p.metrics.reportsDropped.Increment(uint64(binary.LittleEndian.Uint32(item[len(itemMagic):])))
+		}
 	}
-	// Twice the last batch (halving back over quiet ticks), so a busier tick seldom
-	// grows it on the request path.
-	rb.cap = max(2*len(rb.b), rb.cap/2)
+	// A quarter more than this tick's (halving back over quiet ticks), so a busier tick
+	// seldom grows it on the request path.
+	rb.cap = max(len(rb.b)+len(rb.b)/4, rb.cap/2)
+	rb.spent[1], rb.spent[0] = rb.spent[0], spentBuf{rb.b, p.countFlush(s)}
 	p.freshReports(s) // here, on the tick, rather than on the next request
 }
 
-// fresh starts a new buffer of rb.cap bytes.
+// freshReports starts the next buffer with an empty item: a spent one the leader has
+// drained, or a new one of rb.cap bytes.
 func (p *plugin) freshReports(s *shard) {
 	rb := &s.reports
-	rb.b = append(make([]byte, 0, max(rb.cap, 4096)), itemMagic...)
+	rb.b = nil
+	if rb.spent[0].b != nil || rb.spent[1].b != nil {
+		drained := p.readCount(s.keys.drained)
+		for i := range rb.spent {
+			if sp := &rb.spent[i]; sp.b != nil && sp.flush != 0 && sp.flush <= drained {
+				rb.b, *sp = sp.b[:0], spentBuf{}
+				break
+			}
+		}
+	}
+	if rb.b == nil {
+		rb.b = make([]byte, 0, max(rb.cap, 4096))
+	}
+	rb.items = rb.items[:0]
+	p.startItem(s)
+}
+
+// countFlush adds this flush to s's count in shared data and returns the count, 0 when
+// it is not known (the key was new, or the CAS kept failing).
+func (p *plugin) countFlush(s *shard) uint64 {
+	for try := 0; try < 4; try++ {
+		b, cas, err := p.mem.value.sharedData(s.keys.flushed)
+		if err != nil && err != types.ErrorStatusNotFound {
+			return 0
+		}
+		v := uint64(0)
+		if len(b) == 8 {
+			v = binary.LittleEndian.Uint64(b)
+		}
+		binary.LittleEndian.PutUint64(p.countBuf[:], v+1)
+		if err := proxywasm.SetSharedData(s.keys.flushed, p.countBuf[:], cas); err == nil {
+			if cas == 0 {
+				return 0 // created: another VM may have created it too
+			}
+			return v + 1
+		}
+	}
+	return 0
+}
+
+// readCount reads a count kept in shared data (0 when there is none).
+func (p *plugin) readCount(key string) uint64 {
+	if b, _, err := p.mem.value.sharedData(key); err == nil && len(b) == 8 {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
+
+// startItem closes the last item, if any, and starts another.
+func (p *plugin) startItem(s *shard) {
+	rb := &s.reports
+	if len(rb.items) > 0 {
+		p.closeItem(s)
+	}
+	rb.items = append(rb.items, len(rb.b))
+	rb.b = append(rb.b, itemMagic...)
 	rb.b = append(rb.b, 0, 0, 0, 0)
 	rb.b = api.AppendBatchHeader(rb.b, p.proxyName())
 	rb.n = 0
 }
 
-// drainReports dequeues items until the next one might take the batch past limit
-// reports, and returns them and their report count. Items that are not this format's
-// are dropped and counted.
-func (p *plugin) drainReports(s *shard, items [][]byte, limit int) ([][]byte, int) {
-	n := 0
-	step := min(maxItemRecords, limit)
-	for n == 0 || n+step <= limit {
-		b, err := proxywasm.DequeueSharedQueue(s.queueID)
+// closeItem writes the last item's count of records.
+func (p *plugin) closeItem(s *shard) {
+	rb := &s.reports
+	at := rb.items[len(rb.items)-1] + len(itemMagic)
+	binary.LittleEndian.PutUint32(rb.b[at:], uint32(rb.n))
+}
+
+// nextItem dequeues s's next report item into buf (valid until buf's next use) and
+// returns it and its report count; false when the queue is empty. Items that are not
+// this format's are dropped and counted.
+func (p *plugin) nextItem(s *shard, buf *hostBuf) ([]byte, int, bool) {
+	for {
+		b, err := buf.dequeue(s.queueID)
 		if err != nil {
-			break
+			return nil, 0, false
 		}
 		if len(b) < itemHead || string(b[:len(itemMagic)]) != itemMagic {
 			p.metrics.reportsDropped.Increment(1)
 			continue
 		}
-		items = append(items, b)
-		n += int(binary.LittleEndian.Uint32(b[len(itemMagic):]))
+		return b, int(binary.LittleEndian.Uint32(b[len(itemMagic):])), true
 	}
-	return items, n
 }

@@ -38,9 +38,11 @@ const (
 	headFixed = 4 + 8 + 1 + 4 + 8 + 1
 )
 
-// keys are one shard's keys in shared data, and the name of its report queue.
+// keys are one shard's keys in shared data, and the name of its report queue. flushed
+// and drained are the report buffers' counts (reports.go).
 type keys struct {
 	prefix, head, queue string
+	flushed, drained    string
 }
 
 // rootKeys are the control_plane block's: the keys of a filter without shards.
@@ -51,7 +53,8 @@ func newKeys(shard string) keys {
 	if shard != "" {
 		p += "shard/" + shard + "/"
 	}
-	return keys{prefix: p, head: p + "head", queue: p + reportQueue}
+	return keys{prefix: p, head: p + "head", queue: p + reportQueue,
+		flushed: p + "reports/flushed", drained: p + "reports/drained"}
 }
 
 func (k *keys) base(slot byte, i int) string { return fmt.Sprintf("%sbase/%d/%d", k.prefix, slot, i) }
