@@ -68,7 +68,32 @@ func NewLocal() *Local {
 
 const localWays = 4
 
-type localModel struct{ entries map[uint64]localEntry }
+// localModel is one model's entries. The map holds each key's place in slots, so that
+// renewing a key (most keys of a placement: prompts share prefixes) is one map lookup and
+// an update in place; with the entries in the map it was a lookup and a store of the
+// 48-byte entry, each copying it (BenchmarkLocalAdd: 2.4 times as long under wasm, 2 times
+// natively).
+type localModel struct {
+	entries map[uint64]int32
+	slots   []localEntry
+	free    []int32 // slots of dropped keys
+}
+
+// entry returns the entry of k, made if new (and whether it was).
+func (m *localModel) entry(k uint64) (*localEntry, bool) {
+	if i, ok := m.entries[k]; ok {
+		return &m.slots[i], false
+	}
+	var i int32
+	if n := len(m.free); n > 0 {
+		i, m.free = m.free[n-1], m.free[:n-1]
+	} else {
+		i = int32(len(m.slots))
+		m.slots = append(m.slots, localEntry{})
+	}
+	m.entries[k] = i
+	return &m.slots[i], true
+}
 
 // localEntry is one checkpoint key: up to localWays replicas it was placed on, and by
 // which placement (the absolute position of the key in the arena, so in the order
@@ -103,7 +128,7 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	}
 	m := l.models[model]
 	if m == nil {
-		m = &localModel{entries: map[uint64]localEntry{}}
+		m = &localModel{entries: map[uint64]int32{}}
 		l.models[model] = m
 	}
 	id, ok := l.addrID[addr]
@@ -123,8 +148,8 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	}
 	for i, k := range keys {
 		j := start + i
-		e, ok := m.entries[k]
-		if !ok {
+		e, added := m.entry(k)
+		if added {
 			l.keys++
 		}
 		w := -1
@@ -151,7 +176,6 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		}
 		e.addr[w], e.pos[w] = id, l.base+int64(j)
 		l.held[j>>6] |= 1 << (j & 63)
-		m.entries[k] = e
 	}
 	for l.keys > l.MaxKeys && l.head < len(l.log) {
 		l.drop(l.head+1, int(^uint(0)>>1)) // the oldest placement, whole
@@ -263,10 +287,11 @@ func (l *Local) drop(upto, budget int) {
 func (l *Local) release(m *localModel, j int) {
 	l.held[j>>6] &^= 1 << (j & 63)
 	k, pos := l.arena[j], l.base+int64(j)
-	e, ok := m.entries[k]
+	idx, ok := m.entries[k]
 	if !ok {
 		return
 	}
+	e := &m.slots[idx]
 	for i := 0; i < int(e.n); i++ {
 		if e.pos[i] == pos {
 			e.n--
@@ -277,9 +302,8 @@ func (l *Local) release(m *localModel, j int) {
 	}
 	if e.n == 0 {
 		delete(m.entries, k)
+		m.free = append(m.free, idx)
 		l.keys--
-	} else {
-		m.entries[k] = e
 	}
 }
 
@@ -312,8 +336,12 @@ func (l *Local) match(m *table.Model, c *Chain, matched []int) {
 	stride := max(int(m.Config.Stride), 1)
 	l.depths = l.depths[:0]
 	for i := stride - 1; i < len(c.Keys); i += stride {
-		e, ok := lm.entries[c.Keys[i]]
-		if !ok || !l.holds(&e) {
+		idx, ok := lm.entries[c.Keys[i]]
+		if !ok {
+			break
+		}
+		e := &lm.slots[idx]
+		if !l.holds(e) {
 			break
 		}
 	ways:

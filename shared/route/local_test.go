@@ -16,10 +16,11 @@ func localVisible(l *Local, model string, key uint64) []string {
 	if m == nil {
 		return nil
 	}
-	e, ok := m.entries[key]
+	i, ok := m.entries[key]
 	if !ok {
 		return nil
 	}
+	e := m.slots[i]
 	var addrs []string
 	for w := 0; w < int(e.n); w++ {
 		if e.pos[w] >= l.cut {
@@ -189,5 +190,28 @@ func TestLocalBoundSurvivesCompaction(t *testing.T) {
 	}
 	if _, ok := l.models["m"].entries[last[len(last)-1]]; !ok {
 		t.Fatal("the newest placement was dropped")
+	}
+}
+
+// BenchmarkLocalAdd: a proxy's VM adds its own placement and a sibling VM's of the same
+// chain (126 checkpoint keys, 100 of them a prefix every chain shares, as an 8,000-token
+// prompt behind a common system prompt has), expiring as a table confirms them.
+func BenchmarkLocalAdd(b *testing.B) {
+	l := NewLocal()
+	now := time.Unix(1000, 0)
+	prefix := localKeys(0, 100)
+	chains := make([][]uint64, 64)
+	for i := range chains {
+		chains[i] = append(slices.Clone(prefix), localKeys(1000+i*26, 26)...)
+	}
+	i := 0
+	for b.Loop() {
+		c := chains[i%len(chains)]
+		l.Add("llama", c, "10.0.0.1:8000", now)
+		l.Add("llama", c, "10.0.0.2:8000", now)
+		if i++; i%32 == 0 {
+			now = now.Add(10 * time.Millisecond)
+			l.Prune(now.Add(-100*time.Millisecond), now)
+		}
 	}
 }
