@@ -73,8 +73,10 @@ func TestFilterOnCppHost3930b7b(t *testing.T) {
 // leader, failed in proxy_on_tick right after request 99 ("poll_oneoff failed", then
 // `unreachable`) and VM 1 at request 157, when its GC reached poll_oneoff inside
 // proxy_on_memory_allocate and cpp-host's restricted-callback rule trapped it; since the
-// cuts both die that second way, at requests 88 and 91. Every later request passes
-// unfiltered. The test allows 3,000.
+// cuts both died that second way, at requests 88 and 91, and since the request path's
+// host calls stopped allocating (even without filter/wasmpatch's allocator, their
+// results no longer escape) both die the first way, in proxy_on_request_body, at
+// requests 76 and 77. Every later request passes unfiltered. The test allows 3,000.
 func TestUnpatchedFilterDiesOnCppHost3930b7b(t *testing.T) {
 	nodePath := findNode(t)
 	module, err := wasmbuild.FilterWithoutPollShim()
