@@ -16,9 +16,10 @@ import (
 // report waits at most a tick longer than when every report was its own queue item, and
 // the leader dequeues a few items per VM per tick instead of one per report.
 //
-// Each shard has its own buffer in each VM and its own queue (keys.queue: the report
-// queue below for the control_plane block, kvroute/shard/<name>/reports/v2 for a named
-// shard), so the leader posts each shard's reports to that shard's control plane.
+// Each shard has its own buffer in each VM and its own queue (keys.queue:
+// kvroute/reports/v2 for the control_plane block, as before shards existed,
+// kvroute/shard/<name>/reports/v2 for a named shard), so the leader posts each shard's
+// reports to that shard's control plane.
 //
 // A queue item is itemMagic, the number of records (uint32, little endian), then a whole
 // binary batch (its header with the proxy's name, then the records): the leader posts
@@ -41,7 +42,7 @@ import (
 // (twice, before issue 15) was allocated on every tick, and the garbage collector ran in
 // the ticks every few hundred requests.
 const (
-	reportQueue = "kvroute/reports/v2"
+	reportQueue = "reports/v2" // under the shard's key prefix (store.go, newKeys)
 	itemMagic   = "KVQ2"
 	itemHead    = len(itemMagic) + 4
 	// maxItemRecords: the most reports in one item; the leader never posts more than
