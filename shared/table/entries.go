@@ -1,0 +1,154 @@
+// A model's entries in memory: a sorted key array with an interned replica set per key,
+// and the overlay map that absorbs deltas until it is merged back.
+
+package table
+
+import (
+	"encoding/binary"
+	"slices"
+)
+
+// entries: sorted base arrays plus an overlay of changes since the last merge.
+type entries struct {
+	keys []uint64          // sorted, unique
+	sets []uint32          // set id per key
+	over map[uint64]uint32 // newer value per key; tombstone = removed
+	pool setPool
+	// live counts keys that exist (base minus tombstoned plus overlay-only).
+	live int
+}
+
+const tombstone = ^uint32(0)
+
+func (e *entries) reset() {
+	e.keys, e.sets, e.over, e.live = nil, nil, nil, 0
+	e.pool = setPool{}
+}
+
+func (e *entries) len() int { return e.live }
+
+func (e *entries) base(key uint64) (uint32, bool) {
+	i, ok := slices.BinarySearch(e.keys, key)
+	if !ok {
+		return 0, false
+	}
+	return e.sets[i], true
+}
+
+func (e *entries) get(key uint64) (uint32, bool) {
+	if e.over != nil {
+		if id, ok := e.over[key]; ok {
+			return id, id != tombstone
+		}
+	}
+	return e.base(key)
+}
+
+func (e *entries) upsert(key uint64, slots []uint32) {
+	_, existed := e.get(key)
+	if !existed {
+		e.live++
+	}
+	if e.over == nil {
+		e.over = map[uint64]uint32{}
+	}
+	e.over[key] = e.pool.intern(slots)
+	e.maybeCompact()
+}
+
+func (e *entries) remove(key uint64) {
+	if _, existed := e.get(key); !existed {
+		return
+	}
+	e.live--
+	if _, inBase := e.base(key); inBase {
+		if e.over == nil {
+			e.over = map[uint64]uint32{}
+		}
+		e.over[key] = tombstone
+	} else {
+		delete(e.over, key)
+	}
+	e.maybeCompact()
+}
+
+// maybeCompact merges the overlay once it is a quarter of the base: lookups stay one
+// map probe plus a binary search, and a merge costs O(n) only every n/4 changes.
+func (e *entries) maybeCompact() {
+	if len(e.over) > 4096 && len(e.over) > len(e.keys)/4 {
+		e.compact()
+	}
+}
+
+func (e *entries) compact() {
+	if len(e.over) == 0 {
+		return
+	}
+	ov := make([]uint64, 0, len(e.over))
+	for k := range e.over {
+		ov = append(ov, k)
+	}
+	slices.Sort(ov)
+	keys := make([]uint64, 0, e.live)
+	sets := make([]uint32, 0, e.live)
+	var pool setPool
+	old := e.pool
+	add := func(k uint64, id uint32) {
+		keys = append(keys, k)
+		sets = append(sets, pool.intern(old.get(id)))
+	}
+	i, j := 0, 0
+	for i < len(e.keys) || j < len(ov) {
+		switch {
+		case j == len(ov) || (i < len(e.keys) && e.keys[i] < ov[j]):
+			add(e.keys[i], e.sets[i])
+			i++
+		default:
+			k := ov[j]
+			if i < len(e.keys) && e.keys[i] == k {
+				i++
+			}
+			if id := e.over[k]; id != tombstone {
+				add(k, id)
+			}
+			j++
+		}
+	}
+	e.keys, e.sets, e.over, e.pool = keys, sets, nil, pool
+	e.live = len(keys)
+}
+
+// setPool interns replica sets (sorted slot lists): a fleet has far fewer distinct sets
+// than keys, since every block of a cached prefix is usually held by the same replicas.
+type setPool struct {
+	data   []uint32
+	off    []uint32 // set i is data[off[i]:off[i+1]]
+	ids    map[string]uint32
+	keybuf []byte
+}
+
+func (p *setPool) get(id uint32) []uint32 {
+	if int(id)+1 >= len(p.off) {
+		return nil
+	}
+	return p.data[p.off[id]:p.off[id+1]]
+}
+
+func (p *setPool) intern(slots []uint32) uint32 {
+	p.keybuf = p.keybuf[:0]
+	for _, s := range slots {
+		p.keybuf = binary.LittleEndian.AppendUint32(p.keybuf, s)
+	}
+	if id, ok := p.ids[string(p.keybuf)]; ok {
+		return id
+	}
+	if p.ids == nil {
+		p.ids = map[string]uint32{}
+		p.off = append(p.off[:0], 0)
+	}
+	id := uint32(len(p.off) - 1)
+	p.data = append(p.data, slots...)
+	p.off = append(p.off, uint32(len(p.data)))
+	p.ids[string(p.keybuf)] = id
+	return id
+}
