@@ -9,8 +9,10 @@
 // Files:
 //   - events.go: the decoded types (Batch, Event, Kind).
 //   - decode.go: the Decoder and the schema walk: EventBatch and event layouts (map or
-//     array, vLLM's and SGLang's), field by field (names matched once, as fieldIDs),
-//     and vLLM's BlockRemoved encodings read whole (removedFast).
+//     array, vLLM's and SGLang's).
+//   - fields.go: the fields by name, matched once per key (fieldIDs).
+//   - eventfields.go: one event field by field, and vLLM's BlockRemoved encodings read
+//     whole (removedFast).
 //   - msgpack.go: the bounded msgpack reader under it (headers, skipping, strings,
 //     integers, block hashes, token ids).
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
