@@ -87,7 +87,7 @@ func TestRoutesToTheReplicaHoldingThePrefix(t *testing.T) {
 	})
 }
 
-// Seed 000's spill: the owner keeps the prefix while its extra queue is under the
+// The spill of docs/rule.md's worked example: the owner keeps the prefix while its extra queue is under the
 // tokens a hit saves plus the spill's charge (shared/rule: the saving over the 3
 // replicas), and loses it above.
 func TestOwnerSpillsWhenItsQueueIsDeeperThanTheSaving(t *testing.T) {

@@ -8,8 +8,8 @@
 // candidate already holds (0 for the replicas holding the longest prefix). The minimum
 // wins.
 //
-// Seed 000's worked example: 8,000-token prompts, 6,000 of them a shared prefix, 22
-// replicas. The owner of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000
+// docs/rule.md's worked example: 8,000-token prompts, 6,000 of them a shared prefix,
+// 22 replicas. The owner of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000
 // + 6,000/22, so the owner keeps the request while its extra queue is under the 6,000
 // tokens (428 ms of prefill) it saves plus 273, and the first request that finds it
 // deeper spills to the coldest replica, which becomes a second owner. Hot prefixes gain
@@ -32,7 +32,7 @@
 // spilled, gaining 128 tokens (9 ms) for 2,048 tokens (146 ms) of prefill the fleet did
 // again. With it the idle replica costs 2,176 + 2,048/4 = 2,688 and the owner keeps the
 // request; it spills once the owner's queue is 2,048 x (1 + 1/4) = 2,560 tokens deeper
-// than the idle replica's. At 22 replicas the charge moves seed 000's spill point by 5%
+// than the idle replica's. At 22 replicas the charge moves the worked example's spill point by 5%
 // (6,000 to 6,273 tokens).
 //
 // # Where Q and the cached tokens come from
@@ -137,7 +137,7 @@ type Params struct {
 	// vLLM to preempt running sequences (docs/rule.md).
 	MaxKVUsage float64
 	// MaxStateAge excludes replicas whose state is older than this; queue depth is the
-	// term that goes wrong fastest. Seed 000 says "a few hundred milliseconds", but ages
+	// term that goes wrong fastest. A few hundred milliseconds would do, but ages
 	// here are honest (measured from when the control plane built the numbers), normal
 	// operation runs at 100-350 ms, and when every replica is excluded the fallback is
 	// cache-blind: in the fleet simulation 500 ms turned a 500 ms table delay into

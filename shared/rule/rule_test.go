@@ -18,7 +18,7 @@ func exact() Params {
 	return p
 }
 
-// Seed 000: 8,000-token prompts, 6,000 tokens shared, 22 replicas. The owner keeps the
+// docs/rule.md's worked example: 8,000-token prompts, 6,000 tokens shared, 22 replicas. The owner keeps the
 // request while its extra queue is under the 6,000 tokens a hit saves plus the spill's
 // charge, 6,000/22 (273 tokens), and loses it above.
 func TestSeed000SpillPoint(t *testing.T) {

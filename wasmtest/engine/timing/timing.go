@@ -65,7 +65,7 @@ func Seed000() Profile {
 		KVBytesPerToken: 327680,
 		HBMBandwidth:    4.8e12,
 		MBU:             0.75, // docs/rule.md: assumed 75% MBU for decode
-		// Seed 000 states 558,124 tokens for (2 x (141e9 x 0.92 - 3e9) - 70.55e9) / 327,680;
+		// docs/rule.md's worked example states 558,124 tokens for (2 x (141e9 x 0.92 - 3e9) - 70.55e9) / 327,680;
 		// the formula gives 558,136 (see PoolTokensFromMemory). The seed's number is kept.
 		PoolTokens:          558124,
 		BlockSize:           16,

@@ -13,7 +13,7 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 func TestSeed000Numbers(t *testing.T) {
 	p := Seed000()
 	require.NoError(t, p.Validate())
-	// Seed 000: prefill per tok = 2 x 70.55e9 / (2 x 1979e12 x 0.50) = 71.3 us.
+	// docs/rule.md's worked example: prefill per tok = 2 x 70.55e9 / (2 x 1979e12 x 0.50) = 71.3 us.
 	assert.InDelta(t, 71.3e-6, p.PrefillSecondsPerToken(), 0.05e-6)
 	// TTFT compute = 8,000 x 71.3 us = 570 ms cold, 2,000 x 71.3 us = 143 ms warm; a hit saves 428 ms.
 	assert.InDelta(t, 570, ms(p.PrefillTime(8000)), 0.5)
