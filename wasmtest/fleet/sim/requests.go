@@ -1,0 +1,177 @@
+// A request's life in the simulation: its arrival and routing, its tokens, its end, and
+// what the metrics record of it.
+
+package sim
+
+import (
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/cache"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
+)
+
+// fallback is Envoy's least_request (power of two choices) among listed, reachable
+// replicas: where a request goes when the policy named none that answers.
+func (r *runner) fallback() int {
+	var cands []int
+	for i := range r.f.engines {
+		if r.f.alive[i] && r.f.up[i] {
+			cands = append(cands, i)
+		}
+	}
+	switch len(cands) {
+	case 0:
+		return -1
+	case 1:
+		return cands[0]
+	}
+	a := cands[r.rng.IntN(len(cands))]
+	b := cands[r.rng.IntN(len(cands))]
+	if r.f.inflight[b] < r.f.inflight[a] {
+		return b
+	}
+	return a
+}
+
+func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
+	req := src.Request(i)
+	rec := &r.recs[i]
+	rec.req = req
+	rec.prompt = int32(len(req.Tokens))
+	ch := r.pol.Route(req, now)
+	target := -1
+	for _, j := range ch.Order {
+		if j >= 0 && j < len(r.f.engines) && r.f.alive[j] {
+			target = j // connection refused on the ones before: the proxy retried
+			break
+		}
+	}
+	if target < 0 {
+		target = r.fallback()
+	}
+	if target < 0 {
+		rec.state = failed
+		rec.req = nil
+		return
+	}
+	rec.routed, rec.rule, rec.ruleSpill = true, ch.Rule, ch.Spill
+	rec.spill = r.spilled(req, target)
+	rec.replica = int32(target)
+	sr := &sched.Request{Prompt: req.Tokens, Chain: req.Chain, MaxTokens: req.OutputTokens, Owner: rec}
+	r.pol.Sent(req, target, now)
+	if err := r.f.engines[target].Submit(now, sr); err != nil {
+		// vLLM answers 400 for prompts it can never run.
+		rec.state, rec.rejected = failed, true
+		r.pol.Started(req, target, now)
+		r.pol.Finished(req, target, now, policy.Outcome{Status: 400, CachedTokens: -1})
+		rec.req = nil
+		return
+	}
+	rec.state = inflight
+	r.inflt++
+	r.f.inflight[target]++
+	// The engine copied the chain; the proxy is done with the body.
+	req.Body, req.MessagesJSON, req.Chain, req.Messages = nil, nil, nil, nil
+	if r.cfg.Stream {
+		r.pol.Started(req, target, now)
+	}
+}
+
+// spilled reports whether some reachable replica holds a longer cached prefix of req
+// than target does. A replica can only beat target's c cached tokens if it holds the
+// block right after them, so one lookup per replica suffices for most.
+func (r *runner) spilled(req *workload.Request, target int) bool {
+	bs := r.f.blockSize
+	mine := r.f.engines[target].CachedPrefixChain(req.Chain, len(req.Tokens))
+	next := mine / bs
+	if next >= (len(req.Tokens)-1)/bs {
+		return false // target holds all the engine can reuse
+	}
+	probe := cache.Chain{Hashes: req.Chain.Hashes[next : next+1]}
+	for j, e := range r.f.engines {
+		if j == target || !r.f.alive[j] {
+			continue
+		}
+		if e.CachedPrefixChain(&probe, bs+1) > 0 && e.CachedPrefixChain(req.Chain, len(req.Tokens)) > mine {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *runner) onToken(sr *sched.Request, at time.Duration) {
+	if len(sr.Output) != 1 {
+		return
+	}
+	rec := sr.Owner.(*record)
+	rec.first, rec.hasFirst = at, true
+	if r.cfg.Stream {
+		r.pol.FirstByte(rec.req, int(rec.replica), at)
+	}
+	if r.cfg.AbortTTFT > 0 && rec.measured && at-rec.at > r.cfg.AbortTTFT {
+		rec.lateCounted = true
+		r.lateN++
+	}
+}
+
+func (r *runner) onFinish(sr *sched.Request, at time.Duration) {
+	rec := sr.Owner.(*record)
+	i := int(rec.replica)
+	r.inflt--
+	r.f.inflight[i]--
+	rec.end = at
+	rec.preempts = int32(sr.Preemptions)
+	o := policy.Outcome{Status: 200, CachedTokens: -1}
+	if sr.FinishReason == "length" {
+		rec.state = done
+		rec.first, rec.hasFirst = sr.FirstTokenAt, true
+		rec.cached = int32(sr.CachedTokens)
+		rec.loaded = int32(sr.LoadedTokens)
+		o = policy.Outcome{Status: 200, PromptTokens: len(sr.Prompt), CachedTokens: sr.CachedTokens, Completed: true}
+	} else {
+		rec.state = failed
+		if !r.cfg.Stream {
+			o.Status = 503 // reset before the response headers: Envoy's local reply
+		}
+		if rec.measured && !rec.lateCounted && r.cfg.AbortTTFT > 0 {
+			rec.lateCounted = true
+			r.lateN++
+		}
+	}
+	req := rec.req
+	rec.req = nil
+	if !r.cfg.Stream {
+		r.pol.Started(req, i, at)
+		r.pol.FirstByte(req, i, at)
+	}
+	r.pol.Finished(req, i, at, o)
+}
+
+// hopeless reports whether the TTFT quantile already exceeds AbortTTFT: more than
+// (1-q) of the measured requests had, or will have, a longer TTFT (or failed).
+func (r *runner) hopeless(now time.Duration) bool {
+	allowed := int(math.Floor((1 - r.cfg.AbortQuantile) * float64(r.measuredN)))
+	late := r.lateN
+	if late > allowed {
+		return true
+	}
+	for r.scan < len(r.recs) && (r.recs[r.scan].hasFirst || r.recs[r.scan].state == failed || !r.recs[r.scan].measured) {
+		r.scan++
+	}
+	for j := r.scan; j < len(r.recs); j++ {
+		rec := &r.recs[j]
+		if now-rec.at <= r.cfg.AbortTTFT {
+			break
+		}
+		if rec.measured && !rec.hasFirst && rec.state != failed {
+			late++
+			if late > allowed {
+				return true
+			}
+		}
+	}
+	return false
+}
