@@ -130,7 +130,9 @@ func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
 		t.Skip("builds the filter for wasip1")
 	}
 	w := tiny(t, 20*time.Second)
-	goRes, _ := run(t, w, 4, kvroute.DefaultConfig())
+	goCfg := kvroute.DefaultConfig()
+	goCfg.Wait = 0 // kvroute-wasm polls periodically (NewWasm)
+	goRes, _ := run(t, w, 4, goCfg)
 	var wp *kvroute.WasmPolicy
 	res, err := sim.Run(sim.Config{Replicas: 4, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
 		func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {

@@ -92,9 +92,14 @@ func NewWasm(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config, o
 	srv := &server.Server{Index: p.ix, Publisher: p.pub, Now: p.clk.Now}
 	handler := srv.Handler()
 
+	// WaitMs -1: the host serves an HTTP call in-process while the virtual clock waits,
+	// so a long poll held by the server (which waits in real time for a version that
+	// only the stopped simulation could publish) would stall each poll for the whole
+	// wait. The compiled filter polls every PollInterval here: compare it with the Go
+	// mirror at --poll-wait 0.
 	pc := api.Config{
 		ControlPlane: api.ControlPlane{Cluster: controlPlaneCluster, Authority: "kvroute-controlplane",
-			PollMs: int(cfg.PollInterval / time.Millisecond), ReportMs: int(cfg.ReportInterval / time.Millisecond),
+			PollMs: int(cfg.PollInterval / time.Millisecond), WaitMs: -1, ReportMs: int(cfg.ReportInterval / time.Millisecond),
 			MaxReportBatch: cfg.MaxReportBatch},
 		Guards: api.Guards{MaxKVUsage: cfg.Rule.MaxKVUsage, MaxStateAgeMs: int(cfg.Rule.MaxStateAge / time.Millisecond),
 			TieEpsilon: cfg.Rule.TieEpsilon, MaxEndpoints: cfg.Rule.MaxEndpoints},
