@@ -35,8 +35,10 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	}
 	// The first byte of the body means prefill is done: for a stream it is the first
 	// token (vLLM, like most servers, sends the headers before prefill even starts).
-	// Requests routed least-queued have a ledger entry too.
-	h.p.router.Ledger.Done(h.reqID)
+	// Requests routed least-queued have a ledger entry too. The start is kept (Started,
+	// not Done) until no snapshot measured before it is used, so such a snapshot, which
+	// still counts this prefill as queued, is corrected (route.Ledger).
+	h.p.router.Ledger.Started(h.reqID, h.p.now())
 	h.started()
 	if !h.placed {
 		return types.ActionContinue
