@@ -14,7 +14,9 @@
 //   - eventfields.go: one event field by field, and vLLM's BlockRemoved encodings read
 //     whole (removedFast).
 //   - msgpack.go: the bounded msgpack reader under it (headers, skipping, strings,
-//     integers, block hashes, token ids).
+//     integers).
+//   - blockarrays.go: block hashes (every wire form normalised to uint64) and the
+//     block_hashes and token_ids arrays.
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
 //     restarts, reconnection; a goroutine per stream, on a bound socket too.
 //   - replay.go: the client of an engine's replay endpoint (Replay).

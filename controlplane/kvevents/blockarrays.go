@@ -1,0 +1,141 @@
+// Block-hash and token-id readers: ExternalBlockHash to uint64, block_hashes, token_ids.
+
+package kvevents
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Hash decodes an ExternalBlockHash (reference section 2.4): unsigned ints as they are,
+// signed ints reinterpreted (vLLM's builtin hash, SGLang), bytes by their last 8 bytes
+// big-endian (left-padded when shorter).
+func (dc *Decoder) hash() (uint64, error) {
+	c, err := dc.peek()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case isBin(c):
+		b, err := dc.payload(c)
+		if err != nil {
+			return 0, err
+		}
+		return HashFromBytes(b), nil
+	case isSigned(c):
+		v, err := dc.sint(c)
+		return uint64(v), err
+	case isInt(c):
+		return dc.uint(c)
+	}
+	return 0, fmt.Errorf("block hash: unexpected code %#x", c)
+}
+
+// HashFromBytes normalises a digest to uint64: its last 8 bytes, big-endian.
+func HashFromBytes(b []byte) uint64 {
+	if len(b) >= 8 {
+		return binary.BigEndian.Uint64(b[len(b)-8:])
+	}
+	var p [8]byte
+	copy(p[8-len(b):], b)
+	return binary.BigEndian.Uint64(p[:])
+}
+
+func (dc *Decoder) hashes(dst []uint64) ([]uint64, error) {
+	n, err := dc.arrayLen()
+	if err != nil {
+		return dst, err
+	}
+	for i := 0; i < n; i++ {
+		// vLLM's int hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) inline.
+		if b := dc.buf[dc.off:]; len(b) >= 9 && b[0] == msgpcode.Uint64 {
+			dst = append(dst, binary.BigEndian.Uint64(b[1:9]))
+			dc.off += 9
+			continue
+		}
+		h, err := dc.hash()
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, h)
+	}
+	return dst, nil
+}
+
+func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
+	n, err := dc.arrayLen()
+	if err != nil || n <= 0 {
+		return dst, err
+	}
+	// n is at most the bytes left (count), so this is bounded by the payload.
+	base := len(dst)
+	dst = slices.Grow(dst, n)[:base+n]
+	out := dst[base:]
+	buf, off := dc.buf, dc.off
+	for i := range out {
+		// The common cases inline: token ids below 2^32 in their smallest form.
+		if off < len(buf) {
+			switch c := buf[off]; {
+			case c <= msgpcode.PosFixedNumHigh:
+				out[i] = uint32(c)
+				off++
+				continue
+			case c == msgpcode.Uint16 && off+3 <= len(buf):
+				out[i] = uint32(buf[off+1])<<8 | uint32(buf[off+2])
+				off += 3
+				continue
+			case c == msgpcode.Uint8 && off+2 <= len(buf):
+				out[i] = uint32(buf[off+1])
+				off += 2
+				continue
+			case c == msgpcode.Uint32 && off+5 <= len(buf):
+				out[i] = binary.BigEndian.Uint32(buf[off+1 : off+5])
+				off += 5
+				continue
+			}
+		}
+		dc.off = off
+		v, err := dc.token()
+		if err != nil {
+			return dst[:base+i], err
+		}
+		out[i] = v
+		off = dc.off
+	}
+	dc.off = off
+	return dst, nil
+}
+
+// token decodes a token id in any integer form.
+func (dc *Decoder) token() (uint32, error) {
+	c, err := dc.peek()
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	switch {
+	case isSigned(c):
+		s, err := dc.sint(c)
+		if err != nil {
+			return 0, err
+		}
+		if s < 0 {
+			return 0, fmt.Errorf("token id %d is negative", s)
+		}
+		v = uint64(s)
+	case isInt(c):
+		if v, err = dc.uint(c); err != nil {
+			return 0, err
+		}
+	default:
+		return 0, fmt.Errorf("token id: unexpected code %#x", c)
+	}
+	if v > math.MaxUint32 {
+		return 0, fmt.Errorf("token id %d out of range", v)
+	}
+	return uint32(v), nil
+}
