@@ -11,9 +11,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
-// Hash decodes an ExternalBlockHash (reference section 2.4): unsigned ints as they are,
-// signed ints reinterpreted (vLLM's builtin hash, SGLang), bytes by their last 8 bytes
-// big-endian (left-padded when shorter).
+// Hash decodes an ExternalBlockHash (docs/kv-events.md, "Block hashes on the wire"):
+// unsigned ints as they are, signed ints reinterpreted (vLLM's builtin hash, SGLang),
+// bytes by their last 8 bytes big-endian (left-padded when shorter).
 func (dc *Decoder) hash() (uint64, error) {
 	c, err := dc.peek()
 	if err != nil {

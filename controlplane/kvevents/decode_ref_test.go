@@ -227,9 +227,9 @@ func (dc *refDecoder) optInt() (int64, bool, error) {
 	return v, err == nil, err
 }
 
-// Hash decodes an ExternalBlockHash (reference section 2.4): unsigned ints as they are,
-// signed ints reinterpreted (vLLM's builtin hash, SGLang), bytes by their last 8 bytes
-// big-endian (left-padded when shorter).
+// Hash decodes an ExternalBlockHash (docs/kv-events.md, "Block hashes on the wire"):
+// unsigned ints as they are, signed ints reinterpreted (vLLM's builtin hash, SGLang),
+// bytes by their last 8 bytes big-endian (left-padded when shorter).
 func (dc *refDecoder) hash() (uint64, error) {
 	c, err := dc.peek()
 	if err != nil {

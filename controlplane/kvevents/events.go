@@ -28,7 +28,8 @@ type Event struct {
 	Kind Kind
 	// Tag is the wire tag (kept for unknown kinds, for counting).
 	Tag string
-	// Hashes: the engine's block hashes, normalised to uint64 (reference section 2.4).
+	// Hashes: the engine's block hashes, normalised to uint64 (docs/kv-events.md, "Block
+	// hashes on the wire").
 	Hashes []uint64
 	// Parent is parent_block_hash; HasParent is false when it was nil (chain root).
 	Parent    uint64
@@ -55,8 +56,8 @@ type Event struct {
 
 // CacheSalt returns the request's cache_salt carried by a chain's first block: the last
 // string of extra_keys[0] that is not the leading LoRA name (vLLM builds the tuple as
-// [lora_name] + multimodal keys + cache_salt, reference sections 3 and 4), or SGLang's
-// explicit salt. "" means no salt.
+// [lora_name] + multimodal keys + cache_salt, docs/kv-events.md, "What goes into vLLM's
+// block hash"), or SGLang's explicit salt. "" means no salt.
 func (e *Event) CacheSalt() string {
 	if e.SaltKey != "" {
 		return e.SaltKey

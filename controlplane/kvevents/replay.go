@@ -18,7 +18,7 @@ type Replayed struct {
 }
 
 // Replay sends ["", start_seq] over a DEALER (a REQ socket would only read the first
-// reply, reference section 1.4) and collects replies until the END marker, accepting
+// reply, docs/kv-events.md, "Replay") and collects replies until the END marker, accepting
 // both [seq, payload] and [topic, seq, payload]. It returns what arrived, with an error
 // when the END marker did not arrive before ctx ended.
 func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, error) {

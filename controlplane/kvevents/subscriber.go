@@ -17,7 +17,7 @@ import (
 )
 
 // StreamID names one event publisher: a replica and its data-parallel rank (each DP rank
-// runs its own publisher on port + rank, reference section 1.5).
+// runs its own publisher on port + rank, docs/kv-events.md, "Data-parallel ranks").
 type StreamID struct {
 	Replica string
 	Rank    int

@@ -11,7 +11,7 @@ import (
 type Encoding string
 
 // Encodings. Fields are only ever appended, so each array layout is a prefix of the
-// next one (reference section 2.1).
+// next one (docs/kv-events.md, "The msgpack encoding").
 const (
 	// Map: events are maps keyed by field name, "type" first (vLLM >= 0.24, PR #42892).
 	Map Encoding = "map"
@@ -41,9 +41,9 @@ func ParseEncoding(s string) (Encoding, error) {
 }
 
 // The structs below reproduce msgspec's output: array structs need the field named
-// _msgpack with as_array (reference section 7); array layouts never omit fields (msgspec
-// ignores omit_defaults for array_like); map layouts omit only fields that have a Python
-// default and hold it.
+// _msgpack with as_array (docs/kv-events.md, "The msgpack encoding"); array layouts never
+// omit fields (msgspec ignores omit_defaults for array_like); map layouts omit only fields
+// that have a Python default and hold it.
 
 type storedV09 struct {
 	_msgpack    struct{} `msgpack:",as_array"`

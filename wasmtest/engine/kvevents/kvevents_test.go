@@ -15,7 +15,7 @@ import (
 // (controlplane/kvevents), the one production uses, so these tests check that
 // production reads what the simulator writes; there is no second decoder here.
 
-// golden turns the reference doc's notation (hex bytes and "quoted" strings, spaces
+// golden turns docs/kv-events.md's notation (hex bytes and "quoted" strings, spaces
 // ignored) into bytes: `ab"BlockStored"` = 0xab then the string's bytes.
 func golden(t *testing.T, spec string) []byte {
 	t.Helper()
@@ -50,8 +50,9 @@ func flushHex(t *testing.T, out []byte, s *strings.Builder) []byte {
 	return append(out, b...)
 }
 
-// The reference doc's section 2.3 example: ts=1700000000.5, hash=0xDA7A5EED00000001,
-// tokens=[1,2], block_size=2, first block of its request, no LoRA, medium GPU, group 0.
+// The example of docs/kv-events.md, "The msgpack encoding": ts=1700000000.5,
+// hash=0xDA7A5EED00000001, tokens=[1,2], block_size=2, first block of its request, no
+// LoRA, medium GPU, group 0.
 func goldenStored() Event {
 	return Event{Kind: BlockStored, BlockHashes: []uint64{0xDA7A5EED00000001}, TokenIDs: []uint32{1, 2},
 		BlockSize: 2, Medium: MediumGPU, KVCacheSpecKind: SpecFullAttention}
@@ -77,7 +78,7 @@ func TestGoldenBytes(t *testing.T) {
 		name   string
 		enc    Encoding
 		ev     Event
-		want   string // reference section 2.3, verbatim but for the elided bytes
+		want   string // docs/kv-events.md's example bytes, verbatim, elisions filled in
 		kind   cpkv.Kind
 		medium string // what production reads: v0.9 has no medium
 	}{

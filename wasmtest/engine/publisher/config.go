@@ -1,5 +1,5 @@
 // Package publisher sends KV event batches over ZeroMQ the way vLLM's
-// ZmqEventPublisher does (reference section 1): a PUB socket sending 3-frame
+// ZmqEventPublisher does (docs/kv-events.md, "Transport"): a PUB socket sending 3-frame
 // messages [topic, seq (8 bytes big-endian, from 0), msgpack EventBatch], a ring of the
 // last buffer_steps batches, and an optional ROUTER socket that replays them.
 //

@@ -382,8 +382,8 @@ func (r *Replica) ObserveEvents(f func(kvevents.Batch)) {
 // Restart simulates an engine process restart: every request fails with ErrRestarted,
 // the cache is emptied, the publisher starts a new sequence at 0 with an empty replay
 // buffer (vLLM numbers batches with a per-publisher itertools.count(),
-// vllm/distributed/kv_events.py; reference section 1.3) and, as a new process, sends
-// no AllBlocksCleared (only reset_prefix_cache does, vllm/v1/core/block_pool.py
+// vllm/distributed/kv_events.py; docs/kv-events.md, "Transport") and, as a new process,
+// sends no AllBlocksCleared (only reset_prefix_cache does, vllm/v1/core/block_pool.py
 // @c59cb794),
 // and metrics counters restart from zero.
 func (r *Replica) Restart() {
