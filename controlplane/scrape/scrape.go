@@ -1,6 +1,7 @@
-// Package scrape reads an engine's Prometheus /metrics (vLLM or SGLang names, reference
-// section 5) into the few numbers routing needs: waiting and running requests, KV-cache
-// usage, cache capacity, and the queued prefill tokens when the engine exports them.
+// Package scrape reads an engine's Prometheus /metrics (vLLM or SGLang names; the ones
+// routing uses are in docs/controlplane.md, "Metrics") into the few numbers routing
+// needs: waiting and running requests, KV-cache usage, cache capacity, and the queued
+// prefill tokens when the engine exports them.
 package scrape
 
 import (
