@@ -128,9 +128,11 @@ type CallTime struct {
 	// Total is the wall time from entry to return, callees included (a recursive
 	// function counts its nested calls again).
 	Total time.Duration
+	// Max is the longest single call: what a tail (a tick's p99) is made of.
+	Max time.Duration
 }
 
-type callTime struct{ calls, nanos atomic.Int64 }
+type callTime struct{ calls, nanos, max atomic.Int64 }
 
 // CallTimes returns the calls and inclusive time of every guest function of
 // Config.TimeCalls called so far (named as in the module's name section), over all VMs,
@@ -142,7 +144,7 @@ func (h *Host) CallTimes() []CallTime {
 	defer h.timedMu.Unlock()
 	out := make([]CallTime, 0, len(h.timed))
 	for name, t := range h.timed {
-		out = append(out, CallTime{Name: name, Calls: t.calls.Load(), Total: time.Duration(t.nanos.Load())})
+		out = append(out, CallTime{Name: name, Calls: t.calls.Load(), Total: time.Duration(t.nanos.Load()), Max: time.Duration(t.max.Load())})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Total != out[j].Total {
@@ -160,6 +162,7 @@ func (h *Host) ResetCallTimes() {
 	for _, t := range h.timed {
 		t.calls.Store(0)
 		t.nanos.Store(0)
+		t.max.Store(0)
 	}
 }
 
@@ -245,6 +248,8 @@ func (callListener) done(ctx context.Context, def api.FunctionDefinition) {
 	t := vm.host.timer(def.Name())
 	t.calls.Add(1)
 	t.nanos.Add(int64(d))
+	for m := t.max.Load(); int64(d) > m && !t.max.CompareAndSwap(m, int64(d)); m = t.max.Load() {
+	}
 }
 
 func (h *Host) timer(name string) *callTime {

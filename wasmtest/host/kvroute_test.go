@@ -475,8 +475,8 @@ func logGuestProfile(h *host.Host, requests int64) {
 		if c.Calls == 0 {
 			continue
 		}
-		fmt.Printf("  %9.2f µs/req %9.2f calls/req %9.2f µs/call  %s\n", float64(c.Total.Microseconds())/float64(requests),
-			float64(c.Calls)/float64(requests), float64(c.Total.Nanoseconds())/1e3/float64(c.Calls), c.Name)
+		fmt.Printf("  %9.2f µs/req %9.2f calls/req %9.2f µs/call %9.1f µs max  %s\n", float64(c.Total.Microseconds())/float64(requests),
+			float64(c.Calls)/float64(requests), float64(c.Total.Nanoseconds())/1e3/float64(c.Calls), float64(c.Max.Nanoseconds())/1e3, c.Name)
 	}
 }
 
