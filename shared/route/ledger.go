@@ -32,6 +32,7 @@ type Ledger struct {
 	byAt    refList       // every entry, by send time: Expire
 	byPeer  refList       // other VMs' entries, by send time: ExpirePeers
 	byStart refList       // started entries, by start time: DropStarts
+	visits  int           // references Sums and PendingSince have read (tests)
 }
 
 type sent struct {
@@ -243,6 +244,7 @@ func (l *Ledger) Sums(addr string, since time.Time) (correction, pending float64
 	correction = l.sentAfter(a, c)
 	rs := a.starts.live()
 	for i := len(rs) - 1; i >= 0 && rs[i].t > c; i-- {
+		l.visits++
 		if s, ok := l.lookup(rs[i]); ok && !s.started.IsZero() && s.at.UnixNano() <= c {
 			correction -= s.tokens
 		}
@@ -255,6 +257,7 @@ func (l *Ledger) sentAfter(a *addrLedger, c int64) float64 {
 	var sum float64
 	rs := a.sent.live()
 	for i := len(rs) - 1; i >= 0 && rs[i].t > c; i-- {
+		l.visits++
 		if s, ok := l.lookup(rs[i]); ok && s.started.IsZero() {
 			sum += s.tokens
 		}
