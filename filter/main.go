@@ -103,8 +103,10 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 // tables in shared data, and dropping ledger entries of streams that never answered.
 func (p *plugin) OnTick() {
 	now := p.now()
-	p.flushAllReports()
+	// The leader first: it posts its own reports from its buffer (postOwn); the other
+	// VMs, and a leader not posting on this tick, hand theirs to the queue.
 	p.leadTick(now)
+	p.flushAllReports()
 	p.syncTables(now)
 	p.placed.catchUp(p, now)
 	p.placed.flushStarts(p)

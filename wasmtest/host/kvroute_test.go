@@ -717,6 +717,32 @@ func TestKvrouteLeaderKeepsUpWith3200RequestsASecond(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "every placement and outcome reached the control plane")
 }
 
+// The leader posts its own reports from its buffer: none of them goes through the
+// shared queue, whose enqueue and dequeue each copied every item (before, a VM alone
+// enqueued 2 items a tick here and dequeued them back on the same tick). The other VMs'
+// still do (TestKvrouteLeaderTableAndReportsAcrossVMs).
+func TestKvrouteLeaderPostsItsOwnReportsWithoutTheQueue(t *testing.T) {
+	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 1, Clock: clk, Rand: host.SeededRand(5),
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+	clk.Advance(200 * time.Millisecond)
+	req := kvRequest(kvChat(kvSystem[:1024], "where is my parcel"))
+	const ticks, perTick = 10, 300
+	for range ticks {
+		for range perTick {
+			_, err := h.Do(context.Background(), req)
+			require.NoError(t, err)
+		}
+		clk.Advance(100 * time.Millisecond)
+	}
+	require.Eventually(t, func() bool {
+		v, _ := h.Metric("kvroute_reports_sent_total")
+		return v.Value == 2*ticks*perTick
+	}, 5*time.Second, time.Millisecond, "every placement and outcome reached the control plane")
+	assert.Zero(t, h.HostCalls()["env.proxy_enqueue_shared_queue"], "items enqueued")
+}
+
 // In steady state the ticks do not make the guest collect garbage either: a VM's report
 // buffer is reused once the leader has drained it, and the leader reads each queue item
 // into one reused buffer. The module before issue 15 collected 26 times in these 20
