@@ -289,7 +289,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		next := fleet(t, 8, 3, nil, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
 		delta := table.Encode(table.Diff(tb, next))
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, delta)
-		hd, err := decodeHead(readShared(t, rootKeys.head))
+		hd, err := decodeHead(readShared(t, rootKeys.head), nil)
 		require.NoError(t, err)
 		assert.Equal(t, uint64(8), hd.version())
 		assert.Equal(t, uint64(7), hd.base)
@@ -314,7 +314,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		v10 := fleet(t, 10, 3, []uint64{0, 777, 0}, map[uint32][]string{0: {chat(system, "a")}, 2: {chat("other prompt "+system, "c")}})
 		composed := table.Encode(table.Diff(next, v10))
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}}, nil, composed)
-		hd, err = decodeHead(readShared(t, rootKeys.head))
+		hd, err = decodeHead(readShared(t, rootKeys.head), nil)
 		require.NoError(t, err)
 		assert.Equal(t, []uint64{8, 10}, hd.chain)
 		for name, v := range map[string]*view{"from v8": &at8, "from v7": func() *view { v := newView(); return &v }()} {
@@ -330,7 +330,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 		// 304: the table is confirmed current.
 		before := hd.confirmedMs
 		h.serveTable(nil)
-		hd, err = decodeHead(readShared(t, rootKeys.head))
+		hd, err = decodeHead(readShared(t, rootKeys.head), nil)
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, hd.confirmedMs, before)
 		assert.Equal(t, uint64(10), hd.version())
@@ -348,7 +348,7 @@ func TestCorruptTableIsRejectedAndTheOldOneKept(t *testing.T) {
 		h.serveTable(bad)
 		errs, _ := h.GetCounterMetric("kvroute_table_poll_errors_total")
 		assert.Equal(t, uint64(1), errs)
-		hd, err := decodeHead(readShared(t, rootKeys.head))
+		hd, err := decodeHead(readShared(t, rootKeys.head), nil)
 		require.NoError(t, err)
 		assert.Equal(t, uint64(3), hd.version(), "the corrupt version is not published")
 		_, hs := h.send(request{body: `not json`})

@@ -2,7 +2,12 @@
 
 package main
 
-import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+import (
+	"strings"
+
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+)
 
 // Natively the SDK's emulator answers the SDK's calls, and returns its own memory: the
 // buffer is not used (hostmem.go).
@@ -13,6 +18,20 @@ func (b *hostBuf) requestHeader(key string) (string, error) {
 
 func (b *hostBuf) responseHeader(key string) (string, error) {
 	return proxywasm.GetHttpResponseHeader(key)
+}
+
+// callResponseHeader: the SDK has no single-header read for a call's response.
+func (b *hostBuf) callResponseHeader(key string) (string, error) {
+	hs, err := proxywasm.GetHttpCallResponseHeaders()
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hs {
+		if strings.EqualFold(h[0], key) {
+			return h[1], nil
+		}
+	}
+	return "", types.ErrorStatusNotFound
 }
 
 func (b *hostBuf) requestBody(size int) ([]byte, error) {

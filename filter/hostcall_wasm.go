@@ -64,10 +64,11 @@ func hostGetProperty(path *byte, pathSize int32, value unsafe.Pointer, valueSize
 
 // The ABI's map and buffer types (proxywasm/internal/abi_enums.go).
 const (
-	mapRequestHeaders  = 0
-	mapResponseHeaders = 2
-	bufRequestBody     = 0
-	bufResponseBody    = 1
+	mapRequestHeaders      = 0
+	mapResponseHeaders     = 2
+	mapCallResponseHeaders = 6
+	bufRequestBody         = 0
+	bufResponseBody        = 1
 )
 
 // out receives a call's results. data is a pointer as the SDK's is (its upper half stays
@@ -110,6 +111,11 @@ func (b *hostBuf) requestHeader(key string) (string, error) {
 
 func (b *hostBuf) responseHeader(key string) (string, error) {
 	return b.header(mapResponseHeaders, key)
+}
+
+// callResponseHeader reads a header of the http-call response being delivered.
+func (b *hostBuf) callResponseHeader(key string) (string, error) {
+	return b.header(mapCallResponseHeaders, key)
 }
 
 // buffer is getBuffer's answer: an empty buffer is not found.

@@ -36,7 +36,9 @@ type leader struct {
 	pollSent       time.Time
 	failedPolls    int
 	item           hostBuf // the report queue item being posted (reports.go nextItem)
-	reportCalls    int     // report posts outstanding
+	// The calls' headers, made once (a poll changes its :path): the ticks make no garbage.
+	pollHdrs, reportHdrs [][2]string
+	reportCalls          int // report posts outstanding
 }
 
 func newLeader(cfg *api.ControlPlane, tickMs int) leader {
@@ -59,7 +61,7 @@ func (p *plugin) leaseTTL() time.Duration {
 
 // leadTick takes or renews the lease and, holding it, runs every shard's schedule.
 func (p *plugin) leadTick(now time.Time) {
-	p.isLeader = tryLease(p.vmID, now, p.leaseTTL())
+	p.isLeader = p.tryLease(now, p.leaseTTL())
 	if !p.isLeader {
 		return
 	}
@@ -91,21 +93,21 @@ func (l *leader) tick(p *plugin, s *shard) {
 	}
 }
 
-func tryLease(me uint64, now time.Time, ttl time.Duration) bool {
-	b, cas, err := proxywasm.GetSharedData(leaseKey)
+func (p *plugin) tryLease(now time.Time, ttl time.Duration) bool {
+	b, cas, err := p.mem.value.sharedData(leaseKey)
 	if err != nil && err != types.ErrorStatusNotFound {
 		return false
 	}
 	if err == nil && len(b) == 16 {
 		owner := binary.LittleEndian.Uint64(b)
 		expires := int64(binary.LittleEndian.Uint64(b[8:]))
-		if owner != me && now.UnixMilli() < expires {
+		if owner != p.vmID && now.UnixMilli() < expires {
 			return false
 		}
 	}
-	v := binary.LittleEndian.AppendUint64(nil, me)
-	v = binary.LittleEndian.AppendUint64(v, uint64(now.Add(ttl).UnixMilli()))
-	return proxywasm.SetSharedData(leaseKey, v, cas) == nil
+	binary.LittleEndian.PutUint64(p.leaseBuf[:8], p.vmID)
+	binary.LittleEndian.PutUint64(p.leaseBuf[8:], uint64(now.Add(ttl).UnixMilli()))
+	return proxywasm.SetSharedData(leaseKey, p.leaseBuf[:], cas) == nil
 }
 
 func (s *shard) callHeaders(method, path string) [][2]string {
@@ -129,12 +131,15 @@ func (l *leader) poll(p *plugin, s *shard) {
 	if l.waitMs > 0 {
 		path += "&wait_ms=" + strconv.Itoa(l.waitMs)
 	}
-	// The formats header asks for the slower KV tiers (table format 2); a control plane
-	// that does not know it answers format 1, which this build reads too.
-	hdrs := append(s.callHeaders("GET", path), [2]string{"accept", api.TableContentType},
-		[2]string{api.TableFormatsHeader, api.TableFormats})
+	if l.pollHdrs == nil {
+		// The formats header asks for the slower KV tiers (table format 2); a control
+		// plane that does not know it answers format 1, which this build reads too.
+		l.pollHdrs = append(s.callHeaders("GET", ""), [2]string{"accept", api.TableContentType},
+			[2]string{api.TableFormatsHeader, api.TableFormats})
+	}
+	l.pollHdrs[1][1] = path // callHeaders' :path
 	l.pollSent = p.now()
-	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, nil, nil,
+	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, l.pollHdrs, nil, nil,
 		uint32(s.cp.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, s, have, bodySize) })
 	p.metrics.polls.Increment(1)
 	if err != nil {
@@ -165,7 +170,7 @@ func (l *leader) pollFailed(p *plugin, s *shard, err error) {
 func (l *leader) onTable(p *plugin, s *shard, asked uint64, bodySize int) {
 	l.pollBusy = 0
 	now := p.now()
-	status, age := callStatus()
+	status, age := p.callStatus()
 	// The version's queue numbers are as old as the version: date the table from when
 	// the control plane built it, so the ledger counts every send the snapshot missed.
 	built := now.Add(-age)
@@ -249,7 +254,10 @@ func (l *leader) postReports(p *plugin, s *shard) {
 		return
 	}
 	flushed := p.readCount(s.keys.flushed)
-	hdrs := append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	if l.reportHdrs == nil {
+		l.reportHdrs = append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	}
+	hdrs := l.reportHdrs
 	for posts := l.postOwn(p, s, hdrs); ; posts++ {
 		if posts >= maxPostsPerTick {
 			return // the rest on the next tick
@@ -303,7 +311,7 @@ func (l *leader) post(p *plugin, s *shard, hdrs [][2]string, batch []byte, count
 			if l.reportCalls == 0 {
 				l.reportBusy = 0
 			}
-			if s, _ := callStatus(); s >= 200 && s < 300 {
+			if s, _ := p.callStatus(); s >= 200 && s < 300 {
 				p.metrics.reportsSent.Increment(n)
 			} else {
 				// Reports are hints; a lost batch costs prediction quality, not requests.
@@ -320,21 +328,22 @@ func (l *leader) post(p *plugin, s *shard, hdrs [][2]string, batch []byte, count
 
 // callStatus is the :status of the current http-call response (0 when the call failed:
 // Envoy delivers no headers then) and the table age header, if any (0 otherwise, and at
-// most a minute: an absurd value must not make every table look stale forever).
-func callStatus() (status int, age time.Duration) {
-	hs, err := proxywasm.GetHttpCallResponseHeaders()
+// most a minute: an absurd value must not make every table look stale forever). It reads
+// the two headers into the VM's value buffer: the SDK's map of every header was four
+// allocations a call, garbage on the leader's tick.
+func (p *plugin) callStatus() (status int, age time.Duration) {
+	v, err := p.mem.value.callResponseHeader(":status")
 	if err != nil {
 		return 0, 0
 	}
-	for _, h := range hs {
-		switch {
-		case h[0] == ":status":
-			status, _ = strconv.Atoi(h[1])
-		case strings.EqualFold(h[0], api.TableAgeHeader):
-			if ms, err := strconv.ParseInt(h[1], 10, 64); err == nil && ms > 0 {
-				age = min(time.Duration(ms)*time.Millisecond, time.Minute)
-			}
+	status, _ = strconv.Atoi(v)
+	if v, err := p.mem.value.callResponseHeader(tableAgeHeader); err == nil {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+			age = min(time.Duration(ms)*time.Millisecond, time.Minute)
 		}
 	}
 	return status, age
 }
+
+// tableAgeHeader is api.TableAgeHeader as hosts keep header names: lower case.
+var tableAgeHeader = strings.ToLower(api.TableAgeHeader)

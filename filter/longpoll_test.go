@@ -80,7 +80,7 @@ func TestLongPollAsksAgainAsSoonAsAVersionArrives(t *testing.T) {
 		ps = h.polls()
 		require.Len(t, ps, 3)
 		assert.Equal(t, api.TablePath+"?version=4&wait_ms=1000", pathOf(ps[2]))
-		hd, err := decodeHead(readShared(t, rootKeys.head))
+		hd, err := decodeHead(readShared(t, rootKeys.head), nil)
 		require.NoError(t, err)
 		assert.Equal(t, uint64(4), hd.version(), "published before asking again")
 

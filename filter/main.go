@@ -66,6 +66,7 @@ type plugin struct {
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
 	names    names         // tenants, model headers and upstream addresses kept
 	countBuf [8]byte       // a count being written to shared data (reports.go)
+	leaseBuf [16]byte      // the lease being written to shared data (leader.go)
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {

@@ -116,7 +116,7 @@ func TestConfigWithoutShardsKeepsItsKeysAndControlPlane(t *testing.T) {
 		h := start(t, vm, testConfig)
 		body := chat(system, "q")
 		h.serveTable(table.EncodeFull(fleet(t, 3, 3, nil, map[uint32][]string{1: {body}})))
-		hd, err := decodeHead(readShared(t, "kvroute/head"))
+		hd, err := decodeHead(readShared(t, "kvroute/head"), nil)
 		require.NoError(t, err)
 		assert.Equal(t, uint64(3), hd.version())
 		readShared(t, fmt.Sprintf("kvroute/base/%d/0", hd.baseSlot))
@@ -163,7 +163,7 @@ func TestShardedRequestsRouteOnTheirModelsShard(t *testing.T) {
 
 		// Each shard's table in its own keys; none in the unsharded ones.
 		for name, v := range map[string]uint64{"llama": 5, "qwen": 40} {
-			hd, err := decodeHead(readShared(t, "kvroute/shard/"+name+"/head"))
+			hd, err := decodeHead(readShared(t, "kvroute/shard/"+name+"/head"), nil)
 			require.NoError(t, err)
 			assert.Equal(t, v, hd.version(), name)
 			assert.Equal(t, v, gauge(h, "kvroute_shard_"+name+"_table_version"), name)
@@ -223,7 +223,7 @@ func TestOneShardDownLeavesTheOtherFresh(t *testing.T) {
 		h.round(cps)
 		qwen.status = 0 // down: Envoy resets the calls
 		llamaHead := func() int64 {
-			hd, err := decodeHead(readShared(t, "kvroute/shard/llama/head"))
+			hd, err := decodeHead(readShared(t, "kvroute/shard/llama/head"), nil)
 			require.NoError(t, err)
 			return hd.confirmedMs
 		}

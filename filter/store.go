@@ -43,6 +43,11 @@ const (
 type keys struct {
 	prefix, head, queue string
 	flushed, drained    string
+	// The head is read and written on every VM's tick: into these, reused, so that the
+	// ticks make no garbage (each collection's marking lands in a tick or a request).
+	buf   hostBuf
+	chain []uint64
+	enc   []byte
 }
 
 // rootKeys are the control_plane block's: the keys of a filter without shards.
@@ -54,7 +59,8 @@ func newKeys(shard string) keys {
 		p += "shard/" + shard + "/"
 	}
 	return keys{prefix: p, head: p + "head", queue: p + reportQueue,
-		flushed: p + "reports/flushed", drained: p + "reports/drained"}
+		flushed: p + "reports/flushed", drained: p + "reports/drained",
+		buf: hostBuf{keep: headFixed + 8*deltaRing}}
 }
 
 func (k *keys) base(slot byte, i int) string { return fmt.Sprintf("%sbase/%d/%d", k.prefix, slot, i) }
@@ -89,8 +95,8 @@ func (h head) after(v uint64) int {
 	return -1
 }
 
-func (h head) encode() []byte {
-	b := make([]byte, 0, headFixed+8*len(h.chain))
+// encode appends h's bytes to b.
+func (h head) encode(b []byte) []byte {
 	b = append(b, headMagic...)
 	b = binary.LittleEndian.AppendUint64(b, h.base)
 	b = append(b, h.baseSlot)
@@ -103,7 +109,8 @@ func (h head) encode() []byte {
 	return b
 }
 
-func decodeHead(b []byte) (head, error) {
+// decodeHead decodes b; the chain is appended to chain[:0].
+func decodeHead(b []byte, chain []uint64) (head, error) {
 	if len(b) < headFixed || string(b[:4]) != headMagic {
 		return head{}, errors.New("kvroute/head: unknown format")
 	}
@@ -112,6 +119,7 @@ func decodeHead(b []byte) (head, error) {
 		baseSlot:    b[12],
 		baseChunks:  binary.LittleEndian.Uint32(b[13:]),
 		confirmedMs: int64(binary.LittleEndian.Uint64(b[17:])),
+		chain:       chain[:0],
 	}
 	n := int(b[25])
 	if h.baseSlot > 1 || n >= deltaRing || len(b) != headFixed+8*n {
@@ -128,13 +136,21 @@ func decodeHead(b []byte) (head, error) {
 	return h, nil
 }
 
+// readHead reads the head; its chain is valid until the next readHead.
 func (k *keys) readHead() (head, uint32, error) {
-	b, cas, err := proxywasm.GetSharedData(k.head)
+	b, cas, err := k.buf.sharedData(k.head)
 	if err != nil {
 		return head{}, cas, err
 	}
-	h, err := decodeHead(b)
+	h, err := decodeHead(b, k.chain)
+	k.chain = h.chain
 	return h, cas, err
+}
+
+// writeHead writes h with cas.
+func (k *keys) writeHead(h head, cas uint32) error {
+	k.enc = h.encode(k.enc[:0])
+	return proxywasm.SetSharedData(k.head, k.enc, cas)
 }
 
 // view is one VM's decoded copy of the table.
@@ -260,7 +276,7 @@ func (k *keys) publishFull(frame []byte, version uint64, confirmed time.Time) er
 		n++
 	}
 	h := head{base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli()}
-	return proxywasm.SetSharedData(k.head, h.encode(), cas)
+	return k.writeHead(h, cas)
 }
 
 // publishDelta writes a delta as the next link of the chain and advances the head.
@@ -281,7 +297,7 @@ func (k *keys) publishDelta(frame []byte, f *table.Frame, confirmed time.Time) e
 	}
 	h.chain = append(h.chain, f.Version)
 	h.confirmedMs = confirmed.UnixMilli()
-	return proxywasm.SetSharedData(k.head, h.encode(), cas)
+	return k.writeHead(h, cas)
 }
 
 var errRingFull = errors.New("delta ring full")
@@ -293,7 +309,7 @@ func (k *keys) confirm(now time.Time) {
 		return
 	}
 	h.confirmedMs = now.UnixMilli()
-	_ = proxywasm.SetSharedData(k.head, h.encode(), cas)
+	_ = k.writeHead(h, cas)
 }
 
 // put overwrites a key. Envoy treats cas 0 as "unconditional"; hosts that insist on the
