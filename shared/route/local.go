@@ -26,23 +26,29 @@ type Local struct {
 	models map[string]*localModel
 	addrs  []string
 	addrID map[string]uint16
-	log    []localPlacement // in the order added (times non-decreasing in practice)
+	// The log and the arena are rings addressed by absolute numbers that only grow, so
+	// nothing is ever moved down as placements expire: placement i is log[i&(len-1)],
+	// the key at position p is arena[p&(len-1)], and ways name absolute positions. A
+	// ring grows (doubles, copying what is live) only when what is live does not fit.
+	// Until issue 15 they were slices compacted every ~1,000 dropped placements, a copy
+	// of everything live inside one tick: 350-430 us in the guest every 11th tick of the
+	// leader-tick benchmark, up to 1 ms.
+	log   []localPlacement // in the order added (times non-decreasing in practice)
+	arena []uint64         // the log's keys, in the log's order: log[i] holds positions off..off+n-1
+	// held has bit p set (in ring order) while an entry's way names position p (its
+	// placement holds the key): dropping a placement touches the map only for those,
+	// and skips whole placements whose keys later ones all renewed.
+	held []uint64
 	// Expiry is in two steps so that no call walks everything: Prune only moves live
 	// past the expired placements (a comparison each), which hides their holds from
 	// match at once (ways before cut); the map work of dropping them is done oldest
 	// first, at most localPruneBudget units a call, from head (key scan of log[head]).
-	head  int // the first placement whose holds are not all dropped
-	scan  int // where dropping resumes, in arena (within log[head])
-	live  int // the first placement not expired; head <= live
-	cut   int64
-	arena []uint64 // the log's keys, in the log's order: log[i].keys is arena[off:off+n]
-	// held has bit i set while an entry's way names arena[i] (its placement holds the
-	// key): dropping a placement touches the map only for those, and skips whole
-	// placements whose keys later ones all renewed.
-	held   []uint64
-	base   int64 // the position of arena[0] (a multiple of 64): ways name absolute positions
-	keys   int
-	depths []localDepth
+	head, live, end int   // placement numbers: head <= live <= end
+	scan            int64 // where dropping resumes (a position within log[head])
+	lo, hi          int64 // the positions in use: from log[head]'s first to the next free
+	cut             int64
+	keys            int
+	depths          []localDepth
 }
 
 // DefaultLocal bounds: 32,768 keys (about 260 prompts of 8,000 tokens at the default
@@ -105,10 +111,11 @@ type localEntry struct {
 }
 
 type localPlacement struct {
-	m      *localModel
-	off, n int // the keys, in arena
-	addr   uint16
-	atMs   int64
+	m    *localModel
+	off  int64 // the position of its first key
+	n    int
+	addr uint16
+	atMs int64
 }
 
 type localDepth struct {
@@ -140,14 +147,15 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		l.addrs = append(l.addrs, addr)
 		l.addrID[addr] = id
 	}
-	start := len(l.arena)
-	l.log = append(l.log, localPlacement{m, start, len(keys), id, at.UnixMilli()})
-	l.arena = append(l.arena, keys...)
-	for len(l.held)*64 < len(l.arena) {
-		l.held = append(l.held, 0)
-	}
+	l.reserve(len(keys))
+	start := l.hi
+	*l.placement(l.end) = localPlacement{m, start, len(keys), id, at.UnixMilli()}
+	l.end++
+	l.hi += int64(len(keys))
+	amask := int64(len(l.arena) - 1)
 	for i, k := range keys {
-		j := start + i
+		j := start + int64(i)
+		l.arena[j&amask] = k
 		e, added := m.entry(k)
 		if added {
 			l.keys++
@@ -174,10 +182,10 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 			}
 			l.unhold(e.pos[w])
 		}
-		e.addr[w], e.pos[w] = id, l.base+int64(j)
-		l.held[j>>6] |= 1 << (j & 63)
+		e.addr[w], e.pos[w] = id, j
+		l.setHeld(j)
 	}
-	for l.keys > l.MaxKeys && l.head < len(l.log) {
+	for l.keys > l.MaxKeys && l.head < l.end {
 		l.drop(l.head+1, int(^uint(0)>>1)) // the oldest placement, whole
 		if l.live < l.head {
 			l.live = l.head
@@ -196,7 +204,7 @@ func (l *Local) Prune(confirmed, now time.Time) {
 		cutoff = max(cutoff, confirmed.Add(-l.Settle).UnixMilli())
 	}
 	live := l.live
-	for l.live < len(l.log) && l.log[l.live].atMs < cutoff {
+	for l.live < l.end && l.placement(l.live).atMs < cutoff {
 		l.live++
 	}
 	if l.live != live {
@@ -215,26 +223,71 @@ func (l *Local) Clear() {
 
 // reset empties the log and the arena (no key is held).
 func (l *Local) reset() {
-	l.base += int64(len(l.held) * 64)
 	clear(l.log)
 	clear(l.held)
-	l.log, l.arena, l.held, l.head, l.scan, l.live = l.log[:0], l.arena[:0], l.held[:0], 0, 0, 0
-	l.cut = l.base
+	l.head, l.live, l.end = 0, 0, 0
+	l.lo, l.scan = l.hi, l.hi
+	l.cut = l.hi
 }
 
-// setCut moves cut to the first key of log[live]: ways before it are expired.
-func (l *Local) setCut() {
-	if l.live < len(l.log) {
-		l.cut = l.base + int64(l.log[l.live].off)
-	} else {
-		l.cut = l.base + int64(len(l.arena))
+// placement returns placement number i's slot in the log ring.
+func (l *Local) placement(i int) *localPlacement { return &l.log[i&(len(l.log)-1)] }
+
+// reserve makes room in the rings for one more placement of n keys.
+func (l *Local) reserve(n int) {
+	if l.end-l.head == len(l.log) {
+		old := l.log
+		l.log = make([]localPlacement, max(2*len(old), 256))
+		for i := l.head; i < l.end; i++ {
+			l.log[i&(len(l.log)-1)] = old[i&(len(old)-1)]
+		}
+	}
+	need := l.hi + int64(n) - l.lo
+	if need <= int64(len(l.arena)) {
+		return
+	}
+	size := max(len(l.arena), 1024)
+	for int64(size) < need {
+		size *= 2
+	}
+	arena, held := make([]uint64, size), make([]uint64, size/64)
+	copyRing(arena, l.arena, l.lo, l.hi)
+	if l.lo < l.hi {
+		copyRing(held, l.held, l.lo>>6, (l.hi-1)>>6+1) // bits outside lo..hi are 0
+	}
+	l.arena, l.held = arena, held
+}
+
+// copyRing copies the elements from..to-1 (absolute numbers) of ring src into ring dst,
+// in runs that wrap neither.
+func copyRing(dst, src []uint64, from, to int64) {
+	for i := from; i < to; {
+		s, d := i&int64(len(src)-1), i&int64(len(dst)-1)
+		n := min(to-i, int64(len(src))-s, int64(len(dst))-d)
+		copy(dst[d:d+n], src[s:s+n])
+		i += n
 	}
 }
 
-// unhold clears the held bit of the key at absolute position pos.
+// The held bit of position p (in use: lo <= p < hi).
+func (l *Local) heldWord(p int64) *uint64 { return &l.held[(p>>6)&int64(len(l.held)-1)] }
+func (l *Local) setHeld(p int64)          { *l.heldWord(p) |= 1 << (p & 63) }
+
+// setCut moves cut to the first key of log[live]: ways before it are expired.
+func (l *Local) setCut() {
+	if l.live < l.end {
+		l.cut = l.placement(l.live).off
+	} else {
+		l.cut = l.hi
+	}
+}
+
+// unhold clears the held bit of the key at position pos. Ways name positions of
+// placements not dropped yet; the range check keeps a broken invariant from clearing the
+// bit of another position in the same ring slot.
 func (l *Local) unhold(pos int64) {
-	if j := pos - l.base; j >= 0 && j < int64(len(l.arena)) {
-		l.held[j>>6] &^= 1 << (j & 63)
+	if pos >= l.lo && pos < l.hi {
+		*l.heldWord(pos) &^= 1 << (pos & 63)
 	}
 }
 
@@ -243,57 +296,53 @@ func (l *Local) unhold(pos int64) {
 // scanned); it resumes where the last call stopped.
 func (l *Local) drop(upto, budget int) {
 	for l.head < upto {
-		p := &l.log[l.head]
-		i, end := max(l.scan, p.off), p.off+p.n
+		p := l.placement(l.head)
+		i, end := max(l.scan, p.off), p.off+int64(p.n)
 		for i < end {
 			if budget <= 0 {
 				l.scan = i
 				return
 			}
 			budget--
-			w := i >> 6
-			lim := min(end, (w+1)<<6)
-			hw := l.held[w] >> (i & 63)
+			lim := min(end, (i|63)+1) // the end of i's word
+			hw := *l.heldWord(i) >> (i & 63)
 			if lim-i < 64 {
 				hw &= 1<<(lim-i) - 1
 			}
 			for hw != 0 {
 				if budget <= 0 {
-					l.scan = i + bits.TrailingZeros64(hw)
+					l.scan = i + int64(bits.TrailingZeros64(hw))
 					return
 				}
 				budget--
-				t := bits.TrailingZeros64(hw)
+				t := int64(bits.TrailingZeros64(hw))
 				l.release(p.m, i+t)
 				hw &= hw - 1
 			}
 			i = lim
 		}
-		l.log[l.head] = localPlacement{}
+		*p = localPlacement{}
 		l.head++
-		l.scan = 0
-		if l.head == len(l.log) {
+		if l.head == l.end {
 			l.reset()
 			return
 		}
-		if l.head > 1024 && l.head*2 > len(l.log) {
-			upto -= l.head // compact moves the log down by head
-			l.compact()
-		}
+		l.lo = l.placement(l.head).off
+		l.scan = l.lo
 	}
 }
 
-// release drops the way of the entry for arena[j] that names position j.
-func (l *Local) release(m *localModel, j int) {
-	l.held[j>>6] &^= 1 << (j & 63)
-	k, pos := l.arena[j], l.base+int64(j)
+// release drops the way of the entry for the key at position j that names j.
+func (l *Local) release(m *localModel, j int64) {
+	*l.heldWord(j) &^= 1 << (j & 63)
+	k := l.arena[j&int64(len(l.arena)-1)]
 	idx, ok := m.entries[k]
 	if !ok {
 		return
 	}
 	e := &m.slots[idx]
 	for i := 0; i < int(e.n); i++ {
-		if e.pos[i] == pos {
+		if e.pos[i] == j {
 			e.n--
 			e.addr[i], e.pos[i] = e.addr[e.n], e.pos[e.n]
 			e.addr[e.n], e.pos[e.n] = 0, 0
@@ -305,24 +354,6 @@ func (l *Local) release(m *localModel, j int) {
 		m.free = append(m.free, idx)
 		l.keys--
 	}
-}
-
-// compact moves the log from head, and the arena from its first word, to the front.
-func (l *Local) compact() {
-	n := copy(l.log, l.log[l.head:])
-	clear(l.log[n:])
-	// live may trail head here (Add's bound drops placements before raising it).
-	l.log, l.live, l.head = l.log[:n], max(l.live-l.head, 0), 0
-	c := l.log[0].off &^ 63
-	l.arena = l.arena[:copy(l.arena, l.arena[c:])]
-	w := copy(l.held, l.held[c>>6:])
-	clear(l.held[w:])
-	l.held = l.held[:w]
-	l.base += int64(c)
-	for i := range l.log {
-		l.log[i].off -= c
-	}
-	l.setCut()
 }
 
 // match raises matched[i] (blocks of c held by m's replica i) to what this proxy placed.

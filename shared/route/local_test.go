@@ -70,8 +70,8 @@ func TestLocalPruneIsIncremental(t *testing.T) {
 		l.Prune(time.Time{}, t0.Add(l.MaxAge+time.Second))
 	}
 	assert.Zero(t, l.Len())
-	assert.Empty(t, l.log)
-	assert.Empty(t, l.arena)
+	assert.Zero(t, l.end-l.head, "placements")
+	assert.Equal(t, l.lo, l.hi, "positions in use")
 	assert.Empty(t, l.models["llama"].entries)
 }
 
@@ -88,7 +88,7 @@ func TestLocalPruneSkipsRenewedPlacements(t *testing.T) {
 		l.Prune(t0.Add(l.Settle+4999*time.Millisecond), t0.Add(5*time.Second))
 	}
 	assert.Equal(t, 125, l.Len())
-	assert.Equal(t, 1, len(l.log)-l.head, "one placement left")
+	assert.Equal(t, 1, l.end-l.head, "one placement left")
 	for _, k := range keys {
 		assert.Equal(t, []string{"10.0.0.1:8000"}, localVisible(l, "llama", k))
 	}
@@ -132,6 +132,9 @@ func TestLocalMatchesReference(t *testing.T) {
 			}
 		} else {
 			from, n := rng.IntN(2000), 1+rng.IntN(300)
+			if rng.IntN(150) == 0 {
+				n = 2000 + rng.IntN(6000) // grows the rings, often while they have wrapped
+			}
 			p := placement{localKeys(from, n), addrs[rng.IntN(len(addrs))], now}
 			ref = append(ref, p)
 			l.Add("llama", p.keys, p.addr, p.at)
@@ -160,14 +163,21 @@ func TestLocalMatchesReference(t *testing.T) {
 			require.Equal(t, w, localVisible(l, "llama", k), "step %d key %d", step, i)
 		}
 	}
+	// Once everything has expired every key is dropped: a hold released by mistake (a
+	// stale way clearing the held bit of a reused ring slot) would leave its key behind.
+	for range 1000 {
+		l.Prune(now.Add(time.Hour), now.Add(time.Hour))
+	}
+	assert.Zero(t, l.Len())
+	assert.Empty(t, l.models["llama"].entries)
 }
 
-// Past MaxKeys, Add drops the oldest placements whole; once more than 1,024 have gone the
-// log is compacted inside that drop. The drop's bound was not moved with the log, and
-// compact took live-head while live still trailed head: the V8 host's 20,000-request run
+// Past MaxKeys, Add drops the oldest placements whole. When the log was a slice compacted
+// inside that drop, the drop's bound was not moved with the log, and compact took
+// live-head while live still trailed head: the V8 host's 20,000-request run
 // (wasmtest/v8host) died at request 2,064 with an index out of range in Local.compact
 // (setCut on log[-1]). Thousands of placements of new prefixes past the bound must simply
-// keep the newest ones.
+// keep the newest ones (the log and the arena are rings now, wrapping many times here).
 func TestLocalBoundSurvivesCompaction(t *testing.T) {
 	l := NewLocal()
 	r := rand.New(rand.NewPCG(1, 2))
@@ -190,6 +200,11 @@ func TestLocalBoundSurvivesCompaction(t *testing.T) {
 	}
 	if _, ok := l.models["m"].entries[last[len(last)-1]]; !ok {
 		t.Fatal("the newest placement was dropped")
+	}
+	// The rings hold what is live (at most MaxKeys keys of placements that renew nothing,
+	// plus one placement) and are powers of two: the arena never needs more than 2^16.
+	if len(l.arena) > 1<<16 || len(l.log) > 1024 {
+		t.Fatalf("rings of %d positions and %d placements for %d keys", len(l.arena), len(l.log), l.keys)
 	}
 }
 
