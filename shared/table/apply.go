@@ -161,4 +161,5 @@ func (e *entries) loadSorted(u *Entries) {
 		e.sets[i] = e.pool.intern(s)
 	}
 	e.live = len(e.keys)
+	e.buildIndex()
 }
