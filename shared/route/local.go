@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/keymap"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -80,14 +81,14 @@ const localWays = 4
 // 48-byte entry, each copying it (BenchmarkLocalAdd: 2.4 times as long under wasm, 2 times
 // natively).
 type localModel struct {
-	entries map[uint64]int32
+	entries keymap.Map[int32]
 	slots   []localEntry
 	free    []int32 // slots of dropped keys
 }
 
 // entry returns the entry of k, made if new (and whether it was).
 func (m *localModel) entry(k uint64) (*localEntry, bool) {
-	if i, ok := m.entries[k]; ok {
+	if i, ok := m.entries.Get(k); ok {
 		return &m.slots[i], false
 	}
 	var i int32
@@ -97,7 +98,7 @@ func (m *localModel) entry(k uint64) (*localEntry, bool) {
 		i = int32(len(m.slots))
 		m.slots = append(m.slots, localEntry{})
 	}
-	m.entries[k] = i
+	m.entries.Set(k, i)
 	return &m.slots[i], true
 }
 
@@ -135,7 +136,7 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	}
 	m := l.models[model]
 	if m == nil {
-		m = &localModel{entries: map[uint64]int32{}}
+		m = &localModel{}
 		l.models[model] = m
 	}
 	id, ok := l.addrID[addr]
@@ -336,7 +337,7 @@ func (l *Local) drop(upto, budget int) {
 func (l *Local) release(m *localModel, j int64) {
 	*l.heldWord(j) &^= 1 << (j & 63)
 	k := l.arena[j&int64(len(l.arena)-1)]
-	idx, ok := m.entries[k]
+	idx, ok := m.entries.Get(k)
 	if !ok {
 		return
 	}
@@ -350,7 +351,7 @@ func (l *Local) release(m *localModel, j int64) {
 		}
 	}
 	if e.n == 0 {
-		delete(m.entries, k)
+		m.entries.Delete(k)
 		m.free = append(m.free, idx)
 		l.keys--
 	}
@@ -361,13 +362,13 @@ func (l *Local) release(m *localModel, j int64) {
 // one: the walk stops at the first miss.
 func (l *Local) match(m *table.Model, c *Chain, matched []int) {
 	lm := l.models[m.Name]
-	if lm == nil || len(lm.entries) == 0 {
+	if lm == nil || lm.entries.Len() == 0 {
 		return
 	}
 	stride := max(int(m.Config.Stride), 1)
 	l.depths = l.depths[:0]
 	for i := stride - 1; i < len(c.Keys); i += stride {
-		idx, ok := lm.entries[c.Keys[i]]
+		idx, ok := lm.entries.Get(c.Keys[i])
 		if !ok {
 			break
 		}

@@ -16,7 +16,7 @@ func localVisible(l *Local, model string, key uint64) []string {
 	if m == nil {
 		return nil
 	}
-	i, ok := m.entries[key]
+	i, ok := m.entries.Get(key)
 	if !ok {
 		return nil
 	}
@@ -72,7 +72,7 @@ func TestLocalPruneIsIncremental(t *testing.T) {
 	assert.Zero(t, l.Len())
 	assert.Zero(t, l.end-l.head, "placements")
 	assert.Equal(t, l.lo, l.hi, "positions in use")
-	assert.Empty(t, l.models["llama"].entries)
+	assert.Zero(t, l.models["llama"].entries.Len())
 }
 
 // Placements whose keys later ones renewed cost a word scan, not a map operation each.
@@ -169,7 +169,7 @@ func TestLocalMatchesReference(t *testing.T) {
 		l.Prune(now.Add(time.Hour), now.Add(time.Hour))
 	}
 	assert.Zero(t, l.Len())
-	assert.Empty(t, l.models["llama"].entries)
+	assert.Zero(t, l.models["llama"].entries.Len())
 }
 
 // Past MaxKeys, Add drops the oldest placements whole. When the log was a slice compacted
@@ -198,7 +198,7 @@ func TestLocalBoundSurvivesCompaction(t *testing.T) {
 			t.Fatalf("placement %d: %d keys held, bound %d", i, l.keys, l.MaxKeys)
 		}
 	}
-	if _, ok := l.models["m"].entries[last[len(last)-1]]; !ok {
+	if _, ok := l.models["m"].entries.Get(last[len(last)-1]); !ok {
 		t.Fatal("the newest placement was dropped")
 	}
 	// The rings hold what is live (at most MaxKeys keys of placements that renew nothing,

@@ -7,13 +7,15 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"slices"
+
+	"github.com/kvroute/kvroute/shared/keymap"
 )
 
 // entries: sorted base arrays plus an overlay of changes since the last merge.
 type entries struct {
-	keys []uint64          // sorted, unique
-	sets []uint32          // set id per key
-	over map[uint64]uint32 // newer value per key; tombstone = removed
+	keys []uint64           // sorted, unique
+	sets []uint32           // set id per key
+	over keymap.Map[uint32] // newer value per key; tombstone = removed
 	pool setPool
 	// live counts keys that exist (base minus tombstoned plus overlay-only).
 	live int
@@ -26,7 +28,7 @@ type entries struct {
 const tombstone = ^uint32(0)
 
 func (e *entries) reset() {
-	e.keys, e.sets, e.over, e.live, e.index = nil, nil, nil, 0, nil
+	e.keys, e.sets, e.over, e.live, e.index = nil, nil, keymap.Map[uint32]{}, 0, nil
 	e.pool = setPool{}
 }
 
@@ -77,10 +79,8 @@ func (e *entries) base(key uint64) (uint32, bool) {
 }
 
 func (e *entries) get(key uint64) (uint32, bool) {
-	if e.over != nil {
-		if id, ok := e.over[key]; ok {
-			return id, id != tombstone
-		}
+	if id, ok := e.over.Get(key); ok {
+		return id, id != tombstone
 	}
 	return e.base(key)
 }
@@ -90,10 +90,7 @@ func (e *entries) upsert(key uint64, slots []uint32) {
 	if !existed {
 		e.live++
 	}
-	if e.over == nil {
-		e.over = map[uint64]uint32{}
-	}
-	e.over[key] = e.pool.intern(slots)
+	e.over.Set(key, e.pool.intern(slots))
 	e.maybeCompact()
 }
 
@@ -103,12 +100,9 @@ func (e *entries) remove(key uint64) {
 	}
 	e.live--
 	if _, inBase := e.base(key); inBase {
-		if e.over == nil {
-			e.over = map[uint64]uint32{}
-		}
-		e.over[key] = tombstone
+		e.over.Set(key, tombstone)
 	} else {
-		delete(e.over, key)
+		e.over.Delete(key)
 	}
 	e.maybeCompact()
 }
@@ -116,17 +110,17 @@ func (e *entries) remove(key uint64) {
 // maybeCompact merges the overlay once it is a quarter of the base: lookups stay one
 // map probe plus a binary search, and a merge costs O(n) only every n/4 changes.
 func (e *entries) maybeCompact() {
-	if len(e.over) > 4096 && len(e.over) > len(e.keys)/4 {
+	if e.over.Len() > 4096 && e.over.Len() > len(e.keys)/4 {
 		e.compact()
 	}
 }
 
 func (e *entries) compact() {
-	if len(e.over) == 0 {
+	if e.over.Len() == 0 {
 		return
 	}
-	ov := make([]uint64, 0, len(e.over))
-	for k := range e.over {
+	ov := make([]uint64, 0, e.over.Len())
+	for k := range e.over.All() {
 		ov = append(ov, k)
 	}
 	slices.Sort(ov)
@@ -149,13 +143,13 @@ func (e *entries) compact() {
 			if i < len(e.keys) && e.keys[i] == k {
 				i++
 			}
-			if id := e.over[k]; id != tombstone {
+			if id, _ := e.over.Get(k); id != tombstone {
 				add(k, id)
 			}
 			j++
 		}
 	}
-	e.keys, e.sets, e.over, e.pool = keys, sets, nil, pool
+	e.keys, e.sets, e.over, e.pool = keys, sets, keymap.Map[uint32]{}, pool
 	e.live = len(keys)
 	e.buildIndex()
 }

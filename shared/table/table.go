@@ -236,7 +236,7 @@ func (m *Model) Lookup(key uint64) []uint32 {
 // meanwhile).
 func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
 	e := &m.entries
-	if len(e.over) == 0 {
+	if e.over.Len() == 0 {
 		for i, k := range e.keys {
 			if !fn(k, e.pool.get(e.sets[i])) {
 				return
@@ -244,8 +244,8 @@ func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
 		}
 		return
 	}
-	ov := make([]uint64, 0, len(e.over))
-	for k := range e.over {
+	ov := make([]uint64, 0, e.over.Len())
+	for k := range e.over.All() {
 		ov = append(ov, k)
 	}
 	slices.Sort(ov)
@@ -258,7 +258,8 @@ func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
 			k, id = e.keys[i], e.sets[i]
 			i++
 		default:
-			k, id = ov[j], e.over[ov[j]]
+			k = ov[j]
+			id, _ = e.over.Get(k)
 			if i < len(e.keys) && e.keys[i] == k {
 				i++
 			}
@@ -308,7 +309,7 @@ func (m *Model) clone() *Model {
 	e := &c.entries
 	e.keys = e.keys[:len(e.keys):len(e.keys)]
 	e.sets = e.sets[:len(e.sets):len(e.sets)]
-	e.over = maps.Clone(e.over)
+	e.over = e.over.Clone()
 	e.pool = setPool{
 		data: e.pool.data[:len(e.pool.data):len(e.pool.data)],
 		off:  e.pool.off[:len(e.pool.off):len(e.pool.off)],

@@ -440,13 +440,13 @@ func TestEachDoesNotMutate(t *testing.T) {
 		require.NoError(t, m.Set(k*7, uint32(k%2)))
 	}
 	require.NoError(t, m.Set(14))
-	before := len(m.entries.over)
+	before := m.entries.over.Len()
 	require.NotZero(t, before, "changes are pending in the overlay")
 	var keys []uint64
 	m.Each(func(k uint64, _ []uint32) bool { keys = append(keys, k); return true })
 	assert.Len(t, keys, 49)
 	assert.True(t, slices.IsSorted(keys))
-	assert.Equal(t, before, len(m.entries.over), "the overlay is untouched")
+	assert.Equal(t, before, m.entries.over.Len(), "the overlay is untouched")
 }
 
 // ApplyFrame on CloneFor's copy leaves the original exactly as it was, through overlay
