@@ -134,11 +134,6 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	if len(keys) == 0 || addr == "" {
 		return
 	}
-	m := l.models[model]
-	if m == nil {
-		m = &localModel{}
-		l.models[model] = m
-	}
 	id, ok := l.addrID[addr]
 	if !ok {
 		if len(l.addrs) == 1<<16-1 {
@@ -147,6 +142,11 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		id = uint16(len(l.addrs))
 		l.addrs = append(l.addrs, addr)
 		l.addrID[addr] = id
+	}
+	m := l.models[model] // after a Clear, a new one
+	if m == nil {
+		m = &localModel{}
+		l.models[model] = m
 	}
 	l.reserve(len(keys))
 	start := l.hi

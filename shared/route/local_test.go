@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -206,6 +207,23 @@ func TestLocalBoundSurvivesCompaction(t *testing.T) {
 	if len(l.arena) > 1<<16 || len(l.log) > 1024 {
 		t.Fatalf("rings of %d positions and %d placements for %d keys", len(l.arena), len(l.log), l.keys)
 	}
+}
+
+// The 65,536th address clears everything (ids are 16 bits); the placement that brought it
+// is kept. Before, Add took the model's entries before the clear and added the placement
+// to them after it, out of the cleared map: it was never matched.
+func TestLocalAddressLimitClearsAndKeepsThePlacement(t *testing.T) {
+	l := NewLocal()
+	now := time.Unix(1000, 0)
+	for i := range 1<<16 - 1 {
+		l.addrs = append(l.addrs, fmt.Sprint(i))
+		l.addrID[fmt.Sprint(i)] = uint16(i)
+	}
+	l.Add("llama", localKeys(0, 3), "0", now)
+	l.Add("llama", localKeys(10, 3), "new", now)
+	assert.Empty(t, localVisible(l, "llama", localKeys(0, 1)[0]), "cleared")
+	assert.Equal(t, []string{"new"}, localVisible(l, "llama", localKeys(12, 1)[0]))
+	assert.Equal(t, 3, l.Len())
 }
 
 // BenchmarkLocalAdd: a proxy's VM adds its own placement and a sibling VM's of the same
