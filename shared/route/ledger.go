@@ -1,6 +1,9 @@
 package route
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Ledger is a router's own record of prefill work it sent and has not yet seen start:
 // the control plane's queue numbers are a snapshot, up to a few hundred milliseconds
@@ -72,6 +75,9 @@ func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
 }
 
 func (l *Ledger) put(id uint64, s sent) {
+	if !(s.tokens >= 0) || math.IsInf(s.tokens, 1) {
+		s.tokens = 0 // a running sum keeps a NaN (a torn record from another VM) for good
+	}
 	if i, ok := l.entries[id]; ok {
 		l.remove(i)
 	}

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -90,6 +91,21 @@ func TestLedgerSumsReadOnlyWhatIsNewerThanTheSnapshot(t *testing.T) {
 	assert.Equal(t, 24*100.0-24*100.0, c, "24 sent after the snapshot, 24 sent by it and started after it")
 	assert.Equal(t, 125*100.0, p, "250 not started, half of them to this replica")
 	assert.LessOrEqual(t, l.visits, 49+2, "references read (the ledger holds 5,000)")
+}
+
+// The pending sum is kept running, so one entry of NaN or infinite tokens (another VM's
+// record read torn) would poison it for as long as the address has entries: such an
+// entry counts 0.
+func TestLedgerIgnoresTokensThatAreNotANumber(t *testing.T) {
+	l := NewLedger()
+	now := time.Unix(1000, 0)
+	l.Add(1, "a", 100, now)
+	l.AddPeer(2, "a", math.NaN(), now)
+	l.AddPeer(3, "a", math.Inf(1), now)
+	l.Add(4, "a", -5, now)
+	c, p := l.Sums("a", now.Add(-time.Second))
+	assert.Equal(t, 100.0, c)
+	assert.Equal(t, 100.0, p)
 }
 
 func requireBounded(t *testing.T, l *Ledger, most int) {
