@@ -4,7 +4,7 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/kvroute/kvroute/shared/keymap"
+	"github.com/kvroute/kvroute/internal/keymap"
 	"github.com/kvroute/kvroute/shared/table"
 )
 

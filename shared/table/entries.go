@@ -8,7 +8,7 @@ import (
 	"math/bits"
 	"slices"
 
-	"github.com/kvroute/kvroute/shared/keymap"
+	"github.com/kvroute/kvroute/internal/keymap"
 )
 
 // entries: sorted base arrays plus an overlay of changes since the last merge.
