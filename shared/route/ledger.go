@@ -102,7 +102,21 @@ func (l *Ledger) put(id uint64, s sent) {
 		l.peers++
 		l.push(&l.byPeer, r, isPeer, l.peers)
 	}
+	for len(l.entries) > MaxLedgerEntries { // the earliest sent go first
+		if f, ok := l.byAt.front(); ok {
+			l.byAt.pop()
+			if _, live := l.lookup(f); live {
+				l.remove(f.slot)
+			}
+		}
+	}
 }
+
+// MaxLedgerEntries bounds a ledger: 25 s of a proxy's sends at 2,560 requests/s, where
+// about 6,000 are held (starts kept 2 s, sends until their first byte). Expiry is by
+// time, so without it a host clock stepped back would keep every later entry, dated in
+// what is then the future, until the clock caught up.
+const MaxLedgerEntries = 1 << 16
 
 func (l *Ledger) addr(addr string) *addrLedger {
 	a := l.addrs[addr]

@@ -108,6 +108,24 @@ func TestLedgerIgnoresTokensThatAreNotANumber(t *testing.T) {
 	assert.Equal(t, 100.0, p)
 }
 
+// A ledger holds at most MaxLedgerEntries, the earliest sent dropped first, even when no
+// expiry can drop anything (the entries are dated after every cutoff: a clock stepped
+// back).
+func TestLedgerIsBounded(t *testing.T) {
+	l := NewLedger()
+	future := time.Unix(2_000_000_000, 0)
+	for i := range MaxLedgerEntries + 1000 {
+		l.Add(uint64(i), "a", 1, future.Add(time.Duration(i)*time.Millisecond))
+	}
+	l.Expire(time.Unix(1_800_000_000, 0))
+	assert.Equal(t, MaxLedgerEntries, l.Len())
+	_, p := l.Sums("a", future)
+	assert.Equal(t, float64(MaxLedgerEntries), p)
+	_, ok := l.entries[999]
+	assert.False(t, ok, "the earliest sent are the ones dropped")
+	requireBounded(t, l, MaxLedgerEntries+1) // a slot is taken before the earliest entry leaves
+}
+
 func requireBounded(t *testing.T, l *Ledger, most int) {
 	t.Helper()
 	bound := func(q *refList, what string) {
