@@ -103,11 +103,13 @@ func (l *Ledger) put(id uint64, s sent) {
 		l.push(&l.byPeer, r, isPeer, l.peers)
 	}
 	for len(l.entries) > MaxLedgerEntries { // the earliest sent go first
-		if f, ok := l.byAt.front(); ok {
-			l.byAt.pop()
-			if _, live := l.lookup(f); live {
-				l.remove(f.slot)
-			}
+		f, ok := l.byAt.front()
+		if !ok {
+			break // every entry is listed in byAt; never reached
+		}
+		l.byAt.pop()
+		if _, live := l.lookup(f); live {
+			l.remove(f.slot)
 		}
 	}
 }
