@@ -144,6 +144,20 @@ func loadKvroute(t testing.TB, cfg host.Config) *host.Host {
 	return h
 }
 
+// loadQuiet loads the filter (cfg as given, its clock and control-plane cluster set
+// here) on a virtual clock, against a control plane that answers kvTable's frame and then
+// 304 and keeps no report, and advances the clock until the leader has polled and the
+// table has arrived.
+func loadQuiet(t testing.TB, cfg host.Config) (*host.Host, *clock.Virtual) {
+	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	cfg.Clock = clk
+	cfg.Clusters = map[string]host.Cluster{kvCluster: {Handler: cp}}
+	h := loadKvroute(t, cfg)
+	clk.Advance(200 * time.Millisecond)
+	return h, clk
+}
+
 func endpointOf(m host.Message) string { return m.Headers.Get(api.DefaultEndpointHeader) }
 
 // Four worker VMs: one leader polls, the table it publishes in shared data reaches every
@@ -488,14 +502,11 @@ func BenchmarkKvrouteLeaderTick(b *testing.B) {
 	// A control plane that keeps nothing: one that keeps every batch grows this process's
 	// heap by the reports, and its garbage collector's work lands in the host calls that
 	// copy them, inside the ticks being timed.
-	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(b))}
-	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	cfg := host.Config{VMs: 1, Clock: clk, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}, CPUTime: *cpuTime}
+	cfg := host.Config{VMs: 1, CPUTime: *cpuTime}
 	if *guestProfile {
 		cfg.TimeCalls = profiledFuncs()
 	}
-	h := loadKvroute(b, cfg)
-	clk.Advance(200 * time.Millisecond) // the leader polls; the table arrives
+	h, clk := loadQuiet(b, cfg)
 	req := kvRequest(kv32K)
 	vm := h.VM(0)
 	before := len(vm.TickDurations())
@@ -653,11 +664,7 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 // out-parameters), and the guest collected garbage every 250 requests. The ticks'
 // allocations (the report batches) are counted apart.
 func TestKvrouteRequestPathAllocatesNothing(t *testing.T) {
-	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
-	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(3),
-		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}, CountCalls: []string{mallocgc}})
-	clk.Advance(200 * time.Millisecond)
+	h, clk := loadQuiet(t, host.Config{VMs: 2, Rand: host.SeededRand(3), CountCalls: []string{mallocgc}})
 	next := bodies32K(11)
 	var reqMallocs, reqs int64
 	one := func(i int, measure bool) {
@@ -700,11 +707,7 @@ func TestKvrouteRequestPathAllocatesNothing(t *testing.T) {
 // them back on the same tick; the other VMs' still go through the queue,
 // TestKvrouteLeaderTableAndReportsAcrossVMs).
 func TestKvrouteLeaderKeepsUpWith3200RequestsASecond(t *testing.T) {
-	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
-	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	h := loadKvroute(t, host.Config{VMs: 1, Clock: clk, Rand: host.SeededRand(5),
-		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
-	clk.Advance(200 * time.Millisecond)
+	h, clk := loadQuiet(t, host.Config{VMs: 1, Rand: host.SeededRand(5)})
 	// Short prompts: the reports' count is what matters here, not their size.
 	req := kvRequest(kvChat(kvSystem[:1024], "where is my parcel"))
 	const ticks, perTick = 24, 320
@@ -728,11 +731,7 @@ func TestKvrouteLeaderKeepsUpWith3200RequestsASecond(t *testing.T) {
 // allocations a request at 3,200 requests/s, 0.10 after; what is left is the SDK's
 // DispatchHttpCall and the posts' callbacks).
 func TestKvrouteTicksReadSharedDataAndCallStatusIntoBuffers(t *testing.T) {
-	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
-	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(5),
-		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}, CallSites: []string{mallocgc}})
-	clk.Advance(200 * time.Millisecond)
+	h, clk := loadQuiet(t, host.Config{VMs: 2, Rand: host.SeededRand(5), CallSites: []string{mallocgc}})
 	req := kvRequest(kvChat(kvSystem[:1024], "where is my parcel"))
 	for i := range 20 {
 		if i == 5 {
@@ -763,11 +762,7 @@ func TestKvrouteTicksReadSharedDataAndCallStatusIntoBuffers(t *testing.T) {
 // each tick (twice the last tick's reports) and a copy of every item, 4 times, each
 // collection's marking charged to a tick.
 func TestKvrouteTicksCollectNoGarbage(t *testing.T) {
-	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
-	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-	h := loadKvroute(t, host.Config{VMs: 1, Clock: clk, Rand: host.SeededRand(5),
-		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}, CountCalls: []string{gcCycle}})
-	clk.Advance(200 * time.Millisecond)
+	h, clk := loadQuiet(t, host.Config{VMs: 1, Rand: host.SeededRand(5), CountCalls: []string{gcCycle}})
 	req := kvRequest(kv32K)
 	run := func(ticks int) {
 		for range ticks {
