@@ -12,7 +12,8 @@ import (
 // Reports leave a VM in batches: the request path appends each report as a binary
 // record (api.ReportsContentType) to the VM's buffer, with no allocation and no host
 // call; the VM's tick hands the buffer's items to the shared queue; the leader's tick
-// dequeues every item (at most maxPostsPerTick) and posts each as a binary batch. A
+// posts its own items from its buffer (leader.go, postOwn), then dequeues every other
+// item (at most maxPostsPerTick in all) and posts each as a binary batch. A
 // report waits at most a tick longer than when every report was its own queue item, and
 // the leader dequeues a few items per VM per tick instead of one per report.
 //
