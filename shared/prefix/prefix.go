@@ -21,7 +21,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -117,50 +116,12 @@ func Seed(d Domain, model, lora string, salt Salt) uint64 {
 }
 
 // Next returns the key of the block that follows the block whose key is parent.
-func Next(parent uint64, block []byte) uint64 {
-	var stack [8 + 256]byte
-	buf := stack[:0]
-	if 8+len(block) > len(stack) {
-		buf = make([]byte, 0, 8+len(block))
-	}
-	return xxhash.Sum64(appendLink(buf, parent, block))
-}
+func Next(parent uint64, block []byte) uint64 { return linked(parent, block) }
 
 // NextTokens is Next(parent, block) for a token-domain block: each id as 4
-// little-endian bytes, the bytes TokenKeys hashes. It writes the hash input once, on
-// the stack for blocks of up to 64 ids, and on little-endian machines (amd64, arm64,
-// wasm) copies the ids' memory as it is (the control plane hashes every block of
-// every KV event this way, issue 15).
-func NextTokens(parent uint64, tokens []uint32) uint64 {
-	var stack [8 + 64*4]byte
-	n := 8 + 4*len(tokens)
-	buf := stack[:]
-	if n > len(stack) {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	binary.LittleEndian.PutUint64(buf, parent)
-	if nativeLE && len(tokens) > 0 {
-		copy(buf[8:], unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
-	} else {
-		b := buf[8:]
-		for i, t := range tokens {
-			binary.LittleEndian.PutUint32(b[4*i:], t)
-		}
-	}
-	return xxhash.Sum64(buf)
-}
-
-// nativeLE: a []uint32 in memory is its ids' little-endian bytes.
-var nativeLE = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
-
-// appendLink writes the hash input of a block: its parent's key, then its bytes. One
-// contiguous buffer for the one-shot xxhash.Sum64 is several times faster than a
-// streaming digest for blocks this small (notably under wasm).
-func appendLink(buf []byte, parent uint64, block []byte) []byte {
-	buf = binary.LittleEndian.AppendUint64(buf, parent)
-	return append(buf, block...)
-}
+// little-endian bytes, the bytes TokenKeys hashes (the control plane hashes every block
+// of every KV event this way, issue 15).
+func NextTokens(parent uint64, tokens []uint32) uint64 { return linkedTokens(parent, tokens) }
 
 // TextKeys appends to dst the keys of the complete blocks of text, blockBytes bytes
 // each, chained from seed. A trailing partial block has no key.
@@ -168,14 +129,9 @@ func TextKeys(dst []uint64, seed uint64, text []byte, blockBytes int) []uint64 {
 	if blockBytes <= 0 {
 		return dst
 	}
-	var stack [8 + 256]byte
-	buf := stack[:0]
-	if 8+blockBytes > len(stack) {
-		buf = make([]byte, 0, 8+blockBytes)
-	}
 	h := seed
 	for off := 0; off+blockBytes <= len(text); off += blockBytes {
-		h = xxhash.Sum64(appendLink(buf[:0], h, text[off:off+blockBytes]))
+		h = linked(h, text[off:off+blockBytes])
 		dst = append(dst, h)
 	}
 	return dst
@@ -187,18 +143,9 @@ func TokenKeys(dst []uint64, seed uint64, tokens []uint32, blockTokens int) []ui
 	if blockTokens <= 0 {
 		return dst
 	}
-	var stack [8 + 64*4]byte
-	buf := stack[:0]
-	if 8+blockTokens*4 > len(stack) {
-		buf = make([]byte, 0, 8+blockTokens*4)
-	}
 	h := seed
 	for off := 0; off+blockTokens <= len(tokens); off += blockTokens {
-		buf = binary.LittleEndian.AppendUint64(buf[:0], h)
-		for _, t := range tokens[off : off+blockTokens] {
-			buf = binary.LittleEndian.AppendUint32(buf, t)
-		}
-		h = xxhash.Sum64(buf)
+		h = linkedTokens(h, tokens[off:off+blockTokens])
 		dst = append(dst, h)
 	}
 	return dst

@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"encoding/hex"
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -150,19 +149,8 @@ func TestTokenKeysLargeBlocksDoNotAllocateWrongly(t *testing.T) {
 }
 
 // NextTokens gives exactly Next over the ids' little-endian bytes, and TokenKeys' chain,
-// for every block size (on and off the stack buffer), whether it copies the ids'
-// memory (little-endian machines) or writes them byte by byte.
+// for every block size.
 func TestNextTokensIsNextOfLE32(t *testing.T) {
-	for _, native := range []bool{nativeLE, false} {
-		t.Run(fmt.Sprintf("copy=%v", native), func(t *testing.T) {
-			defer func(v bool) { nativeLE = v }(nativeLE)
-			nativeLE = native
-			testNextTokens(t)
-		})
-	}
-}
-
-func testNextTokens(t *testing.T) {
 	seed := Seed(Token, "llama", "", Salt{})
 	var toks []uint32
 	for i := range 200 {
