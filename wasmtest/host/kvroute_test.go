@@ -539,6 +539,10 @@ func BenchmarkKvrouteLeaderTick(b *testing.B) {
 // wasm) and pass -args -baseline /tmp/kvroute-old/bin/kvroute.wasm.
 var baselineWasm = flag.String("baseline", "", "BenchmarkKvrouteRequestPath: a second module to run side by side (e.g. the previous commit's)")
 
+// benchVMs: BenchmarkKvrouteRequestPath's worker VMs (Envoy's --concurrency). Each VM
+// applies every sibling's placements (filter/placed.go), so a request's cost grows with it.
+var benchVMs = flag.Int("vms", 2, "BenchmarkKvrouteRequestPath: worker VMs")
+
 // BenchmarkKvrouteRequestPath (-guestallocs: where each module allocates; -guestprofile:
 // where the module under test spends its time): the 32 KB chat request (body in two 16 KB chunks, as the
 // proxy delivers it) through a two-VM host and back, on the virtual clock (10 ms every 32
@@ -566,7 +570,7 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 	load := func(name, path string) *side {
 		cp := &quietControlPlane{frame: table.EncodeFull(kvTable(b))}
 		clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
-		cfg := host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(3),
+		cfg := host.Config{VMs: *benchVMs, Clock: clk, Rand: host.SeededRand(3),
 			PluginConfig: kvConfig, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}},
 			CountCalls: []string{mallocgc, gcCycle}, CPUTime: true}
 		if *guestAllocs {
