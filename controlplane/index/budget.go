@@ -94,7 +94,7 @@ type budgetState struct {
 	used     atomic.Int64 // entries at the last recount plus those admitted since
 	bytes    atomic.Int64 // bytes at the last recount (bytes.go)
 	countedN atomic.Int64 // entries at the last recount
-	extra    atomic.Int64 // bytes of expiry items admitted since (admitSpec)
+	extra    atomic.Int64 // bytes of expiry items and the queue's growth admitted since (admitSpec)
 	meters   meters       // bytes.go
 	mu       sync.Mutex
 	counted  time.Time
@@ -160,7 +160,7 @@ func (ix *Index) room() int64 {
 }
 
 // bytesNow is the bytes at the last recount plus worstEntry for each entry admitted
-// since, plus the expiry items admitted since.
+// since, plus the expiry items (and the queue's growth) admitted since.
 func (ix *Index) bytesNow(used int64) int64 {
 	return ix.budget.bytes.Load() + max(used-ix.budget.countedN.Load(), 0)*worstEntry + ix.budget.extra.Load()
 }
@@ -250,7 +250,14 @@ func (ix *Index) admitSpec(keys []uint64, why string) ([]uint64, string) {
 	if maxB <= 0 {
 		return keys, why
 	}
-	room := func() int64 { return (maxB - ix.bytesNow(ix.budget.used.Load())) / specCharge }
+	// Items that make the queue's array grow are charged its new array too (the
+	// queue's items are charged twice each, but that covers a growth only on average).
+	free := int64(cap(ix.specQ) - len(ix.specQ))
+	grow := ix.specGrowth(len(keys))
+	room := func() int64 {
+		left := maxB - ix.bytesNow(ix.budget.used.Load())
+		return max((left-grow)/specCharge, min(left/specCharge, free))
+	}
 	if room() < int64(len(keys)) {
 		ix.recountSoon()
 	}
@@ -258,7 +265,7 @@ func (ix *Index) admitSpec(keys []uint64, why string) ([]uint64, string) {
 		ix.drop(inputReportKeys, reasonGlobal, len(keys)-n)
 		keys, why = keys[:n], reasonGlobal
 	}
-	ix.budget.extra.Add(int64(len(keys)) * specCharge)
+	ix.budget.extra.Add(int64(len(keys))*specCharge + ix.specGrowth(len(keys)))
 	return keys, why
 }
 

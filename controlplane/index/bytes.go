@@ -207,6 +207,25 @@ func (ix *Index) meterSpec(add int) {
 	ix.budget.meters.spec.Store(int64(n) * int64(unsafe.Sizeof(specItem{})))
 }
 
+// specGrowth is what the array append gives the speculative queue for n more items
+// adds to the one it has, 0 when they fit (runtime.growslice: doubling up to 256
+// items, then a quarter and 192 more). Caller holds Index.mu.
+func (ix *Index) specGrowth(n int) int64 {
+	need, c := len(ix.specQ)+n, cap(ix.specQ)
+	if need <= c {
+		return 0
+	}
+	for c < need {
+		if c < 256 {
+			c = max(2*c, 1)
+		} else {
+			c += (c + 3*256) / 4
+		}
+	}
+	size := int64(unsafe.Sizeof(specItem{}))
+	return sizeClass(int64(c)*size) - sizeClass(int64(cap(ix.specQ))*size)
+}
+
 // meterAll measures every replica and model. Caller holds Index.mu and no other lock.
 func (ix *Index) meterAll() {
 	for _, r := range ix.replicas {
