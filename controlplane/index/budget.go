@@ -94,7 +94,7 @@ type budgetState struct {
 	used     atomic.Int64 // entries at the last recount plus those admitted since
 	bytes    atomic.Int64 // bytes at the last recount (bytes.go)
 	countedN atomic.Int64 // entries at the last recount
-	extra    atomic.Int64 // bytes of expiry items and the queue's growth admitted since (admitSpec)
+	extra    atomic.Int64 // bytes of expiry items, the queue's growth (admitSpec) and keymap growth admitted since
 	meters   meters       // bytes.go
 	mu       sync.Mutex
 	counted  time.Time
@@ -129,14 +129,15 @@ func (ix *Index) recount(now time.Time) {
 	ix.budget.counted = now
 }
 
-// globalRoom is how many new entries the global limits admit. The running counts only
-// grow between recounts (removals are not tracked), so a shortfall triggers a recount,
-// at most every recountEvery.
-func (ix *Index) globalRoom(want int) int {
-	if ix.room() < int64(want) {
+// globalRoom is how many new entries the global limits admit when admitting them also
+// allocates grow bytes at once (keymaps that double: bytes.go keymapGrowth). The
+// running counts only grow between recounts (removals are not tracked), so a shortfall
+// triggers a recount, at most every recountEvery.
+func (ix *Index) globalRoom(want int, grow int64) int {
+	if ix.room(grow) < int64(want) {
 		ix.recountSoon()
 	}
-	return int(ix.room())
+	return int(ix.room(grow))
 }
 
 // recountSoon recounts unless the last recount is less than recountEvery old.
@@ -149,18 +150,18 @@ func (ix *Index) recountSoon() {
 }
 
 // room is how many new entries both limits admit now: MaxKeys less the entries, and
-// the bytes MaxBytes leaves at worstEntry an entry.
-func (ix *Index) room() int64 {
+// the bytes MaxBytes leaves, less grow, at worstEntry an entry.
+func (ix *Index) room(grow int64) int64 {
 	used := ix.budget.used.Load()
 	room := int64(ix.cfg.Budget.MaxKeys) - used
 	if maxB := ix.cfg.Budget.MaxBytes; maxB > 0 {
-		room = min(room, (maxB-ix.bytesNow(used))/worstEntry)
+		room = min(room, (maxB-ix.bytesNow(used)-grow)/worstEntry)
 	}
 	return room
 }
 
 // bytesNow is the bytes at the last recount plus worstEntry for each entry admitted
-// since, plus the expiry items (and the queue's growth) admitted since.
+// since, plus the expiry items, the queue's growth and keymap growth admitted since.
 func (ix *Index) bytesNow(used int64) int64 {
 	return ix.budget.bytes.Load() + max(used-ix.budget.countedN.Load(), 0)*worstEntry + ix.budget.extra.Load()
 }
@@ -199,23 +200,24 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 	}
 	fresh := 0
 	for _, k := range keys {
-		if _, ok := r.hold[k]; !ok {
+		if _, ok := r.hold.Get(k); !ok {
 			fresh++
 		}
 	}
 	limit := ix.keyLimit(r)
-	for evict && len(r.hold)+fresh > limit && r.tail >= 0 {
+	for evict && r.hold.Len()+fresh > limit && r.tail >= 0 {
 		ix.evictTail(r)
 	}
-	room := limit - len(r.hold)
+	room := limit - r.hold.Len()
 	reason := reasonReplica
-	if g := ix.globalRoom(fresh); g < room {
+	grow := keymapGrowth(&r.hold, fresh)
+	if g := ix.globalRoom(fresh, grow); g < room {
 		room, reason = g, reasonGlobal
 	}
 	if fresh > room {
 		n := 0
 		for i, k := range keys {
-			if _, ok := r.hold[k]; ok {
+			if _, ok := r.hold.Get(k); ok {
 				continue
 			}
 			if n == max(room, 0) {
@@ -228,12 +230,13 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 		fresh = n
 	}
 	ix.budget.used.Add(int64(fresh))
+	ix.budget.extra.Add(keymapGrowth(&r.hold, fresh))
 	if !evict {
 		keys, why = ix.admitSpec(keys, why)
 		ix.meterSpec(len(keys)) // bytes.go
 	}
 	ix.meterReplica(r, fresh, nil, 0)
-	ix.noteHWM(hwmKey{r: r, what: hwmHold}, len(r.hold)+fresh)
+	ix.noteHWM(hwmKey{r: r, what: hwmHold}, r.hold.Len()+fresh)
 	r.m.mu.Lock()
 	mk := len(r.m.keys)
 	ix.meterModel(r.m, fresh, time.Now())
@@ -275,22 +278,24 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 	n := len(ev.Hashes)
 	bt := max(ix.cfg.BlockTokens, 1)
 	keys := (n*max(ev.BlockSize, bt)/bt)/max(ix.cfg.Stride, 1) + 1 // checkpoint keys it can add
+	grow := keymapGrowth(&rk.blocks, n) + keymapGrowth(&r.hold, keys)
 	switch {
-	case len(rk.blocks)+n > ix.blockLimit(r, rk) || len(r.hold)+keys > ix.keyLimit(r):
+	case rk.blocks.Len()+n > ix.blockLimit(r, rk) || r.hold.Len()+keys > ix.keyLimit(r):
 		ix.drop(inputBlocks, reasonReplica, n)
 		return false
-	case ix.globalRoom(n+keys) < n+keys:
+	case ix.globalRoom(n+keys, grow) < n+keys:
 		ix.drop(inputBlocks, reasonGlobal, n)
 		return false
 	}
 	ix.budget.used.Add(int64(n + keys))
+	ix.budget.extra.Add(grow)
 	ix.meterReplica(r, keys, rk, n) // bytes.go
 	if now := time.Now(); ix.budget.meters.stale(r.m, now) {
 		r.m.mu.Lock()
 		ix.meterModel(r.m, keys, now)
 		r.m.mu.Unlock()
 	}
-	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, len(rk.blocks)+n)
+	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, rk.blocks.Len()+n)
 	return true
 }
 
@@ -363,7 +368,7 @@ func (ix *Index) BudgetState() BudgetState {
 
 // replicaBudget fills a replica's budget fields of /debug/state.
 func (ix *Index) replicaBudget(r *replica, rs *ReplicaState) {
-	rs.Keys, rs.KeyLimit, rs.SpeculativeKeys = len(r.hold), ix.keyLimit(r), r.specN
+	rs.Keys, rs.KeyLimit, rs.SpeculativeKeys = r.hold.Len(), ix.keyLimit(r), r.specN
 }
 
 // BudgetCollector exports the budget to Prometheus.

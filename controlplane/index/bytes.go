@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/kvroute/kvroute/internal/keymap"
 )
 
 // The byte budget's accounting (issue 15; the limit itself, Budget.MaxBytes, is
@@ -15,22 +17,26 @@ import (
 // the publisher's tables and everything else too, but summed from the index's own
 // structures, each priced from its Go layout:
 //
-//   - a holding (a key on one replica, whatever its sources): its slot in the replica's
-//     holdings map, its slab entry and its slot in the model's holder list;
-//   - a distinct key of a model: its slot in the model's key map and its holder list,
-//     and its slot in the changed-key set until the next table build;
-//   - an engine block of vLLM's KV events: its slot in the rank's block map (and, for
-//     engine blocks larger than ours, the checkpoint keys it names);
+//   - a holding (a key on one replica, whatever its sources): the replica's holdings
+//     map, its slab entry and its slot in the model's holder list;
+//   - a distinct key of a model: the model's key map and its holder list, and the
+//     changed-key set until the next table build;
+//   - an engine block of vLLM's KV events: the rank's block map (and, for engine blocks
+//     larger than ours, the checkpoint keys it names);
 //   - an SGLang page: its slab entry, its slot in the page map and its token tail;
 //   - a speculative entry: its item in the expiry queue;
 //   - a replica: its fixed structures (meterReplica's fixed part).
 //
-// Go's maps (swiss tables) keep 8 slots and 8 control bytes a group and grow when 7/8
-// full: by doubling up to 1,024 slots, then table by table (mapBytes). Slices are
-// priced at their capacity. Structures that an in-flight admission is about to grow
-// are priced at their size after it. Maps are priced by their entries: what a map
-// keeps after deletions (Go maps never shrink) is not priced until Reclaim rebuilds it
-// (once it falls to a quarter of its peak, reclaim.go).
+// A replica's holdings and a rank's blocks are keymaps (internal/keymap): one array of
+// key-value slots, a power of two long, doubled when 3/4 full; they are priced at
+// their array (keymapBytes), which stays at its peak after deletions until Reclaim
+// shrinks it (once its entries fall to a quarter of their peak, reclaim.go). The other
+// maps are Go's (swiss tables): 8 slots and 8 control bytes a group, grown when 7/8
+// full, by doubling up to 1,024 slots, then table by table (mapBytes). A model's key
+// maps stay Go maps for that: they can be the index's largest, and a keymap would grow
+// by doubling all at once. Go maps are priced by their entries, since what one keeps
+// after deletions cannot be seen. Slices are priced at their capacity. Structures that an
+// in-flight admission is about to grow are priced at their size after it.
 //
 // The replica's structures are measured under its lock whenever it admits something
 // (admitKeys, admitBlocks) and by BudgetState; the budget's recount (which takes no
@@ -50,8 +56,8 @@ const (
 	splitMid     = 0.99 // mapBytes: a large map's tables split around this fill...
 	splitSD      = 0.025
 	// replicaOverhead: a replica's entries in the index's replica maps (by ID twice), its
-	// model slot, its spec's strings and its holdings' and ranks' map headers.
-	replicaOverhead = 4*(16+8)*2 + 8 + 64 + 2*mapHeader
+	// model slot, its spec's strings and its ranks' map header.
+	replicaOverhead = 4*(16+8)*2 + 8 + 64 + mapHeader
 )
 
 // slotBytes is the size of one map slot of key K and value V.
@@ -64,21 +70,30 @@ func slotBytes[K comparable, V any]() int64 {
 }
 
 var (
-	holdSlot  = slotBytes[uint64, int32]()
+	holdSlot  = keymap.SlotBytes[int32]()
 	keySlot   = slotBytes[uint64, []uint16]()
 	dirtySlot = slotBytes[uint64, struct{}]()
-	blockSlot = slotBytes[uint64, blockRef]()
-	multiSlot = slotBytes[uint64, []uint64]()
 	pageSlot  = slotBytes[uint64, []int32]()
 	seedSlot  = slotBytes[seedKey, uint64]()
 	// specCharge is what a placement's expiry item can cost (the queue grows by
 	// append, so up to twice its items).
 	specCharge = 2 * int64(unsafe.Sizeof(specItem{}))
 	// worstEntry is what one new entry of any kind can cost at most: a holding of a
-	// key new to the model, speculative, in maps just grown (7/16 full).
-	worstEntry = (holdSlot+keySlot+dirtySlot+3)*16/7 + 1 + // 3 maps' slots and control bytes
+	// key new to the model, speculative, in maps just grown (a keymap 3/8 full, Go
+	// maps 7/16 with a control byte a slot).
+	worstEntry = holdSlot*8/3 + (keySlot+dirtySlot+2)*16/7 + 1 +
 		int64(unsafe.Sizeof(holding{}))*5/4 + listMinBytes + 2 + 2*int64(unsafe.Sizeof(specItem{}))
 )
+
+// keymapBytes prices m once it holds n entries: its array, or the one growth gives it.
+func keymapBytes[V any](m *keymap.Map[V], n int) int64 { return sizeClass(m.Bytes(n)) }
+
+// keymapGrowth is what adding n entries to m allocates at once. A keymap doubles its
+// whole array (a Go map grows a table of 1,024 slots at a time), so the budget admits
+// that beside the entries' worstEntry each, until the next recount measures it.
+func keymapGrowth[V any](m *keymap.Map[V], n int) int64 {
+	return keymapBytes(m, m.Len()+n) - keymapBytes(m, 0)
+}
 
 // mapBytes prices a map of n entries whose slots take slot bytes. Up to 8 entries fit
 // one group; up to 1,024 slots a table doubles when 7/8 full, so n entries take the
@@ -158,24 +173,24 @@ func (ms *meters) peek(k any) *meter {
 // meterReplica measures r's structures as they will be once hold more holdings, and
 // blocks more engine blocks in rank rk, are added. Caller holds r.mu.
 func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
-	nh := len(r.hold) + hold
+	nh := r.hold.Len() + hold
 	slab := max(cap(r.slab), len(r.slab)+hold-len(r.freeIdx))
-	b := mapBytes(nh, holdSlot) + int64(slab)*int64(unsafe.Sizeof(holding{})) +
+	b := keymapBytes(&r.hold, nh) + int64(slab)*int64(unsafe.Sizeof(holding{})) +
 		int64(cap(r.freeIdx))*4 + int64(nh)*2 // its slot in the key's holder list
 	entries := nh
 	fixed := int64(unsafe.Sizeof(replica{})) + replicaOverhead + mapBytes(len(r.seeds), seedSlot) +
 		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{}))
 	for _, x := range r.ranks {
-		fixed += int64(unsafe.Sizeof(rank{})) + 2*mapHeader
-		nb := len(x.blocks)
+		fixed += int64(unsafe.Sizeof(rank{}))
+		nb := x.blocks.Len()
 		if x == rk {
 			nb += blocks
 		}
 		entries += nb
-		b += mapBytes(nb, blockSlot) + mapBytes(len(x.multi), multiSlot)
-		if len(x.multi) > 0 && x.blockSize > 0 {
+		b += keymapBytes(&x.blocks, nb) + keymapBytes(&x.multi, x.multi.Len())
+		if n := x.multi.Len(); n > 0 && x.blockSize > 0 {
 			ks := (x.blockSize/max(ix.cfg.BlockTokens, 1))/max(ix.cfg.Stride, 1) + 1
-			b += int64(len(x.multi)) * sizeClass(int64(8*ks))
+			b += int64(n) * sizeClass(int64(8*ks))
 		}
 		if sg := x.sg; sg != nil {
 			entries += sg.live

@@ -180,7 +180,7 @@ func measureFleet(tb testing.TB, cfg Config, f fleetShape, path fleetPath) fleet
 		perReplica: (float64(empty) - float64(base)) / float64(f.replicas), seconds: secs, index: ix}
 	m.estimate = ix.BudgetState().Bytes
 	for _, r := range ix.replicas {
-		m.holdings += len(r.hold)
+		m.holdings += r.hold.Len()
 	}
 	m.keys = len(ix.models["m"].keys)
 	return m

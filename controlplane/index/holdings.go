@@ -1,6 +1,10 @@
 package index
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/internal/keymap"
+)
 
 // holding is one key's state on one replica. The replica holds the key (and the table
 // lists its slot) while any of: engine blocks map to it, it is in the LRU of reported
@@ -27,8 +31,9 @@ type flip struct {
 }
 
 func (r *replica) ensure(k uint64) int32 {
-	if i, ok := r.hold[k]; ok {
-		return i
+	p, found := r.hold.Put(k)
+	if found {
+		return *p
 	}
 	var i int32
 	if n := len(r.freeIdx); n > 0 {
@@ -38,7 +43,7 @@ func (r *replica) ensure(k uint64) int32 {
 		i = int32(len(r.slab))
 		r.slab = append(r.slab, holding{key: k, prev: -1, next: -1})
 	}
-	r.hold[k] = i
+	*p = i
 	return i
 }
 
@@ -51,7 +56,7 @@ func (ix *Index) settle(r *replica, i int32, was bool) {
 		r.flips = append(r.flips, flip{h.key, now}) // unlockReplica commits them
 	}
 	if !now {
-		delete(r.hold, h.key)
+		r.hold.Delete(h.key)
 		r.freeIdx = append(r.freeIdx, i)
 	}
 }
@@ -159,7 +164,7 @@ func (ix *Index) fitCapacity(r *replica) {
 
 // dropHoldings removes every holding for which drop is true, whatever its sources.
 func (ix *Index) dropHoldings(r *replica, drop func(*holding) bool) {
-	for _, i := range r.hold {
+	for _, i := range r.hold.All() { // settle may delete the key yielded
 		h := &r.slab[i]
 		if !drop(h) {
 			continue
@@ -182,7 +187,7 @@ func (ix *Index) clearReplica(r *replica) {
 	ix.dropHoldings(r, func(*holding) bool { return true })
 	r.dropTiers(nil) // every medium: see tiers.go
 	for _, rk := range r.ranks {
-		rk.blocks, rk.multi = nil, nil
+		rk.blocks, rk.multi = keymap.Map[blockRef]{}, keymap.Map[[]uint64]{}
 	}
 	r.evictDebt = 0
 }

@@ -176,9 +176,9 @@ func (ix *Index) unlockReplica(r *replica) {
 		r.flips = r.flips[:0]
 		r.tierFlips = r.tierFlips[:0]
 	}
-	n := len(r.hold) + len(r.tierHold)
+	n := r.hold.Len() + len(r.tierHold)
 	for _, rk := range r.ranks {
-		n += len(rk.blocks) + len(rk.tier)
+		n += rk.blocks.Len() + len(rk.tier)
 		if rk.sg != nil {
 			n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)
 		}

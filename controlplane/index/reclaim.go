@@ -3,11 +3,13 @@ package index
 import (
 	"maps"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/keymap"
 )
 
-// Go maps never shrink and slices keep their capacity, so memory would stay at a
-// flood's peak after its entries expired; Reclaim rebuilds what shrank to a quarter of
-// its high-water mark.
+// Maps (Go's and keymaps alike) never shrink and slices keep their capacity, so memory
+// would stay at a flood's peak after its entries expired; Reclaim rebuilds what shrank
+// to a quarter of its high-water mark.
 
 const reclaimMin = 4096 // structures smaller than this are left alone
 
@@ -51,8 +53,8 @@ func clearDirty(m *model) {
 }
 
 // Reclaim recounts the budget and gives memory back: every map that shrank to a
-// quarter of its high-water mark is rebuilt (a replica's holdings together with their
-// slab), and the speculative queue's array is cut to what it holds. The control plane
+// quarter of its high-water mark is moved to the array its entries need (a replica's
+// holdings together with their slab), and the speculative queue's array is cut to what it holds. The control plane
 // calls it after each Flush (which is where speculative entries expire).
 func (ix *Index) Reclaim(now time.Time) {
 	ix.mu.Lock()
@@ -69,10 +71,10 @@ func (ix *Index) Reclaim(now time.Time) {
 	}
 	for _, r := range ix.replicas {
 		r.mu.Lock()
-		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(len(r.hold), len(r.slab)))
+		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(r.hold.Len(), len(r.slab)))
 		for n, rk := range r.ranks {
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, len(rk.blocks))
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, len(rk.multi))
+			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, rk.blocks.Len())
+			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, rk.multi.Len())
 		}
 		r.mu.Unlock()
 	}
@@ -117,16 +119,24 @@ func (ix *Index) Reclaim(now time.Time) {
 // reclaimOne rebuilds the structure k names when it shrank to a quarter of its peak,
 // and says whether it did. Caller holds the replica's (or model's) lock.
 func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
+	var rk *rank
+	if k.r != nil {
+		rk = k.r.ranks[k.rank]
+	}
 	var cur int
 	switch k.what {
 	case hwmHold:
-		cur = len(k.r.hold)
+		cur = k.r.hold.Len()
 	case hwmKeys:
 		cur = len(k.m.keys)
 	case hwmBlocks:
-		cur = len(k.r.ranks[k.rank].blocksOrNil())
+		if rk != nil {
+			cur = rk.blocks.Len()
+		}
 	case hwmMulti:
-		cur = len(k.r.ranks[k.rank].multiOrNil())
+		if rk != nil {
+			cur = rk.multi.Len()
+		}
 	}
 	if cur*4 > peak {
 		return false
@@ -137,12 +147,12 @@ func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 	case hwmKeys:
 		k.m.keys = rebuilt(k.m.keys)
 	case hwmBlocks:
-		if rk := k.r.ranks[k.rank]; rk != nil && rk.blocks != nil {
-			rk.blocks = rebuilt(rk.blocks)
+		if rk != nil {
+			rk.blocks.Shrink()
 		}
 	case hwmMulti:
-		if rk := k.r.ranks[k.rank]; rk != nil && rk.multi != nil {
-			rk.multi = rebuilt(rk.multi)
+		if rk != nil {
+			rk.multi.Shrink()
 		}
 	}
 	return true
@@ -156,20 +166,6 @@ func rebuilt[K comparable, V any](m map[K]V) map[K]V {
 	return out
 }
 
-func (rk *rank) blocksOrNil() map[uint64]blockRef {
-	if rk == nil {
-		return nil
-	}
-	return rk.blocks
-}
-
-func (rk *rank) multiOrNil() map[uint64][]uint64 {
-	if rk == nil {
-		return nil
-	}
-	return rk.multi
-}
-
 // compactHoldings rebuilds r's holdings map and slab with only the live holdings,
 // renumbering the LRU links.
 func compactHoldings(r *replica) {
@@ -177,11 +173,11 @@ func compactHoldings(r *replica) {
 	for i := range remap {
 		remap[i] = -1
 	}
-	slab := make([]holding, 0, len(r.hold))
-	hold := make(map[uint64]int32, len(r.hold))
-	for k, i := range r.hold {
+	slab := make([]holding, 0, r.hold.Len())
+	var hold keymap.Map[int32]
+	for k, i := range r.hold.All() {
 		remap[i] = int32(len(slab))
-		hold[k] = int32(len(slab))
+		hold.Set(k, int32(len(slab)))
 		slab = append(slab, r.slab[i])
 	}
 	fix := func(i int32) int32 {

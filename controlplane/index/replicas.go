@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/scrape"
+	"github.com/kvroute/kvroute/internal/keymap"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -62,7 +63,7 @@ type replica struct {
 	gone    bool
 	addedAt time.Time
 
-	hold    map[uint64]int32
+	hold    keymap.Map[int32] // key -> its holding in slab
 	slab    []holding
 	freeIdx []int32
 	// LRU of reported keys, most recent at head.
@@ -147,7 +148,7 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 	}
 	r := &replica{
 		spec: s, m: m, slot: slot, addedAt: now, healthy: true,
-		hold: map[uint64]int32{}, head: -1, tail: -1, ranks: map[int]*rank{},
+		head: -1, tail: -1, ranks: map[int]*rank{},
 	}
 	m.slots[slot] = r
 	m.members = true

@@ -19,7 +19,7 @@ func (ix *Index) setSpec(r *replica, k uint64, until int64) {
 }
 
 func (ix *Index) clearSpec(r *replica, k uint64) {
-	i, ok := r.hold[k]
+	i, ok := r.hold.Get(k)
 	if !ok {
 		return
 	}
@@ -46,7 +46,7 @@ func (ix *Index) expire(nowMs int64) {
 			continue
 		}
 		it.r.mu.Lock()
-		if i, ok := it.r.hold[it.key]; ok && it.r.slab[i].specUntil == it.until {
+		if i, ok := it.r.hold.Get(it.key); ok && it.r.slab[i].specUntil == it.until {
 			ix.clearSpec(it.r, it.key)
 			ix.stats.SpecExpired++
 		}

@@ -228,7 +228,7 @@ func (ix *Index) ageOffloaded(r *replica, tokens float64) {
 // complete in the step whose allocation evicts the GPU block: BlockRemoved GPU, then
 // BlockStored CPU, in one batch.
 func (ix *Index) resolve(rk *rank, h uint64) (tierBlock, bool) {
-	if ref, ok := rk.blocks[h]; ok {
+	if ref, ok := rk.blocks.Get(h); ok {
 		return ix.blockKeys(rk, h, ref), true
 	}
 	if b, ok := rk.gone[h]; ok {
@@ -244,7 +244,7 @@ func (ix *Index) resolve(rk *rank, h uint64) (tierBlock, bool) {
 
 func (ix *Index) blockKeys(rk *rank, h uint64, ref blockRef) tierBlock {
 	b := tierBlock{key: ref.key, ck: prefix.IsCheckpoint(int(ref.pos), ix.cfg.Stride)}
-	if ks, ok := rk.multi[h]; ok {
+	if ks, ok := rk.multi.Get(h); ok {
 		b.multi = slices.Clone(ks)
 	}
 	return b
@@ -277,7 +277,7 @@ func (ix *Index) tierRoom(r *replica, rk *rank, n int) (int, string) {
 	cost := func(blocks int) int { return blocks + blocks/stride + 1 }
 	room := ix.blockLimit(r, rk) - len(rk.tier)
 	reason := reasonReplica
-	if g := ix.globalRoom(cost(n)); g < cost(min(room, n)) {
+	if g := ix.globalRoom(cost(n), 0); g < cost(min(room, n)) {
 		room, reason = max(g-1, 0)*stride/(stride+1), reasonGlobal
 	}
 	admitted := min(max(room, 0), n)
