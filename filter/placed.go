@@ -22,8 +22,9 @@ import (
 //	                     the request path when nothing is new
 //	kvroute/placed/<i>   record number n in slot n % placedRing: its number, the VM that
 //	                     wrote it and its kind. A placement: when, its prefill tokens,
-//	                     model, replica, the chain's checkpoint keys (hashes only, at
-//	                     most placedMaxKeys) and the VM's placements that started since
+//	                     model, replica, the chain's checkpoint keys the table does
+//	                     not list on that replica yet (hashes only, at most
+//	                     placedMaxKeys) and the VM's placements that started since
 //	                     its last record. A start record: those numbers alone.
 //
 // A writer claims the next number by CAS on the sequence key (with the CAS of the read
@@ -103,13 +104,14 @@ const (
 )
 
 // share publishes a placement the VM made to its siblings and returns its number, which
-// started takes (0 when it could not be published).
-func (s *placed) share(p *plugin, r *api.Report, tokens float64) uint64 {
+// started takes (0 when it could not be published). keys are the checkpoint keys its own
+// Local recorded: those the table does not list on the replica yet (route.Result.LocalKeys).
+func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) uint64 {
 	n := s.claim(p)
 	if n == 0 {
 		return 0
 	}
-	keys := r.Keys[:min(len(r.Keys), placedMaxKeys)]
+	keys = keys[:min(len(keys), placedMaxKeys)]
 	b := recordHead(s.buf[:0], n, p.vmID, kindPlaced)
 	b = binary.LittleEndian.AppendUint64(b, uint64(r.AtMs))
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))

@@ -256,7 +256,7 @@ func (h *httpContext) route(req *route.Request) {
 	h.keys = append(h.keys[:0], res.Placement.Keys...)
 	h.report.Keys = h.keys
 	p.enqueue(h.shard, &h.report)
-	h.shared = p.placed.share(p, &h.report, d.Uncached)
+	h.shared = p.placed.share(p, &h.report, res.LocalKeys, d.Uncached)
 }
 
 // header joins addrs as the endpoint header's value, d.Header() without allocating when

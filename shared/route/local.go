@@ -359,15 +359,37 @@ func (l *Local) release(m *localModel, j int64) {
 
 // match raises matched[i] (blocks of c held by m's replica i) to what this proxy placed.
 // Chain keys are chained hashes, so a chain that misses a checkpoint misses every later
-// one: the walk stops at the first miss.
-func (l *Local) match(m *table.Model, c *Chain, matched []int) {
+// one: a walk stops at the first miss. A placement records only the keys past what the
+// table listed on its replica (Result.LocalKeys), so there are two walks: from the
+// chain's start (placements the table knew nothing of: a new prefix, a spill), and from
+// the first checkpoint past inTable, the table's longest match of c on any replica (the
+// tails of placements to replicas the table lists with c's prefix).
+func (l *Local) match(m *table.Model, c *Chain, matched []int, inTable int) {
 	lm := l.models[m.Name]
 	if lm == nil || lm.entries.Len() == 0 {
 		return
 	}
 	stride := max(int(m.Config.Stride), 1)
 	l.depths = l.depths[:0]
-	for i := stride - 1; i < len(c.Keys); i += stride {
+	if end := l.walk(lm, c, stride-1, stride); end < inTable+stride-1 {
+		l.walk(lm, c, inTable+stride-1, stride)
+	}
+	for _, d := range l.depths {
+		addr := l.addrs[d.addr]
+		for i := range m.Replicas {
+			if m.Replicas[i].Addr == addr {
+				matched[i] = max(matched[i], d.depth)
+				break
+			}
+		}
+	}
+}
+
+// walk records in depths how deep each address holds c's checkpoints from position
+// from on, up to the first checkpoint none holds, and returns that position.
+func (l *Local) walk(lm *localModel, c *Chain, from, stride int) int {
+	i := from
+	for ; i < len(c.Keys); i += stride {
 		idx, ok := lm.entries.Get(c.Keys[i])
 		if !ok {
 			break
@@ -383,22 +405,14 @@ func (l *Local) match(m *table.Model, c *Chain, matched []int) {
 			}
 			for j := range l.depths {
 				if l.depths[j].addr == e.addr[w] {
-					l.depths[j].depth = i + 1
+					l.depths[j].depth = max(l.depths[j].depth, i+1)
 					continue ways
 				}
 			}
 			l.depths = append(l.depths, localDepth{e.addr[w], i + 1})
 		}
 	}
-	for _, d := range l.depths {
-		addr := l.addrs[d.addr]
-		for i := range m.Replicas {
-			if m.Replicas[i].Addr == addr {
-				matched[i] = max(matched[i], d.depth)
-				break
-			}
-		}
-	}
+	return i
 }
 
 // holds says whether e has a way not expired.

@@ -58,6 +58,15 @@ type Result struct {
 	Body []byte
 	// Placement is the placement report (Action == Placed).
 	Placement api.Report
+	// LocalKeys is the tail of Placement.Keys past what the table lists the picked
+	// replica as holding: what Route recorded in Local, and what a proxy's other worker
+	// VMs need to record (filter/placed.go). The keys before it add nothing to a match
+	// on that replica while the table holds them (a match counts a replica's longest
+	// held checkpoint), and once the table drops them the engine has too. Empty when
+	// the table already knows the whole chain there: the common case of a prefix sent
+	// to its owner, which used to rewrite all its keys (125 for 8,000 tokens) in Local
+	// on every VM of the proxy for every request.
+	LocalKeys []uint64
 }
 
 // Route runs one request through the whole sequence: parse the body, resolve the model
@@ -115,7 +124,10 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		r.ckpts = res.Placement.Keys
 	}
 	// The next request sees this placement at once, not only once the table has it.
-	r.Local.Add(m.Name, res.Placement.Keys, d.Addrs[0], now)
+	stride := max(int(m.Config.Stride), 1)
+	known := min(r.inTable[d.Order[0]]/stride, len(res.Placement.Keys))
+	res.LocalKeys = res.Placement.Keys[known:]
+	r.Local.Add(m.Name, res.LocalKeys, d.Addrs[0], now)
 	return d, res
 }
 

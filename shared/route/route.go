@@ -119,6 +119,9 @@ type Router struct {
 	parser  prompt.Parser
 	keys    []uint64
 	matched []int
+	// inTable[i] is matched[i] as the table alone gives it, before Local raises it:
+	// Route records in Local only the placement's keys past it (Result.LocalKeys).
+	inTable []int
 	cands   []rule.Replica
 	order   []int
 	addrs   []string
@@ -135,7 +138,12 @@ func NewRouter(p rule.Params, seed uint64) *Router {
 // confirmed current; each replica's state age adds to it.
 func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now time.Time) Decision {
 	r.matchTiers(m, c) // tiers.go: Match, plus the slower tiers when m has any
-	r.Local.match(m, c, r.matched)
+	r.inTable = append(r.inTable[:0], r.matched...)
+	longest := 0 // slices.Max panics on a model without replicas
+	for _, n := range r.inTable {
+		longest = max(longest, n)
+	}
+	r.Local.match(m, c, r.matched, longest)
 	r.dropStarts(now)
 	r.cands = r.cands[:0]
 	for i, rep := range m.Replicas {

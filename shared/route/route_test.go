@@ -229,6 +229,43 @@ func TestRepeatFollowsItsOwnPlacementBeforeTheTable(t *testing.T) {
 	assert.Zero(t, r.Local.Len())
 }
 
+// A placement records in Local only the keys the table does not list on the picked
+// replica: none for a prefix the table already knows there, the new tail otherwise, and
+// a repeat still matches the whole chain. Before, every placement rewrote all its
+// checkpoint keys in Local (and the filter shared them all with its sibling VMs, which
+// each rewrote them too): 125 keys for an 8,000-token prompt whose 124 the table held.
+func TestPlacementRecordsInLocalOnlyWhatTheTableLacks(t *testing.T) {
+	system := strings.Repeat("A long agent system prompt. ", 600)
+	m := model(t, 3)
+	known := chainOf(t, chatBody(system, ""), Identity{Model: "llama"})
+	hold(t, m, known, 1)
+	tb := tableOf(m)
+	r := exactRouter()
+	now := time.Now()
+
+	d, res := routeBody(t, r, tb, 1, chatBody(system, ""), 50*time.Millisecond, now)
+	require.Equal(t, "10.0.0.1:8000", d.Addrs[0])
+	assert.Empty(t, res.LocalKeys, "the table lists the whole chain on the pick")
+	assert.Zero(t, r.Local.Len())
+	assert.NotEmpty(t, res.Placement.Keys, "the control plane's report still carries every key")
+
+	question := strings.Repeat("A new question about the contract. ", 60)
+	d, res = routeBody(t, r, tb, 2, chatBody(system, question), 50*time.Millisecond, now)
+	require.Equal(t, "10.0.0.1:8000", d.Addrs[0])
+	held := len(prefix.Checkpoints(nil, known.Keys, int(cfg.Stride)))
+	all := res.Placement.Keys
+	require.Greater(t, len(all), held)
+	assert.Equal(t, all[held:], res.LocalKeys, "only the tail past the table's match")
+	assert.Equal(t, len(all)-held, r.Local.Len())
+
+	r.Ledger.Done(1)
+	r.Ledger.Done(2)
+	again, _ := routeBody(t, r, tb, 3, chatBody(system, question), 55*time.Millisecond, now.Add(5*time.Millisecond))
+	assert.Equal(t, "10.0.0.1:8000", again.Addrs[0])
+	c := chainOf(t, chatBody(system, question), Identity{Model: "llama"})
+	assert.Equal(t, c.Tokens(len(all)*int(cfg.Stride)), again.PredictedCached, "the repeat matches table and Local together")
+}
+
 // A burst on one replica still spills when its queue outweighs the saving: the ledger
 // holds what the burst already sent there.
 func TestBurstSpillsWhenTheOwnerQueueOutweighsTheSaving(t *testing.T) {
