@@ -55,26 +55,22 @@ func (m *Map[V]) home(k uint64) int {
 	return int(((k ^ m.seed) * 0x9E3779B97F4A7C15) >> m.shift)
 }
 
-// Get returns k's value and whether k is present.
-func (m *Map[V]) Get(k uint64) (V, bool) {
-	if k == 0 || m.n == 0 {
-		if k == 0 && m.hasZero {
-			return m.zero, true
-		}
-		var zero V
-		return zero, false
+// Get returns k's value and whether k is present. Kept small enough for Go to inline
+// (cost 78 of 80; TestGetIsInlined): in the wasm guest the call cost as much as the
+// lookup.
+func (m *Map[V]) Get(k uint64) (v V, ok bool) {
+	if k == 0 {
+		return m.zero, m.hasZero // m.zero is the zero value without the key 0
 	}
-	mask := len(m.slots) - 1
-	for i := m.home(k); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if s.key == 0 {
-			var zero V
-			return zero, false
-		}
-		if s.key == k {
-			return s.val, true
+	if m.n != 0 {
+		mask := len(m.slots) - 1
+		for i := m.home(k); m.slots[i].key != 0; i = (i + 1) & mask {
+			if m.slots[i].key == k {
+				return m.slots[i].val, true
+			}
 		}
 	}
+	return v, false
 }
 
 // Ptr returns a pointer to k's value, valid until the next change to the map other
