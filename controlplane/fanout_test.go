@@ -81,6 +81,7 @@ var (
 	fanoutFormats = flag.String("fanout.formats", api.TableFormats, "X-Kvroute-Table-Formats the proxies send (\"\": as filters before format 2, format 1)")
 	fanoutChurn   = flag.Float64("fanout.churn", 0, "fraction of engines whose waiting count changes on every scrape")
 	fanoutPage    = flag.String("fanout.page", "small", "engine /metrics page: small (the families scraped, 2 KB) or full (vLLM v1's, 34 KB)")
+	fanoutClient  = flag.String("fanout.client", "raw", "how the simulated proxies poll: raw (requests written at the socket, fanout_client_test.go) or go (net/http's client)")
 )
 
 const fanoutEnv = "KVROUTE_FANOUT_CP" // engines file and profile path in the child
@@ -204,18 +205,25 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	// (thousands of table applies per second) does not starve the control plane
 	// they share the machine with.
 	get := func(tab *version) {
-		url := base + api.TablePath
+		path := api.TablePath
 		if tab.Version != 0 {
-			url += "?version=" + strconv.FormatUint(tab.Version, 10)
+			path += "?version=" + strconv.FormatUint(tab.Version, 10)
 			if mode == "longpoll" {
-				url += "&wait_ms=1000"
+				path += "&wait_ms=1000"
 			}
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if *fanoutFormats != "" {
-			req.Header.Set(api.TableFormatsHeader, *fanoutFormats)
+		var (
+			status int
+			delta  bool
+			body   []byte
+			err    error
+		)
+		if tab.raw != nil {
+			status, delta, body, err = tab.raw.get(path, time.Now().Add(5*time.Second))
+		} else {
+			status, delta, body, err = goGet(ctx, client, base+path)
 		}
-		resp, err := client.Do(req)
+		now := time.Now()
 		if err != nil {
 			if ctx.Err() == nil {
 				errs.Add(1)
@@ -223,16 +231,11 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			time.Sleep(100 * time.Millisecond)
 			return
 		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		now := time.Now()
 		if measuring.Load() {
 			reqs.Add(1)
 		}
 		switch {
-		case err != nil:
-			errs.Add(1)
-		case resp.StatusCode == http.StatusOK:
+		case status == http.StatusOK:
 			if len(body) < 36 || string(body[:4]) != "KVRT" {
 				errs.Add(1)
 				return
@@ -242,14 +245,14 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			if measuring.Load() {
 				bytesOut.Add(int64(len(body)))
 				mu.Lock()
-				if resp.Header.Get("X-Kvroute-Frame") == "delta" {
+				if delta {
 					deltaOut.Add(int64(len(body)))
 					lat = append(lat, float64(now.UnixMilli()-tab.GeneratedMs))
 				}
 				vmin, vmax = min(vmin, tab.Version), max(vmax, tab.Version)
 				mu.Unlock()
 			}
-		case resp.StatusCode == http.StatusNotModified, resp.StatusCode == http.StatusServiceUnavailable:
+		case status == http.StatusNotModified, status == http.StatusServiceUnavailable:
 		default:
 			errs.Add(1)
 		}
@@ -295,6 +298,10 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			defer wg.Done()
 			time.Sleep(time.Duration(p) * 100 * time.Millisecond / time.Duration(proxies)) // spread the phases
 			tab := &version{}
+			if *fanoutClient == "raw" {
+				tab.raw = &rawPoller{addr: strings.TrimPrefix(base, "http://")}
+				defer tab.raw.close()
+			}
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()
 			for ctx.Err() == nil {
@@ -368,10 +375,27 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 	return r
 }
 
-// version is what a simulated proxy keeps of the table.
+// version is what a simulated proxy keeps of the table, and its connection with
+// -fanout.client raw.
 type version struct {
 	Version     uint64
 	GeneratedMs int64
+	raw         *rawPoller
+}
+
+// goGet is one poll through net/http's client (-fanout.client go).
+func goGet(ctx context.Context, client *http.Client, url string) (status int, delta bool, body []byte, err error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if *fanoutFormats != "" {
+		req.Header.Set(api.TableFormatsHeader, *fanoutFormats)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	body, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("X-Kvroute-Frame") == "delta", body, err
 }
 
 // childCPU is a process's user and system CPU seconds so far (/proc/PID/stat).
