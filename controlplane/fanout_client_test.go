@@ -7,10 +7,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // rawPoller is one simulated proxy's connection to the control plane, its requests
@@ -105,4 +111,52 @@ func (p *rawPoller) close() {
 	if p.c != nil {
 		p.c.Close()
 	}
+}
+
+// TestRawPoller: BenchmarkFanout's socket-level poller reads a delta and a 304 on one
+// connection, and treats a chunked answer (which the control plane never sends a
+// poll) as an error and dials again.
+func TestRawPoller(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Query().Get("version") {
+		case "1":
+			w.Header().Set("X-Kvroute-Frame", "delta")
+			w.Header().Set("Content-Length", "5")
+			io.WriteString(w, "KVRT!")
+		case "2":
+			w.WriteHeader(http.StatusNotModified)
+		default:
+			w.(http.Flusher).Flush() // no length: chunked
+			io.WriteString(w, "KVRT?")
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	p := &rawPoller{addr: srv.Listener.Addr().String()}
+	defer p.close()
+	deadline := time.Now().Add(5 * time.Second)
+
+	status, delta, body, err := p.get(api.TablePath+"?version=1", deadline)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+	assert.True(t, delta)
+	assert.Equal(t, "KVRT!", string(body))
+	status, delta, body, err = p.get(api.TablePath+"?version=2", deadline)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusNotModified, status)
+	assert.False(t, delta)
+	assert.Empty(t, body)
+	assert.Equal(t, int32(1), conns.Load(), "one kept-alive connection")
+
+	_, _, _, err = p.get(api.TablePath+"?version=3", deadline)
+	assert.ErrorIs(t, err, errAnswer)
+	_, _, _, err = p.get(api.TablePath+"?version=1", deadline)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), conns.Load(), "a new connection after the malformed answer")
 }
