@@ -88,9 +88,14 @@ const (
 	hi = 0x8080808080808080
 )
 
-// zero has the top bit of each byte of v that is zero set (and no false positives in
-// bytes below 0x80, which is all the caller relies on).
-func zero(v uint64) uint64 { return (v - lo) &^ v & hi }
+// stops says whether any of the eight bytes of v ends a plain run of a string: a byte
+// below 0x20, '"', '\\' or one with the top bit set. (v - 0x20 each) has a byte's top
+// bit set when the byte is below 0x20 (a borrow can only add false positives above a
+// true one); or-ing v itself adds the bytes at 0x80 and above.
+func stops(v uint64) bool {
+	q, bs := v^(lo*'"'), v^(lo*'\\')
+	return ((v-lo*0x20)|v|(q-lo)&^q|(bs-lo)&^bs)&hi != 0
+}
 
 // str reads a string value and appends its decoded bytes to dst according to mode.
 // Raw bytes 0x1B..0x1F cannot occur in a valid JSON string, so in canonical mode only
@@ -104,13 +109,11 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 	for {
 		start := s.i
 		b, i := s.b, s.i // locals: the loop runs per byte of every prompt
-		// Eight bytes at a time while none of them ends the run (the SWAR tests
-		// "has a byte below 0x20, equal to '"' or '\\', or with the top bit set").
-		for i+8 <= len(b) {
-			v := binary.LittleEndian.Uint64(b[i:])
-			if (v-lo*0x20)&^v&hi|zero(v^(lo*'"'))|zero(v^(lo*'\\'))|v&hi != 0 {
-				break
-			}
+		// Sixteen, then eight bytes at a time while none of them ends the run (stops).
+		for i+16 <= len(b) && !stops(binary.LittleEndian.Uint64(b[i:])) && !stops(binary.LittleEndian.Uint64(b[i+8:])) {
+			i += 16 // two words a turn: the loop's own test and bounds check cost as much as a word's
+		}
+		for i+8 <= len(b) && !stops(binary.LittleEndian.Uint64(b[i:])) {
 			i += 8
 		}
 		for i < len(b) && !strStop[b[i]] {

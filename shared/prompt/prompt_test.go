@@ -495,3 +495,23 @@ func BenchmarkParseChat32KBEncodingJSON(b *testing.B) {
 		}
 	}
 }
+
+// TestStringRunsStopAtEveryOffset: the string scanner skips plain bytes 16 and 8 at a
+// time (stops in json.go); whatever ends a run (a quote, an escape, a control byte, a
+// multi-byte character) is found at every offset of a word and of the two-word step,
+// as the reference decoder finds it.
+func TestStringRunsStopAtEveryOffset(t *testing.T) {
+	for _, special := range []string{`\"`, `\\`, `\n`, `\u0001`, "é", "\x1f", "\x7f", " ", "!", "#", "[", "]"} {
+		for at := 0; at <= 40; at++ {
+			s := strings.Repeat("a", at) + special + strings.Repeat("b", 40-at)
+			body := []byte(`{"model":"m","prompt":"` + s + `"}`)
+			var p Parser
+			got, err := p.Parse(Completions, body, Limits{MaxBytes: 1 << 20, MaxDepth: 32})
+			want, werr := reference(Completions, body)
+			require.Equal(t, werr == nil, err == nil, "%q at %d: %v / reference %v", special, at, err, werr)
+			if err == nil {
+				require.Equal(t, string(want.Text), string(got.Text), "%q at %d", special, at)
+			}
+		}
+	}
+}
