@@ -13,10 +13,17 @@ import (
 
 // BlockRemoved is half of a busy engine's events (one per evicted block), and vLLM
 // writes each the same way: removedFast reads those encodings by comparing them whole,
-// against constants (which the compiler compares in 8-byte words).
+// against constants. The compiler compares a constant of up to 16 bytes in 8-byte
+// words and calls memequal for a longer one, so the longer ones are compared in parts.
 const (
-	removedMap   = "\xa4type\xacBlockRemoved\xacblock_hashes\x91\xcf" // after fixmap 3 or 4, up to the hash
-	removedArray = "\xacBlockRemoved\x91\xcf"                         // after fixarray 2, 3 or 4
+	typeKey        = "\xa4type"
+	removedTag     = "\xacBlockRemoved"
+	removedMapHash = "\xacblock_hashes\x91\xcf"
+	removedMap     = typeKey + removedTag + removedMapHash // after fixmap 3 or 4, up to the hash
+	removedArray   = removedTag + "\x91\xcf"               // after fixarray 2, 3 or 4
+	mediumGPU      = "\xa6medium\xa3GPU"
+	mediumNil      = "\xa6medium\xc0"
+	groupIdx0      = "\xa9group_idx\x00"
 )
 
 // removedFast decodes a BlockRemoved event with a 64-bit hash, medium "GPU" or nil and
@@ -32,7 +39,8 @@ func (dc *Decoder) removedFast(e *Event) bool {
 	var h int // the hash's offset
 	switch b[0] {
 	case msgpcode.FixedMapLow | 4, msgpcode.FixedMapLow | 3:
-		if len(b) < 1+len(removedMap)+8 || string(b[1:1+len(removedMap)]) != removedMap {
+		if len(b) < 1+len(removedMap)+8 || string(b[1:6]) != typeKey ||
+			string(b[6:19]) != removedTag || string(b[19:1+len(removedMap)]) != removedMapHash {
 			return false
 		}
 		h = 1 + len(removedMap)
@@ -47,15 +55,15 @@ func (dc *Decoder) removedFast(e *Event) bool {
 	rest, medium, n := b[h+8:], "", -1
 	switch b[0] {
 	case msgpcode.FixedMapLow | 4:
-		if len(rest) >= 22 && string(rest[:22]) == "\xa6medium\xa3GPU\xa9group_idx\x00" {
+		if len(rest) >= 22 && string(rest[:11]) == mediumGPU && string(rest[11:22]) == groupIdx0 {
 			medium, n = "GPU", 22
-		} else if len(rest) >= 19 && string(rest[:19]) == "\xa6medium\xc0\xa9group_idx\x00" {
+		} else if len(rest) >= 19 && string(rest[:8]) == mediumNil && string(rest[8:19]) == groupIdx0 {
 			n = 19
 		}
 	case msgpcode.FixedMapLow | 3:
-		if len(rest) >= 11 && string(rest[:11]) == "\xa6medium\xa3GPU" {
+		if len(rest) >= 11 && string(rest[:11]) == mediumGPU {
 			medium, n = "GPU", 11
-		} else if len(rest) >= 8 && string(rest[:8]) == "\xa6medium\xc0" {
+		} else if len(rest) >= 8 && string(rest[:8]) == mediumNil {
 			n = 8
 		}
 	case msgpcode.FixedArrayLow | 4:
