@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Hash decodes an ExternalBlockHash (docs/kv-events.md, "Block hashes on the wire"):
@@ -52,7 +50,7 @@ func (dc *Decoder) hashes(dst []uint64) ([]uint64, error) {
 	}
 	for i := 0; i < n; i++ {
 		// vLLM's int hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) inline.
-		if b := dc.buf[dc.off:]; len(b) >= 9 && b[0] == msgpcode.Uint64 {
+		if b := dc.buf[dc.off:]; len(b) >= 9 && b[0] == codeUint64 {
 			dst = append(dst, binary.BigEndian.Uint64(b[1:9]))
 			dc.off += 9
 			continue
@@ -75,28 +73,46 @@ func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	base := len(dst)
 	dst = slices.Grow(dst, n)[:base+n]
 	out := dst[base:]
-	buf, off := dc.buf, dc.off
-	for i := range out {
-		// The common cases inline: token ids below 2^32 in their smallest form.
-		if off < len(buf) {
-			switch c := buf[off]; {
-			case c <= msgpcode.PosFixedNumHigh:
-				out[i] = uint32(c)
-				off++
+	// The common forms are decoded by an inner loop that calls nothing, so that its
+	// state stays in registers; while off < end every fast form fits in the payload.
+	buf, off, end := dc.buf, dc.off, len(dc.buf)-4
+	for i := 0; i < len(out); i++ {
+		for ; i < len(out) && off < end; i++ {
+			c := buf[off]
+			// Four uint16s (most ids of most vocabularies) with no branch between them.
+			if c == codeUint16 && i+4 <= len(out) && off+12 <= end &&
+				buf[off+3] == codeUint16 && buf[off+6] == codeUint16 && buf[off+9] == codeUint16 {
+				w := buf[off : off+12]
+				out[i] = uint32(w[1])<<8 | uint32(w[2])
+				out[i+1] = uint32(w[4])<<8 | uint32(w[5])
+				out[i+2] = uint32(w[7])<<8 | uint32(w[8])
+				out[i+3] = uint32(w[10])<<8 | uint32(w[11])
+				off += 12
+				i += 3
 				continue
-			case c == msgpcode.Uint16 && off+3 <= len(buf):
+			}
+			switch {
+			case c == codeUint16:
 				out[i] = uint32(buf[off+1])<<8 | uint32(buf[off+2])
 				off += 3
 				continue
-			case c == msgpcode.Uint8 && off+2 <= len(buf):
+			case c <= codePosFixedNumHigh:
+				out[i] = uint32(c)
+				off++
+				continue
+			case c == codeUint8:
 				out[i] = uint32(buf[off+1])
 				off += 2
 				continue
-			case c == msgpcode.Uint32 && off+5 <= len(buf):
+			case c == codeUint32:
 				out[i] = binary.BigEndian.Uint32(buf[off+1 : off+5])
 				off += 5
 				continue
 			}
+			break
+		}
+		if i == len(out) {
+			break
 		}
 		dc.off = off
 		v, err := dc.token()

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Limits that bound what one message can make us allocate or recurse into.
@@ -144,17 +142,17 @@ func (dc *Decoder) batchField(f fieldID, k []byte, b *Batch) error {
 			return err
 		}
 		switch c {
-		case msgpcode.Nil:
+		case codeNil:
 			dc.off++
 			b.TS = 0
-		case msgpcode.Float:
+		case codeFloat:
 			dc.off++
 			u, err := dc.uintN(4)
 			if err != nil {
 				return fmt.Errorf("ts: %w", err)
 			}
 			b.TS = float64(math.Float32frombits(uint32(u)))
-		case msgpcode.Double:
+		case codeDouble:
 			dc.off++
 			u, err := dc.uintN(8)
 			if err != nil {

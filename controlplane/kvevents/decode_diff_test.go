@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
@@ -91,4 +92,49 @@ func FuzzDecoderMatchesReference(f *testing.F) {
 	d := NewDecoder()
 	var b Batch
 	f.Fuzz(func(t *testing.T, payload []byte) { checkSame(t, d, &b, payload) })
+}
+
+// Token ids in runs of each msgpack form (tokens decodes four uint16s at once), of every
+// length around four and ending anywhere near the payload's end, agree with the
+// reference, whole and truncated at each of its last 64 bytes.
+func TestTokenRunsMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 2))
+	forms := []func() uint32{
+		func() uint32 { return uint32(rng.IntN(128)) },           // fixint
+		func() uint32 { return 128 + uint32(rng.IntN(128)) },     // uint8
+		func() uint32 { return 256 + uint32(rng.IntN(65280)) },   // uint16
+		func() uint32 { return 65536 + uint32(rng.IntN(1<<30)) }, // uint32
+	}
+	d := NewDecoder()
+	var b Batch
+	for _, enc := range []sim.Encoding{sim.Map, sim.Array} {
+		e := sim.NewEncoder(enc)
+		for range 300 {
+			var toks []uint32
+			for len(toks) < 16 {
+				form := forms[rng.IntN(len(forms))]
+				if rng.IntN(2) == 0 {
+					form = forms[2]
+				}
+				for range 1 + rng.IntN(9) {
+					toks = append(toks, form())
+				}
+			}
+			blocks := len(toks) / 4
+			ev := sim.Event{Kind: sim.BlockStored, BlockSize: 4, TokenIDs: toks[:4*blocks], Medium: "GPU"}
+			for i := range blocks {
+				ev.BlockHashes = append(ev.BlockHashes, uint64(i+1))
+			}
+			p, err := e.Encode(sim.Batch{TS: 1, Events: []sim.Event{ev}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Decode(p, &b); err != nil || !slices.Equal(b.Events[0].Tokens, ev.TokenIDs) {
+				t.Fatalf("%x: tokens %v, %v; want %v", p, b.Events[0].Tokens, err, ev.TokenIDs)
+			}
+			for n := len(p); n >= 0 && n > len(p)-64; n-- {
+				checkSame(t, d, &b, p[:n])
+			}
+		}
+	}
 }

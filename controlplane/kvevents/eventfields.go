@@ -7,8 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // BlockRemoved is half of a busy engine's events (one per evicted block), and vLLM
@@ -38,13 +36,13 @@ func (dc *Decoder) removedFast(e *Event) bool {
 	}
 	var h int // the hash's offset
 	switch b[0] {
-	case msgpcode.FixedMapLow | 4, msgpcode.FixedMapLow | 3:
+	case codeFixedMapLow | 4, codeFixedMapLow | 3:
 		if len(b) < 1+len(removedMap)+8 || string(b[1:6]) != typeKey ||
 			string(b[6:19]) != removedTag || string(b[19:1+len(removedMap)]) != removedMapHash {
 			return false
 		}
 		h = 1 + len(removedMap)
-	case msgpcode.FixedArrayLow | 4, msgpcode.FixedArrayLow | 3, msgpcode.FixedArrayLow | 2:
+	case codeFixedArrayLow | 4, codeFixedArrayLow | 3, codeFixedArrayLow | 2:
 		if string(b[1:1+len(removedArray)]) != removedArray {
 			return false
 		}
@@ -54,28 +52,28 @@ func (dc *Decoder) removedFast(e *Event) bool {
 	}
 	rest, medium, n := b[h+8:], "", -1
 	switch b[0] {
-	case msgpcode.FixedMapLow | 4:
+	case codeFixedMapLow | 4:
 		if len(rest) >= 22 && string(rest[:11]) == mediumGPU && string(rest[11:22]) == groupIdx0 {
 			medium, n = "GPU", 22
 		} else if len(rest) >= 19 && string(rest[:8]) == mediumNil && string(rest[8:19]) == groupIdx0 {
 			n = 19
 		}
-	case msgpcode.FixedMapLow | 3:
+	case codeFixedMapLow | 3:
 		if len(rest) >= 11 && string(rest[:11]) == mediumGPU {
 			medium, n = "GPU", 11
 		} else if len(rest) >= 8 && string(rest[:8]) == mediumNil {
 			n = 8
 		}
-	case msgpcode.FixedArrayLow | 4:
+	case codeFixedArrayLow | 4:
 		if len(rest) >= 5 && string(rest[:5]) == "\xa3GPU\x00" {
 			medium, n = "GPU", 5
 		} else if len(rest) >= 2 && string(rest[:2]) == "\xc0\x00" {
 			n = 2
 		}
-	case msgpcode.FixedArrayLow | 3:
+	case codeFixedArrayLow | 3:
 		if len(rest) >= 4 && string(rest[:4]) == "\xa3GPU" {
 			medium, n = "GPU", 4
-		} else if len(rest) >= 1 && rest[0] == msgpcode.Nil {
+		} else if len(rest) >= 1 && rest[0] == codeNil {
 			n = 1
 		}
 	default: // v0.9: tag and hashes only
@@ -235,7 +233,7 @@ func (dc *Decoder) metadata(e *Event) error {
 			if err != nil {
 				return err
 			}
-			if isStr(c) || c == msgpcode.Nil {
+			if isStr(c) || c == codeNil {
 				if e.SaltKey, err = dc.optStr(); err != nil {
 					return err
 				}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 func (dc *Decoder) left() int { return len(dc.buf) - dc.off }
@@ -71,7 +69,7 @@ func (dc *Decoder) containerLen(fixed, c16, c32 byte, what string) (int, error) 
 		n, err = dc.uintN(2)
 	case c == c32:
 		n, err = dc.uintN(4)
-	case c == msgpcode.Nil:
+	case c == codeNil:
 		return -1, nil
 	default:
 		dc.off--
@@ -84,11 +82,11 @@ func (dc *Decoder) containerLen(fixed, c16, c32 byte, what string) (int, error) 
 }
 
 func (dc *Decoder) arrayLen() (int, error) {
-	return dc.containerLen(msgpcode.FixedArrayLow, msgpcode.Array16, msgpcode.Array32, "array")
+	return dc.containerLen(codeFixedArrayLow, codeArray16, codeArray32, "array")
 }
 
 func (dc *Decoder) mapLen() (int, error) {
-	return dc.containerLen(msgpcode.FixedMapLow, msgpcode.Map16, msgpcode.Map32, "map")
+	return dc.containerLen(codeFixedMapLow, codeMap16, codeMap32, "map")
 }
 
 // isNil consumes a nil if one is next.
@@ -97,7 +95,7 @@ func (dc *Decoder) isNil() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if c == msgpcode.Nil {
+	if c == codeNil {
 		dc.off++
 		return true, nil
 	}
@@ -114,7 +112,7 @@ func (dc *Decoder) skip(depth int) error {
 		return err
 	}
 	switch {
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case isFixedArray(c) || c == codeArray16 || c == codeArray32:
 		n, err := dc.arrayLen()
 		if err != nil {
 			return err
@@ -125,7 +123,7 @@ func (dc *Decoder) skip(depth int) error {
 			}
 		}
 		return nil
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case isFixedMap(c) || c == codeMap16 || c == codeMap32:
 		n, err := dc.mapLen()
 		if err != nil {
 			return err
@@ -146,23 +144,25 @@ func (dc *Decoder) skip(depth int) error {
 }
 
 func isArray(c byte) bool {
-	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+	return isFixedArray(c) || c == codeArray16 || c == codeArray32
 }
 
 func isMap(c byte) bool {
-	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+	return isFixedMap(c) || c == codeMap16 || c == codeMap32
 }
 
-func isStr(c byte) bool { return msgpcode.IsString(c) }
+func isStr(c byte) bool {
+	return isFixedString(c) || c == codeStr8 || c == codeStr16 || c == codeStr32
+}
 
-func isBin(c byte) bool { return msgpcode.IsBin(c) }
+func isBin(c byte) bool { return c == codeBin8 || c == codeBin16 || c == codeBin32 }
 
 func isInt(c byte) bool {
-	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) || (c >= msgpcode.Int8 && c <= msgpcode.Int64)
+	return isFixedNum(c) || (c >= codeUint8 && c <= codeUint64) || (c >= codeInt8 && c <= codeInt64)
 }
 
 func isSigned(c byte) bool {
-	return (c >= msgpcode.Int8 && c <= msgpcode.Int64) || (msgpcode.IsFixedNum(c) && int8(c) < 0)
+	return (c >= codeInt8 && c <= codeInt64) || (isFixedNum(c) && int8(c) < 0)
 }
 
 // scalarLen is the size in bytes of the non-container value starting with code c,
@@ -170,27 +170,27 @@ func isSigned(c byte) bool {
 // against the bytes left, so a value claiming 4 GiB costs nothing (FuzzDecode).
 func (dc *Decoder) scalarLen(c byte) (int, error) {
 	switch {
-	case c <= msgpcode.PosFixedNumHigh || c >= msgpcode.NegFixedNumLow,
-		c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
+	case c <= codePosFixedNumHigh || c >= codeNegFixedNumLow,
+		c == codeNil, c == codeFalse, c == codeTrue:
 		return 1, nil
-	case msgpcode.IsFixedString(c):
-		return 1 + int(c&msgpcode.FixedStrMask), nil
-	case c == msgpcode.Float:
+	case isFixedString(c):
+		return 1 + int(c&codeFixedStrMask), nil
+	case c == codeFloat:
 		return 5, nil
-	case c == msgpcode.Double:
+	case c == codeDouble:
 		return 9, nil
-	case c >= msgpcode.Uint8 && c <= msgpcode.Uint64:
-		return 1 + 1<<(c-msgpcode.Uint8), nil
-	case c >= msgpcode.Int8 && c <= msgpcode.Int64:
-		return 1 + 1<<(c-msgpcode.Int8), nil
-	case msgpcode.IsFixedExt(c):
-		return 2 + 1<<(c-msgpcode.FixExt1), nil // FixExt1..FixExt16 are consecutive codes
+	case c >= codeUint8 && c <= codeUint64:
+		return 1 + 1<<(c-codeUint8), nil
+	case c >= codeInt8 && c <= codeInt64:
+		return 1 + 1<<(c-codeInt8), nil
+	case isFixedExt(c):
+		return 2 + 1<<(c-codeFixExt1), nil // FixExt1..FixExt16 are consecutive codes
 	}
 	hdr, extra := lenHeader(c), 0 // length header bytes after the code; the extension's type byte
 	if hdr == 0 {
 		return 0, fmt.Errorf("invalid code %#x", c)
 	}
-	if c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32 {
+	if c == codeExt8 || c == codeExt16 || c == codeExt32 {
 		extra = 1
 	}
 	if 1+hdr > dc.left() {
@@ -224,11 +224,11 @@ func (dc *Decoder) payload(c byte) ([]byte, error) {
 // ext8/16/32 value; 0 for every other code.
 func lenHeader(c byte) int {
 	switch c {
-	case msgpcode.Str8, msgpcode.Bin8, msgpcode.Ext8:
+	case codeStr8, codeBin8, codeExt8:
 		return 1
-	case msgpcode.Str16, msgpcode.Bin16, msgpcode.Ext16:
+	case codeStr16, codeBin16, codeExt16:
 		return 2
-	case msgpcode.Str32, msgpcode.Bin32, msgpcode.Ext32:
+	case codeStr32, codeBin32, codeExt32:
 		return 4
 	}
 	return 0
@@ -270,12 +270,12 @@ func intern(b []byte) string {
 
 // sint consumes an integer of signed code c (checked) as int64.
 func (dc *Decoder) sint(c byte) (int64, error) {
-	if int8(c) < 0 && msgpcode.IsFixedNum(c) {
+	if int8(c) < 0 && isFixedNum(c) {
 		dc.off++
 		return int64(int8(c)), nil
 	}
 	dc.off++
-	n := 1 << (c - msgpcode.Int8)
+	n := 1 << (c - codeInt8)
 	u, err := dc.uintN(n)
 	if err != nil {
 		dc.off--
@@ -294,12 +294,12 @@ func (dc *Decoder) sint(c byte) (int64, error) {
 
 // uint consumes an integer of unsigned code c (checked).
 func (dc *Decoder) uint(c byte) (uint64, error) {
-	if c <= msgpcode.PosFixedNumHigh {
+	if c <= codePosFixedNumHigh {
 		dc.off++
 		return uint64(c), nil
 	}
 	dc.off++
-	u, err := dc.uintN(1 << (c - msgpcode.Uint8))
+	u, err := dc.uintN(1 << (c - codeUint8))
 	if err != nil {
 		dc.off--
 	}
@@ -319,8 +319,8 @@ func (dc *Decoder) str() (string, error) {
 func (dc *Decoder) strBytes() ([]byte, error) {
 	if dc.off < len(dc.buf) {
 		// The common case inline: a fixstr (below 32 bytes: every field name and tag).
-		if c := dc.buf[dc.off]; c&0xe0 == msgpcode.FixedStrLow {
-			end := dc.off + 1 + int(c&msgpcode.FixedStrMask)
+		if c := dc.buf[dc.off]; c&0xe0 == codeFixedStrLow {
+			end := dc.off + 1 + int(c&codeFixedStrMask)
 			if end <= len(dc.buf) {
 				b := dc.buf[dc.off+1 : end : end]
 				dc.off = end
