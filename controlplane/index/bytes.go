@@ -19,8 +19,9 @@ import (
 //
 //   - a holding (a key on one replica, whatever its sources): the replica's holdings
 //     map, its slab entry and its slot in the model's holder list;
-//   - a distinct key of a model: the model's key map and its holder list, and the
-//     changed-key set until the next table build;
+//   - a distinct key of a model: the model's key map and its holder list (none of its
+//     own while one replica holds it: oneHolder), and the changed-key set until the
+//     next table build;
 //   - an engine block of vLLM's KV events: the rank's block map (and, for engine blocks
 //     larger than ours, the checkpoint keys it names);
 //   - an SGLang page: its slab entry, its slot in the page map and its token tail;
@@ -210,7 +211,7 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 func (ix *Index) meterModel(m *model, fresh int, now time.Time) {
 	nk := len(m.keys) + fresh
 	b := int64(unsafe.Sizeof(model{})) + int64(cap(m.slots))*8 +
-		mapBytes(nk, keySlot) + int64(nk)*listMinBytes + mapBytes(len(m.dirty)+fresh, dirtySlot)
+		mapBytes(nk, keySlot) + int64(m.lists+fresh)*listMinBytes + mapBytes(len(m.dirty)+fresh, dirtySlot)
 	mt := ix.budget.meters.get(m)
 	mt.bytes.Store(b)
 	mt.at.Store(now.UnixNano())

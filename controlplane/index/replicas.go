@@ -27,6 +27,7 @@ type model struct {
 	free      []uint32   // reusable slots
 	freeNext  []uint32   // freed since the last Flush: reusable once it is published
 	keys      map[uint64][]uint16
+	lists     int // holder lists in keys that have their own array (not oneHolder's)
 	dirty     map[uint64]struct{}
 	// tiers names the slower media seen (table tier i is tiers[i-1], append-only);
 	// tierKeys holds, per key, the holders (table.Holder) in those tiers (tiers.go).
