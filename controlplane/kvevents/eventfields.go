@@ -258,6 +258,12 @@ func (dc *Decoder) extraKeys(e *Event) error {
 	}
 	for i := 0; i < n; i++ {
 		if i > 0 {
+			// Past the first entry, nil (a block without keys: all of most events) is
+			// stepped over here, without skip's calls.
+			if dc.off < len(dc.buf) && dc.buf[dc.off] == codeNil {
+				dc.off++
+				continue
+			}
 			if err := dc.skip(1); err != nil {
 				return err
 			}
