@@ -88,13 +88,13 @@ func TestRoutesToTheReplicaHoldingThePrefix(t *testing.T) {
 }
 
 // The spill of docs/rule.md's worked example: the owner keeps the prefix while its extra queue is under the
-// tokens a hit saves plus the spill's charge (shared/rule: the saving over the 3
-// replicas), and loses it above.
+// tokens a hit saves plus the spill's charge (shared/rule: the saving times 1/3, the 3
+// replicas, plus the target's KV usage, 0.4 in fleet), and loses it above.
 func TestOwnerSpillsWhenItsQueueIsDeeperThanTheSaving(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		prior := chat(system, "q0")
 		saving := float64(len(system)) / 4 // cached tokens of the system prompt at 4 bytes/token
-		spillAt := saving + saving/3
+		spillAt := saving + saving*(1.0/3+0.4)
 		for _, c := range []struct {
 			extra     float64
 			ownerKeep bool

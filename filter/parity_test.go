@@ -70,7 +70,7 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 		{name: "oversized", body: chat(strings.Repeat("Long attachment text. ", 4000), "Summarise.")},
 		{name: "token prompt", path: "/v1/completions", body: `{"model":"llama","prompt":[` + strings.Join(tokens, ",") + `]}`},
 	}
-	for i := 0; i < 12; i++ { // a burst on the owner: its ledger grows until it spills
+	for i := 0; i < 20; i++ { // a burst on the owner: its ledger grows until it spills (12 did before the spill paid for evictions)
 		question := fmt.Sprint("Question ", i, ": ", strings.Repeat("with a long attached document, ", 100))
 		steps = append(steps, step{name: fmt.Sprint("burst ", i), body: chat(system, question)})
 	}

@@ -1,17 +1,17 @@
 // Package rule is kvroute's routing decision: for a request x and each eligible replica r,
 //
-//	cost(r) = (Q(r) + U(r, x) + W(r, x) / n) / speed(r)
+//	cost(r) = (Q(r) + U(r, x) + W(r, x) x (1/n + u(r))) / speed(r)
 //
 // where Q(r) is the prompt work already queued on r (uncached tokens not yet prefilled),
-// U(r, x) = prompt tokens of x - tokens of x already cached on r, and W(r, x) = U(r, x) -
+// U(r, x) = prompt tokens of x - tokens of x already cached on r, W(r, x) = U(r, x) -
 // the smallest U among the n candidates: the tokens r would prefill again that another
-// candidate already holds (0 for the replicas holding the longest prefix). The minimum
-// wins.
+// candidate already holds (0 for the replicas holding the longest prefix), and u(r) r's
+// KV-cache usage, 0..1. The minimum wins.
 //
 // docs/rule.md's worked example: 8,000-token prompts, 6,000 of them a shared prefix,
 // 22 replicas. The owner of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000
-// + 6,000/22, so the owner keeps the request while its extra queue is under the 6,000
-// tokens (428 ms of prefill) it saves plus 273, and the first request that finds it
+// + 6,000 x (1/22 + u), so the owner keeps the request while its extra queue is under the 6,000
+// tokens (428 ms of prefill) it saves plus 273 (and 6,000 x u), and the first request that finds it
 // deeper spills to the coldest replica, which becomes a second owner. Hot prefixes gain
 // owners in proportion to their load without a separate replication policy; when nothing
 // is cached anywhere W is 0 and the rule is plain least-queued-tokens.
@@ -34,6 +34,20 @@
 // request; it spills once the owner's queue is 2,048 x (1 + 1/4) = 2,560 tokens deeper
 // than the idle replica's. At 22 replicas the charge moves the worked example's spill point by 5%
 // (6,000 to 6,273 tokens).
+//
+// The copy also takes W tokens of the spill target's cache. An engine keeps cached
+// prefixes in the blocks no running request holds and evicts the least recently used
+// of them for new ones (vLLM's free-block queue); the fraction of its cache that running
+// requests hold, u (vLLM's kv_cache_usage_perc, carried in the table as KVUsage), is how
+// little room is left for cached prefixes, so the higher u, the more recently used, and
+// likelier to be reused, the prefixes the copy evicts: each of them a miss later, and
+// under load a spill of its own. The rule charges the spill W x u for that, so the
+// whole charge is W x (1/n + u). With W/n alone the fleet simulator's CPU-tier fleet
+// (14 replicas near GPU memory capacity) fell from 33% cached to 7%, and its median
+// TTFT from 0.59 s to 29 s, with 10% more load, caches thrashing; with W x u it held
+// there (35%, 0.59 s), and fell with 20% more (wasmtest/fleet/README.md). The other
+// workloads did not move, but for burst, whose fresh prefixes spill less (18% -> 41%
+// cached, TTFT p50 +10 ms).
 //
 // # Where Q and the cached tokens come from
 //
@@ -184,7 +198,7 @@ type Decision struct {
 }
 
 // Cost is (Q + U) / speed for a prompt of promptTokens tokens: what the request waits for
-// on r. Pick adds a spill's charge, W/n, which depends on the other candidates.
+// on r. Pick adds a spill's charge, W x (1/n + u), which depends on the other candidates.
 func Cost(promptTokens float64, r Replica) float64 {
 	return (r.Queued + Uncached(promptTokens, r)) / speed(r)
 }
@@ -346,9 +360,9 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 	return d
 }
 
-// chargeSpills adds to each scored candidate its share of the prefill it would do again:
-// W(r)/n = (U(r) - the smallest U among the candidates) / n, n the replicas that share the
-// work (see the package doc, "What a spill costs").
+// chargeSpills adds to each scored candidate what its spill costs the fleet: W(r) x
+// (1/n + u(r)), W(r) = U(r) - the smallest U among the candidates, n the replicas that
+// share the work, u(r) r's KV-cache usage (see the package doc, "What a spill costs").
 func (pk *Picker) chargeSpills(replicas []Replica, n int) {
 	if len(pk.scored) < 2 || n < 1 {
 		return
@@ -359,8 +373,18 @@ func (pk *Picker) chargeSpills(replicas []Replica, n int) {
 	}
 	for k := range pk.scored {
 		s := &pk.scored[k]
-		s.cost += (s.u - least) / float64(n) / speed(replicas[s.idx])
+		r := replicas[s.idx]
+		s.cost += (s.u - least) * (1/float64(n) + usage(r)) / speed(r)
 	}
+}
+
+// usage is r's KV-cache usage within 0..1 (a torn or hostile table's value counts as
+// the nearest bound; NaN as 0).
+func usage(r Replica) float64 {
+	if !(r.KVUsage > 0) {
+		return 0
+	}
+	return min(r.KVUsage, 1)
 }
 
 // speed is r's prefill rate, 1 when unset.

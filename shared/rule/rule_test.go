@@ -1,6 +1,7 @@
 package rule
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -89,6 +90,41 @@ func TestSpillPaysForTheCopy(t *testing.T) {
 	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
 	assert.Equal(t, 1, d.Order[0])
 	assert.InDelta(t, 2176, d.Cost, 1e-9)
+}
+
+// A spill's copy also evicts cached prefixes from the target, the more reusable the more
+// of its cache running requests hold: the charge is W x (1/n + u). The package doc's
+// worked example again, the idle replica at KV usage 0.5: it costs 2,176 + 2,048 x
+// (1/4 + 0.5) = 3,712, and the owner keeps the request until its queue is 3,584 tokens
+// deep, not 2,560. With W/n alone (before) the same fleet spilled at 2,561.
+func TestSpillChargeGrowsWithTheTargetsKVUsage(t *testing.T) {
+	const prompt, system = 2176, 2048
+	replicas := []Replica{healthy(2561, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
+	for i := range replicas {
+		replicas[i].KVUsage = 0.5
+	}
+	d := NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, 0, d.Order[0], "order %v", d.Order)
+	assert.False(t, d.Spill)
+
+	replicas[0].Queued = 3583 // + 128 = 3,711 < 3,712
+	assert.Equal(t, 0, NewPicker(exact(), 1).Pick(prompt, replicas, nil).Order[0])
+	replicas[0].Queued = 3585
+	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, 1, d.Order[0])
+	assert.True(t, d.Spill)
+	assert.InDelta(t, 3712, d.Cost, 1e-9)
+
+	// An owner's own usage costs it nothing (W = 0), and a usage outside 0..1 (a torn
+	// table) counts as its bound.
+	replicas[0].KVUsage, replicas[1].KVUsage = 0.9, math.NaN()
+	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
+	assert.InDelta(t, 2176+2048/4.0, d.Cost, 1e-9, "NaN usage: no eviction charge")
+	noGuard := exact()
+	noGuard.MaxKVUsage = 0 // the guard would exclude it
+	replicas[1].KVUsage = 7
+	d = NewPicker(noGuard, 1).Pick(prompt, replicas, nil)
+	assert.Equal(t, []int{0, 1, 2}, d.Order, "usage 7 counts 1: the spill costs 2,176 + 2,048 x 1.25 = 4,736 against the owner's 3,713")
 }
 
 // The charge is relative to the candidates: an owner excluded by a guard does not make
