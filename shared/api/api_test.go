@@ -22,7 +22,7 @@ func TestParseConfigFillsDefaults(t *testing.T) {
 	assert.Equal(t, 16, c.BlockTokens)
 	assert.Equal(t, PolicyShared, c.Tenants.DefaultPolicy)
 	p := c.RuleParams()
-	assert.Equal(t, 0.95, p.MaxKVUsage)
+	assert.Equal(t, 1.0, p.MaxKVUsage, "the KV guard is off unless configured (shared/rule: it caused the thrashing it was meant to prevent)")
 	assert.Equal(t, 2*time.Second, p.MaxStateAge)
 	assert.Equal(t, 3, p.MaxEndpoints)
 }

@@ -45,7 +45,8 @@
 // whole charge is W x (1/n + u). With W/n alone the fleet simulator's CPU-tier fleet
 // (14 replicas near GPU memory capacity) fell from 33% cached to 7%, and its median
 // TTFT from 0.59 s to 29 s, with 10% more load, caches thrashing; with W x u it held
-// there (35%, 0.59 s), and fell with 20% more (wasmtest/fleet/README.md). The other
+// there (35%, 0.59 s), and with the KV guard off too (MaxKVUsage) up to 30% more (44%,
+// 0.52 s), tipping over between 30% and 40% more (wasmtest/fleet/README.md). The other
 // workloads did not move, but for burst, whose fresh prefixes spill less (18% -> 41%
 // cached, TTFT p50 +10 ms).
 //
@@ -147,8 +148,13 @@ type Replica struct {
 
 // Params are the guards and knobs of the rule.
 type Params struct {
-	// MaxKVUsage excludes replicas above this KV usage. 0.95: admitting above it forces
-	// vLLM to preempt running sequences (docs/rule.md).
+	// MaxKVUsage excludes replicas above this KV usage; 1, the default, excludes none.
+	// Excluding the replica that holds a request's prefix forces a copy elsewhere, which
+	// evicts another replica's prefixes: at 0.95 the fleet simulator's CPU-tier fleet fell
+	// into thrashing at 24 requests/s (6.4% cached, TTFT median 65 s, 2,493 preemptions)
+	// where without the guard it held (39.9%, 0.59 s, none), and the oracle at 13
+	// replicas kept 26.6% instead of 73.1%. A busy cache is priced instead: the spill
+	// charge's W x u (docs/rule.md).
 	MaxKVUsage float64
 	// MaxStateAge excludes replicas whose state is older than this; queue depth is the
 	// term that goes wrong fastest. A few hundred milliseconds would do, but ages
@@ -173,7 +179,7 @@ type Params struct {
 
 // DefaultParams are the values docs/rule.md gives, and the stale regime's (10 min, 1.25).
 func DefaultParams() Params {
-	return Params{MaxKVUsage: 0.95, MaxStateAge: 2 * time.Second, TieEpsilon: 0.02, MaxEndpoints: 3,
+	return Params{MaxKVUsage: 1, MaxStateAge: 2 * time.Second, TieEpsilon: 0.02, MaxEndpoints: 3,
 		MaxCacheAge: 10 * time.Minute, LoadBound: 1.25}
 }
 

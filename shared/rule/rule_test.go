@@ -121,7 +121,7 @@ func TestSpillChargeGrowsWithTheTargetsKVUsage(t *testing.T) {
 	d = NewPicker(exact(), 1).Pick(prompt, replicas, nil)
 	assert.InDelta(t, 2176+2048/4.0, d.Cost, 1e-9, "NaN usage: no eviction charge")
 	noGuard := exact()
-	noGuard.MaxKVUsage = 0 // the guard would exclude it
+	noGuard.MaxKVUsage = 0 // the default guard, 1, excludes a usage above 1
 	replicas[1].KVUsage = 7
 	d = NewPicker(noGuard, 1).Pick(prompt, replicas, nil)
 	assert.Equal(t, []int{0, 1, 2}, d.Order, "usage 7 counts 1: the spill costs 2,176 + 2,048 x 1.25 = 4,736 against the owner's 3,713")
@@ -135,7 +135,9 @@ func TestSpillChargeCountsCandidatesOnly(t *testing.T) {
 	full.KVUsage = 0.99
 	partial := healthy(4200, 3000) // U 5,000: 9,200
 	cold := healthy(0, 0)          // U 8,000, 3,000 more than the partial holder: 8,000 + 3,000/2
-	d := NewPicker(exact(), 1).Pick(prompt, []Replica{full, partial, cold}, nil)
+	p := exact()
+	p.MaxKVUsage = 0.95 // excludes the owner
+	d := NewPicker(p, 1).Pick(prompt, []Replica{full, partial, cold}, nil)
 	assert.Equal(t, []int{1, 2}, d.Order, "9,200 against 9,500 (charged against the excluded owner: 10,200 against 10,000)")
 	assert.InDelta(t, 9200, d.Cost, 1e-9)
 }
@@ -162,6 +164,7 @@ func TestSpeedNormalisesCost(t *testing.T) {
 
 func TestGuards(t *testing.T) {
 	p := exact()
+	p.MaxKVUsage = 0.95 // off by default (1); a configuration may set it
 	cases := []struct {
 		name     string
 		replicas []Replica
@@ -234,6 +237,19 @@ func TestGuards(t *testing.T) {
 			assert.Equal(t, c.fallback, d.Fallback)
 		})
 	}
+}
+
+// By default no replica is excluded for its KV usage: the owner of the prefix at 99%
+// keeps the request (excluding it forced a copy that evicted another replica's
+// prefixes), and a spill onto a busy cache pays for what it evicts.
+func TestDefaultKeepsAnOwnerWhoseCacheIsBusy(t *testing.T) {
+	const prompt, shared = 8000, 6000
+	owner := Replica{Queued: 1000, Cached: shared, KVUsage: 0.99, Healthy: true} // 3,000
+	cold := Replica{Queued: 0, KVUsage: 0.9, Healthy: true}                      // 8,000 + 6,000 x (1/2 + 0.9)
+	d := NewPicker(exact(), 1).Pick(prompt, []Replica{owner, cold}, nil)
+	assert.Equal(t, []int{0, 1}, d.Order)
+	assert.False(t, d.Fallback)
+	assert.InDelta(t, 3000, d.Cost, 1e-9)
 }
 
 func TestOrderIsCappedAndSortedByCost(t *testing.T) {
