@@ -207,9 +207,24 @@ func TestMapCloneAndClear(t *testing.T) {
 	if v, ok := m.Get(0); !ok || v != 7 || m.Len() != 99 {
 		t.Fatalf("the key 0: %d, %v, Len %d", v, ok, m.Len())
 	}
+	// Get reads the key 0's value without looking at whether it is present (911a2f6:
+	// Get must stay inlinable), so its value must be zero whenever it is absent.
+	m.Delete(0)
+	if v, ok := m.Get(0); ok || v != 0 || m.Len() != 98 {
+		t.Fatalf("the key 0 deleted: %d, %v, Len %d", v, ok, m.Len())
+	}
+	m.Set(0, 8)
 	m.Clear()
+	if v, ok := m.Get(0); ok || v != 0 {
+		t.Fatalf("the key 0 after Clear: %d, %v", v, ok)
+	}
 	if _, ok := m.Get(5); ok || m.Len() != 0 || m.Ptr(0) != nil {
 		t.Fatal("Clear left a key")
+	}
+	var only Map[int] // the key 0 alone: no slots
+	only.Set(0, 9)
+	if v, ok := only.Get(0); !ok || v != 9 || only.Len() != 1 {
+		t.Fatalf("the key 0 alone: %d, %v, Len %d", v, ok, only.Len())
 	}
 	var zero Map[int]
 	if _, ok := zero.Get(1); ok || zero.Ptr(1) != nil {
