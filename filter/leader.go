@@ -288,13 +288,9 @@ func (l *leader) postOwn(p *plugin, s *shard, hdrs [][2]string) int {
 		return 0
 	}
 	p.closeItem(s)
-	for i, start := range rb.items {
-		end := len(rb.b)
-		if i+1 < len(rb.items) {
-			end = rb.items[i+1]
-		}
-		item := rb.b[start:end]
-		l.post(p, s, hdrs, item[itemHead:], int(binary.LittleEndian.Uint32(item[len(itemMagic):])))
+	for i := range rb.items {
+		item := rb.item(i)
+		l.post(p, s, hdrs, item[itemHead:], itemCount(item))
 	}
 	posts := len(rb.items)
 	rb.b, rb.items = rb.b[:0], rb.items[:0]

@@ -110,14 +110,10 @@ func (p *plugin) flushReports(s *shard) {
 		return
 	}
 	p.closeItem(s)
-	for i, start := range rb.items {
-		end := len(rb.b)
-		if i+1 < len(rb.items) {
-			end = rb.items[i+1]
-		}
-		item := rb.b[start:end]
+	for i := range rb.items {
+		item := rb.item(i)
 		if err := proxywasm.EnqueueSharedQueue(s.queueID, item); err != nil {
-			p.metrics.reportsDropped.Increment(uint64(binary.LittleEndian.Uint32(item[len(itemMagic):])))
+			p.metrics.reportsDropped.Increment(uint64(itemCount(item)))
 		}
 	}
 	// A quarter more than this tick's (halving back over quiet ticks), so a busier tick
@@ -192,6 +188,18 @@ func (p *plugin) startItem(s *shard) {
 	rb.n = 0
 }
 
+// item is the VM's item i, its head included.
+func (rb *reportBuf) item(i int) []byte {
+	end := len(rb.b)
+	if i+1 < len(rb.items) {
+		end = rb.items[i+1]
+	}
+	return rb.b[rb.items[i]:end]
+}
+
+// itemCount is the count of records an item's head says it holds.
+func itemCount(item []byte) int { return int(binary.LittleEndian.Uint32(item[len(itemMagic):])) }
+
 // closeItem writes the last item's count of records.
 func (p *plugin) closeItem(s *shard) {
 	rb := &s.reports
@@ -212,6 +220,6 @@ func (p *plugin) nextItem(s *shard, buf *hostBuf) ([]byte, int, bool) {
 			p.metrics.reportsDropped.Increment(1)
 			continue
 		}
-		return b, int(binary.LittleEndian.Uint32(b[len(itemMagic):])), true
+		return b, itemCount(b), true
 	}
 }
