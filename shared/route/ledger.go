@@ -81,13 +81,7 @@ func (l *Ledger) put(id uint64, s sent) {
 	if i, ok := l.entries[id]; ok {
 		l.remove(i)
 	}
-	var i int32
-	if n := len(l.free); n > 0 {
-		i, l.free = l.free[n-1], l.free[:n-1]
-	} else {
-		i = int32(len(l.slots))
-		l.slots = append(l.slots, sent{})
-	}
+	i := takeSlot(&l.slots, &l.free)
 	l.seq++
 	s.id, s.seq = id, l.seq
 	l.slots[i] = s
@@ -285,4 +279,16 @@ func (l *Ledger) sentAfter(a *addrLedger, c int64) float64 {
 		}
 	}
 	return sum
+}
+
+// takeSlot returns the index of a slot of slots to use: the last freed one, or a new
+// zero one appended. The ledger and route.Local keep their entries in such slabs.
+func takeSlot[T any](slots *[]T, free *[]int32) int32 {
+	if n := len(*free); n > 0 {
+		i := (*free)[n-1]
+		*free = (*free)[:n-1]
+		return i
+	}
+	*slots = append(*slots, *new(T))
+	return int32(len(*slots) - 1)
 }

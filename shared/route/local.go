@@ -91,13 +91,7 @@ func (m *localModel) entry(k uint64) (*localEntry, bool) {
 	if i, ok := m.entries.Get(k); ok {
 		return &m.slots[i], false
 	}
-	var i int32
-	if n := len(m.free); n > 0 {
-		i, m.free = m.free[n-1], m.free[:n-1]
-	} else {
-		i = int32(len(m.slots))
-		m.slots = append(m.slots, localEntry{})
-	}
+	i := takeSlot(&m.slots, &m.free)
 	m.entries.Set(k, i)
 	return &m.slots[i], true
 }
