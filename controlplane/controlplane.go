@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/controlplane/publish"
@@ -86,7 +87,7 @@ type ControlPlane struct {
 	log       *slog.Logger
 
 	ln      net.Listener
-	srv     *http.Server
+	srv     *front.Front
 	kvAddrs []net.Addr
 	done    chan struct{}
 	err     error
@@ -213,9 +214,12 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Gatherer:         c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
-	// instead of holding it up for their wait_ms.
-	c.srv = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
+	// instead of holding it up for their wait_ms. The filters' polls and reports go
+	// through the lean front, everything else through net/http.
+	h := srv.Handler()
+	c.srv = &front.Front{Handler: h, Routes: server.FrontRoutes, Headers: server.FrontHeaders, BaseContext: ctx,
+		Fallback: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			BaseContext: func(net.Listener) context.Context { return ctx }}}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- c.srv.Serve(ln) }()
 

@@ -33,7 +33,7 @@ func TestTableFormatNegotiation(t *testing.T) {
 	require.NoError(t, err)
 
 	get := func(formats string) (*table.Table, *http.Response) {
-		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+api.TablePath, nil)
+		req, _ := http.NewRequest(http.MethodGet, e.url+api.TablePath, nil)
 		if formats != "" {
 			req.Header.Set(api.TableFormatsHeader, formats)
 		}

@@ -89,7 +89,7 @@ func TestTablePollAllocations(t *testing.T) {
 func TestLongPollEndsWithItsClient(t *testing.T) {
 	e := newEnv(t, "", 10)
 	v := e.publish(t)
-	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s%s?version=%d&wait_ms=30000", e.srv.URL, api.TablePath, v), nil)
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s%s?version=%d&wait_ms=30000", e.url, api.TablePath, v), nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/publish"
 	"github.com/kvroute/kvroute/shared/api"
@@ -110,6 +111,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.Report.Reports, m.Report.FalseHits, hist)
 	return m
 }
+
+// FrontRoutes are the requests every proxy's leader makes many times a second: the
+// control plane's front (controlplane/front) serves them without net/http's
+// per-request work, through the same Handler.
+var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath}}
+
+// FrontHeaders are every request header the handlers of FrontRoutes read (auth, the
+// formats a poll lists, a report batch's type); a lean request's handler sees no other.
+var FrontHeaders = []string{"Authorization", "Content-Type", api.TableFormatsHeader}
 
 // Handler returns the API's routes.
 func (s *Server) Handler() http.Handler {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/controlplane/publish"
@@ -27,7 +29,7 @@ import (
 type env struct {
 	ix      *index.Index
 	pub     *publish.Publisher
-	srv     *httptest.Server
+	url     string
 	handler http.Handler
 	now     time.Time
 }
@@ -38,8 +40,7 @@ func newEnv(t testing.TB, token string, history int) *env {
 	reg := prometheus.NewRegistry()
 	s := &Server{Index: e.ix, Publisher: e.pub, Token: token, MaxBodyBytes: 4096, Gatherer: reg, Metrics: NewMetrics(reg), Now: func() time.Time { return e.now }}
 	e.handler = s.Handler()
-	e.srv = httptest.NewServer(e.handler)
-	t.Cleanup(e.srv.Close)
+	e.url = serveFront(t, e.handler)
 	e.ix.SetReplicas([]index.Spec{
 		{ID: "a", Model: "m", Addr: "10.0.0.1:8000"},
 		{ID: "b", Model: "m", Addr: "10.0.0.2:8000"},
@@ -73,6 +74,24 @@ func (e *env) place(t testing.TB, rng *rand.Rand, model, addr string, n int) []u
 	return keys
 }
 
+// serveFront serves h on loopback as the control plane does: FrontRoutes through the
+// lean front, everything else through net/http.
+func serveFront(t testing.TB, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &front.Front{Handler: h, Fallback: &http.Server{Handler: h}, Routes: FrontRoutes, Headers: FrontHeaders}
+	go f.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		f.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String()
+}
+
 type resp struct {
 	code  int
 	kind  string
@@ -95,7 +114,7 @@ func (e *env) getFormats(t testing.TB, query, formats string) resp {
 
 func (e *env) do(t testing.TB, query, token, formats string) resp {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+api.TablePath+query, nil)
+	req, _ := http.NewRequest(http.MethodGet, e.url+api.TablePath+query, nil)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -341,7 +360,7 @@ func post(t testing.TB, url, ctype, token string, body []byte) (int, map[string]
 
 func TestReportsAPI(t *testing.T) {
 	e := newEnv(t, "", 10)
-	url := e.srv.URL + api.ReportsPath
+	url := e.url + api.ReportsPath
 	good := `{"proxy":"p1","reports":[` +
 		`{"kind":"placement","model":"m","replica":"10.0.0.1:8000","domain":1,"block_size":64,"stride":4,"blocks":8,"keys":[1,2],"predicted_cached_tokens":0,"at_ms":1},` +
 		`{"kind":"placement","model":"m","replica":"10.9.9.9:8000","domain":1,"block_size":64,"stride":4,"blocks":4,"keys":[3],"predicted_cached_tokens":0,"at_ms":1}]}`
@@ -406,18 +425,18 @@ func TestAuth(t *testing.T) {
 		if r := e.get(t, "", tok); r.code != http.StatusUnauthorized || !strings.Contains(string(r.body), "bearer token") {
 			t.Fatalf("table with token %q: %d", tok, r.code)
 		}
-		if code, _ := post(t, e.srv.URL+api.ReportsPath, "application/json", tok, []byte(`{"reports":[]}`)); code != http.StatusUnauthorized {
+		if code, _ := post(t, e.url+api.ReportsPath, "application/json", tok, []byte(`{"reports":[]}`)); code != http.StatusUnauthorized {
 			t.Fatalf("reports with token %q: %d", tok, code)
 		}
 	}
 	if r := e.get(t, "", "s3cret"); r.code != 200 {
 		t.Fatalf("table with the token: %d", r.code)
 	}
-	if code, _ := post(t, e.srv.URL+api.ReportsPath, "application/json", "s3cret", []byte(`{"reports":[]}`)); code != 200 {
+	if code, _ := post(t, e.url+api.ReportsPath, "application/json", "s3cret", []byte(`{"reports":[]}`)); code != 200 {
 		t.Fatalf("reports with the token: %d", code)
 	}
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
-		r, err := http.Get(e.srv.URL + p)
+		r, err := http.Get(e.url + p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -426,7 +445,7 @@ func TestAuth(t *testing.T) {
 			t.Fatalf("%s: %d", p, r.StatusCode)
 		}
 	}
-	r, _ := http.Get(e.srv.URL + "/debug/state")
+	r, _ := http.Get(e.url + "/debug/state")
 	r.Body.Close()
 	if r.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("debug without token: %d", r.StatusCode)
@@ -435,18 +454,18 @@ func TestAuth(t *testing.T) {
 
 func TestDebugStateFieldsAndReadiness(t *testing.T) {
 	e := newEnv(t, "", 10)
-	r, _ := http.Get(e.srv.URL + "/readyz")
+	r, _ := http.Get(e.url + "/readyz")
 	r.Body.Close()
 	if r.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("readyz before the first table: %d", r.StatusCode)
 	}
 	e.publish(t)
-	r, _ = http.Get(e.srv.URL + "/readyz")
+	r, _ = http.Get(e.url + "/readyz")
 	r.Body.Close()
 	if r.StatusCode != 200 {
 		t.Fatalf("readyz: %d", r.StatusCode)
 	}
-	r, err := http.Get(e.srv.URL + "/debug/state")
+	r, err := http.Get(e.url + "/debug/state")
 	if err != nil {
 		t.Fatal(err)
 	}
