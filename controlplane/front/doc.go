@@ -18,6 +18,12 @@
 //   - the handler sees only the request headers listed in Headers (the table and reports
 //     handlers read three), under their canonical names, and must not flush or hijack.
 //
+// The filter's calls have the lean shape: Envoy's wasm httpCall gives a body a
+// Content-Length header, never a transfer encoding (Context::httpCall in
+// source/extensions/common/wasm/context.cc, envoyproxy/envoy b40935ac07f7), and Envoy's
+// HTTP/1 codec writes header names in lower case, which the lean parser matches without
+// regard to case.
+//
 // What the lean loop does not do that net/http does: it does not read the connection
 // while the handler runs, so a long poll whose client has gone away is noticed when its
 // answer is written (at the next table version or its wait_ms); MaxConns bounds how many
