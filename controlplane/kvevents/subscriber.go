@@ -116,31 +116,18 @@ func newStream(src Source) *stream {
 	return &stream{src: src, applied: -1, live: -1, dec: NewDecoder()}
 }
 
-// Subscribe connects a SUB socket to src and feeds h until ctx ends. Bad input is
-// counted and skipped. A lost stream (the peer closed, the network cut it, a frame
-// above the cap, a failed handshake) is rebuilt with a new socket, after a capped
+// Subscribe connects to src's publisher as a SUB (zsub.go) and feeds h until ctx ends.
+// Bad input is counted and skipped. A lost stream (the peer closed, the network cut it,
+// a frame above the cap, a failed handshake) is dialled again after a capped
 // exponential backoff, and the batches published meanwhile are fetched from the replay
 // endpoint before live ones are applied.
-//
-// go-zeromq's own reconnection (WithAutomaticReconnect) is not used: it redials once,
-// from the dying connection's reader, and a redial whose handshake fails is never tried
-// again, so the socket stays without a connection for good (issue 12).
 func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 	o = o.withDefaults()
 	st := newStream(src)
 	wait := o.RetryInterval
 	for ctx.Err() == nil {
-		sctx := withConnOptions(ctx, connOptions{handshake: o.HandshakeTimeout})
-		sub := zmq4.NewSub(sctx,
-			zmq4.WithDialerMaxRetries(0),
-			zmq4.WithAutomaticReconnect(false),
-			zmq4.WithDialerTimeout(2*time.Second),
-			zmq4.WithLogger(discardLogger()))
-		if err := sub.SetOption(zmq4.OptionSubscribe, src.Topic); err != nil {
-			o.Logger.Error("kv events: subscribe", "stream", src.ID, "err", err)
-		}
-		if err := sub.Dial(capped(src.Endpoint)); err != nil {
-			sub.Close()
+		sub, err := dialSub(ctx, src.Endpoint, src.Topic, o.HandshakeTimeout, MaxMessageBytes)
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -154,7 +141,7 @@ func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 		if st.applied >= 0 {
 			st.catchUp(ctx, h, o) // what was published while the stream was down
 		}
-		err := runStream(ctx, sub, func(msg zmq4.Msg) { st.handleLive(ctx, msg.Frames, h, o) })
+		err = readStream(ctx, sub, func(frames [][]byte) { st.handleLive(ctx, frames, h, o) })
 		sub.Close()
 		h.Connected(src.ID, false)
 		if ctx.Err() != nil {
@@ -174,42 +161,20 @@ func jitter(d time.Duration) time.Duration {
 	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
-// runStream receives from a subscription's socket until ctx ends (nil) or the stream
-// fails (its error). With one connection per socket and no automatic reconnection, a
-// receive error means the connection is gone.
-func runStream(ctx context.Context, sock zmq4.Socket, onMsg func(zmq4.Msg)) error {
-	msgs := make(chan zmq4.Msg, 64)
-	failed := make(chan error, 1)
-	go func() {
-		for {
-			m, err := sock.Recv()
-			if err != nil {
-				failed <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+// readStream hands a subscription's messages to onMsg, in order, until ctx ends (nil)
+// or the connection fails (its error).
+func readStream(ctx context.Context, sub *zsub, onMsg func([][]byte)) error {
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case m := <-msgs:
-			onMsg(m)
-		case err := <-failed:
-			for {
-				select {
-				case m := <-msgs: // received before the failure
-					onMsg(m)
-				default:
-					return err
-				}
+		frames, err := sub.recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
+			return err
 		}
+		onMsg(frames)
 	}
 }
 
