@@ -34,8 +34,14 @@ fmt-check: ## fail if any Go file needs gofmt
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # npm packages the end-to-end tests use (the official openai client), pinned by the lockfile.
-testdeps: ## the npm packages the end-to-end tests use (npm ci)
+# python3-zmq gives TestZsubReadsALibzmqPublisher libzmq, vLLM's ZMQ library; best effort
+# (as root with apt-get): without it that test is skipped and says so.
+testdeps: ## the npm packages the end-to-end tests use (npm ci); libzmq's python3-zmq if it can
 	npm ci --prefix wasmtest/mesh/testdata/openai --no-audit --no-fund --loglevel=error
+	@/usr/bin/python3 -c 'import zmq' 2>/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q python3-zmq >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+		apt-get install -y -q python3-zmq >/dev/null 2>&1; }; }; } || \
+		echo "testdeps: no python3-zmq (libzmq); TestZsubReadsALibzmqPublisher will be skipped"
 
 # KVROUTE_REQUIRE_NODE: the openai client test fails, rather than skips, without Node.
 # The end-to-end mesh tests run after the rest, alone: they route on wall-clock engine
