@@ -70,7 +70,12 @@ func dialSub(ctx context.Context, endpoint, topic string, handshake time.Duratio
 	if handshake > 0 {
 		c.SetDeadline(time.Now().Add(handshake))
 	}
-	if err := s.handshake(topic); err != nil {
+	stop := context.AfterFunc(ctx, func() { c.Close() }) // shutdown does not wait for a slow peer
+	err = s.handshake(topic)
+	if !stop() {
+		err = ctx.Err() // the close above ended the handshake
+	}
+	if err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -268,3 +268,32 @@ func TestZsubCommands(t *testing.T) {
 	_, err = s.recv()
 	assert.ErrorIs(t, err, ErrZMTP)
 }
+
+// Cancelling the subscription's context ends a handshake with a silent peer at once, not
+// at the handshake's deadline.
+func TestZsubDialEndsWithItsContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := dialSub(ctx, "tcp://"+ln.Addr().String(), "kv", time.Hour, MaxMessageBytes)
+		done <- err
+	}()
+	c := <-accepted
+	defer c.Close()
+	cancel()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("dialSub still waits for the peer's greeting after its context ended")
+	}
+}
