@@ -71,6 +71,9 @@ func (c *conn) serve() {
 			return
 		case handOff:
 			c.handed = true
+			// net/http sets its read deadlines, but a write deadline only with a
+			// WriteTimeout: the lean answers' one must not stay.
+			c.nc.SetDeadline(time.Time{})
 			c.f.handoff.give(&replayConn{Conn: c.nc, pending: c.buf[c.off:]})
 			return
 		}

@@ -350,3 +350,19 @@ func TestHandlerPanicClosesOnlyItsConnection(t *testing.T) {
 	_, _, body, _ := c.answer()
 	assert.Equal(t, "ok", body)
 }
+
+// A connection handed to net/http after lean answers keeps none of their deadlines:
+// net/http without a WriteTimeout sets no write deadline of its own. (Before, the lean
+// answer's write deadline stayed, and net/http's answer after it failed.)
+func TestHandedOverConnectionsKeepNoDeadline(t *testing.T) {
+	f := startFront(t, echo, func(f *Front) { f.WriteTimeout = 30 * time.Millisecond })
+	c := dial(t, f)
+	c.send(get("/v1/table"))
+	_, by, _, _ := c.answer()
+	assert.Equal(t, "lean", by)
+	time.Sleep(100 * time.Millisecond) // past the lean answer's write deadline: what this test is about
+	c.send(get("/metrics"))
+	status, by, _, _ := c.answer()
+	assert.Equal(t, 200, status)
+	assert.Equal(t, "net/http", by)
+}
