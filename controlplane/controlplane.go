@@ -106,6 +106,7 @@ type ControlPlane struct {
 	versions    prometheus.Counter
 	publishTime prometheus.Observer
 	unknownTop  prometheus.Counter
+	handOffs    *prometheus.CounterVec // by front.HandOff
 	impostors   prometheus.Counter
 	peers       peerCache
 }
@@ -166,7 +167,10 @@ func New(o Options) (*ControlPlane, error) {
 	c.publishTime = pt
 	c.unknownTop = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_kv_event_unknown_topic_total", Help: "KV-event messages on the central socket whose topic names no known replica."})
 	c.impostors = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_kv_event_impostor_total", Help: "KV-event messages on the central socket dropped because their peer's address is not the engine their topic names (nor in --kv-bind-allow)."})
-	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors)
+	c.handOffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_controlplane_http_handoffs_total",
+		Help: "Connections the lean HTTP loop gave to net/http, by reason: elsewhere (another endpoint), odd_head (a table poll or report it does not read), long_head (a head above 8 KiB), full (too many connections). Polls and reports served by net/http cost several times more CPU."},
+		[]string{"reason"})
+	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs)
 	return c, nil
 }
 
@@ -218,6 +222,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 	// through the lean front, everything else through net/http.
 	h := srv.Handler()
 	c.srv = &front.Front{Handler: h, Routes: server.FrontRoutes, Headers: server.FrontHeaders, BaseContext: ctx,
+		HandedOff: func(why front.HandOff) { c.handOffs.WithLabelValues(why.String()).Inc() },
 		Fallback: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 			BaseContext: func(net.Listener) context.Context { return ctx }}}
 	httpDone := make(chan error, 1)

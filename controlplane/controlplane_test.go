@@ -219,7 +219,8 @@ func TestEndToEnd(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`kvroute_controlplane_kv_event_stored_blocks_total{model="m",replica="e1"} 8`, `kvroute_controlplane_replica_healthy{model="m",replica="e2"} 0`, "kvroute_controlplane_table_versions_total"} {
+	for _, want := range []string{`kvroute_controlplane_kv_event_stored_blocks_total{model="m",replica="e1"} 8`, `kvroute_controlplane_replica_healthy{model="m",replica="e2"} 0`, "kvroute_controlplane_table_versions_total",
+		`kvroute_controlplane_http_handoffs_total{reason="elsewhere"}`} { // /debug/state went to net/http
 		if !strings.Contains(string(b), want) {
 			t.Fatalf("/metrics lacks %q", want)
 		}

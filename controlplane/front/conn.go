@@ -34,8 +34,9 @@ type conn struct {
 	body       body
 	w          response
 	closeAfter bool
-	handed     bool // given to net/http: not this loop's to close
-	served     bool // a request has been answered
+	handed     bool    // given to net/http: not this loop's to close
+	why        HandOff // with handOff from readHead: the reason
+	served     bool    // a request has been answered
 	// idle is set while the loop waits for a request's first byte; Shutdown closes idle
 	// connections, and whichever of the two clears it first decides.
 	idle atomic.Bool
@@ -70,6 +71,8 @@ func (c *conn) serve() {
 		case needMore: // the connection ended, or Shutdown closed it
 			return
 		case handOff:
+			c.f.drop(c) // before the report: whoever hears it sees the connection gone
+			c.f.handedOff(c.why)
 			c.handed = true
 			// net/http sets its read deadlines, but a write deadline only with a
 			// WriteTimeout: the lean answers' one must not stay.
@@ -115,9 +118,14 @@ func (c *conn) readHead() verdict {
 	}
 	for deadline := false; ; {
 		if v := parseHead(c.buf, c.f.Routes, c.f.Headers, &c.head); v != needMore {
+			c.why = OddHead
+			if c.head.elsewhere {
+				c.why = Elsewhere
+			}
 			return v
 		}
 		if len(c.buf) == cap(c.buf) {
+			c.why = LongHead
 			return handOff // a head longer than the buffer: net/http has a larger limit
 		}
 		if !deadline {

@@ -14,6 +14,20 @@ import (
 // Route is a request the lean loop serves: its method and exact path.
 type Route struct{ Method, Path string }
 
+// HandOff is why a connection went to Fallback.
+type HandOff uint8
+
+const (
+	Elsewhere HandOff = iota
+	OddHead
+	LongHead
+	Full
+)
+
+func (h HandOff) String() string {
+	return [...]string{"elsewhere", "odd_head", "long_head", "full"}[h]
+}
+
 // Defaults.
 const (
 	DefaultMaxConns   = 16384
@@ -41,6 +55,11 @@ type Front struct {
 	// BaseContext is every lean request's context's parent; Shutdown cancels their
 	// contexts, so long polls answer at once.
 	BaseContext context.Context
+	// HandedOff, when set, is told each connection given to Fallback and why: Elsewhere
+	// (a request for another endpoint: the usual), OddHead (a route's request the lean
+	// loop does not read: a header, a body encoding, a version), LongHead (a head above
+	// BufferSize) or Full (MaxConns). Polls that land in net/http cost it more.
+	HandedOff func(why HandOff)
 
 	ctx          context.Context
 	cancel       context.CancelFunc
@@ -129,6 +148,7 @@ func (f *Front) Serve(ln net.Listener) error {
 		if c := f.admit(nc); c != nil {
 			go c.serve()
 		} else {
+			f.handedOff(Full)
 			f.handoff.give(nc)
 		}
 	}
@@ -198,6 +218,12 @@ func (f *Front) closeConns(all bool) {
 		if c.idle.CompareAndSwap(true, false) || all {
 			c.nc.Close()
 		}
+	}
+}
+
+func (f *Front) handedOff(why HandOff) {
+	if f.HandedOff != nil {
+		f.HandedOff(why)
 	}
 }
 

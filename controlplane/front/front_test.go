@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,11 @@ func startFront(t *testing.T, h http.Handler, tune func(*Front)) *Front {
 		})
 	}
 	f := &Front{
+		HandedOff: func(why HandOff) {
+			handOffsMu.Lock()
+			handOffs = append(handOffs, why)
+			handOffsMu.Unlock()
+		},
 		Handler:  by("lean", h),
 		Fallback: &http.Server{Handler: by("net/http", h), ReadHeaderTimeout: 5 * time.Second},
 		Routes:   testRoutes,
@@ -63,6 +69,20 @@ func startFront(t *testing.T, h http.Handler, tune func(*Front)) *Front {
 	})
 	require.Eventually(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ln != nil }, 5*time.Second, time.Millisecond)
 	return f
+}
+
+// handOffs are the reasons every test front reported, in order (tests run one at a time).
+var (
+	handOffsMu sync.Mutex
+	handOffs   []HandOff
+)
+
+func takeHandOffs() []HandOff {
+	handOffsMu.Lock()
+	defer handOffsMu.Unlock()
+	h := handOffs
+	handOffs = nil
+	return h
 }
 
 type client struct {
@@ -365,4 +385,36 @@ func TestHandedOverConnectionsKeepNoDeadline(t *testing.T) {
 	status, by, _, _ := c.answer()
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "net/http", by)
+}
+
+// Each connection given to net/http is reported with its reason, so an operator can tell
+// filters' polls falling off the lean path from the usual other endpoints.
+func TestHandOffsAreReportedWithTheirReason(t *testing.T) {
+	f := startFront(t, echo, func(f *Front) { f.MaxConns = 3 })
+	takeHandOffs()
+	for _, tc := range []struct {
+		raw  string
+		want HandOff
+	}{
+		{get("/metrics"), Elsewhere},
+		{get("/v1/table", "X-Kind: a\r\n b\r\n"), OddHead},
+		{get("/v1/table", "X-Long: "+strings.Repeat("a", DefaultBufferSize)+"\r\n"), LongHead},
+	} {
+		c := dial(t, f)
+		c.send(tc.raw)
+		c.answer()
+		require.Eventually(t, func() bool { handOffsMu.Lock(); defer handOffsMu.Unlock(); return len(handOffs) == 1 }, 5*time.Second, time.Millisecond)
+		assert.Equal(t, []HandOff{tc.want}, takeHandOffs(), "%q", tc.raw)
+	}
+	// Three connections held open fill MaxConns; the fourth goes to net/http whole.
+	for range 3 {
+		c := dial(t, f)
+		c.send(get("/v1/table"))
+		c.answer()
+	}
+	c := dial(t, f)
+	c.send(get("/v1/table"))
+	_, by, _, _ := c.answer()
+	assert.Equal(t, "net/http", by)
+	assert.Equal(t, []HandOff{Full}, takeHandOffs())
 }

@@ -15,9 +15,12 @@ type head struct {
 	// contentLength is the body's length (0 when the request declares none: an HTTP/1.1
 	// request without Content-Length or Transfer-Encoding has no body).
 	contentLength int64
-	close         bool     // Connection: close
-	kept          [][]byte // values of Front.Headers, by index; nil when absent
-	size          int      // bytes of the head, its blank line included
+	close         bool // Connection: close
+	// elsewhere is set with handOff when the request line is well formed but names no
+	// route (another endpoint: the usual hand-off, not a lean request of odd shape).
+	elsewhere bool
+	kept      [][]byte // values of Front.Headers, by index; nil when absent
+	size      int      // bytes of the head, its blank line included
 }
 
 // verdict is what parseHead made of the bytes so far.
@@ -49,7 +52,8 @@ func parseHead(b []byte, routes []Route, kept []string, h *head) verdict {
 	if v != lean {
 		return v
 	}
-	if !parseRequestLine(line, routes, h) {
+	if ok, known := parseRequestLine(line, routes, h); !ok {
+		h.elsewhere = known
 		return handOff
 	}
 	hosts, lengths := 0, 0
@@ -127,29 +131,30 @@ func nextLine(b []byte) (line, rest []byte, v verdict) {
 }
 
 // parseRequestLine accepts "METHOD /path[?query] HTTP/1.1" for a method and path of
-// one of routes, the target of visible ASCII without a fragment.
-func parseRequestLine(line []byte, routes []Route, h *head) bool {
+// one of routes, the target of visible ASCII without a fragment. elsewhere: the line
+// has that form but names no route.
+func parseRequestLine(line []byte, routes []Route, h *head) (ok, elsewhere bool) {
 	method, rest, ok := bytes.Cut(line, []byte{' '})
 	if !ok {
-		return false
+		return false, false
 	}
 	target, version, ok := bytes.Cut(rest, []byte{' '})
 	if !ok || string(version) != "HTTP/1.1" || len(target) == 0 || target[0] != '/' {
-		return false
+		return false, false
 	}
 	for _, c := range target {
 		if c <= ' ' || c >= 0x7f || c == '#' {
-			return false
+			return false, false
 		}
 	}
 	path, query, _ := bytes.Cut(target, []byte{'?'})
 	for i, r := range routes {
 		if string(method) == r.Method && string(path) == r.Path {
 			h.route, h.target, h.query = i, target, query
-			return true
+			return true, false
 		}
 	}
-	return false
+	return false, true
 }
 
 // splitHeader cuts "Name: value": the name a token, the value visible ASCII, spaces and
