@@ -2,7 +2,6 @@ package index
 
 import (
 	"math"
-	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
@@ -90,8 +89,8 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 	rk.lastEvent = time.Now()
 	rk.batches++
 	rk.hasBatches = true
-	if !rk.tiered {
-		rk.tiered = slices.ContainsFunc(b.Events, func(ev kvevents.Event) bool { return !isGPU(ev.Medium) })
+	for i := 0; i < len(b.Events) && !rk.tiered; i++ { // by index: an Event is 200 bytes to copy
+		rk.tiered = !isGPU(b.Events[i].Medium)
 	}
 	for i := range b.Events {
 		ev := &b.Events[i]
