@@ -297,3 +297,50 @@ func TestZsubDialEndsWithItsContext(t *testing.T) {
 		t.Fatal("dialSub still waits for the peer's greeting after its context ended")
 	}
 }
+
+// vLLM's default topic is empty: its messages start with a zero-length frame, and the
+// subscription to "" is the 0x01 byte alone.
+func TestZsubEmptyTopic(t *testing.T) {
+	subs := make(chan []byte, 1)
+	ep := rawPubSub(t, func(subscription []byte, c net.Conn) {
+		subs <- subscription
+		c.Write(message(nil, seqBytes(7), []byte("payload")))
+	})
+	s, err := dialSub(context.Background(), ep, "", time.Second, MaxMessageBytes)
+	require.NoError(t, err)
+	defer s.Close()
+	f, err := s.recv()
+	require.NoError(t, err)
+	require.Len(t, f, 3)
+	assert.Empty(t, f[0])
+	assert.Equal(t, uint64(7), binary.BigEndian.Uint64(f[1]))
+	assert.Equal(t, "payload", string(f[2]))
+	assert.Equal(t, []byte{0, 1, 1}, <-subs, "a data frame of 0x01 alone")
+}
+
+// rawPubSub is rawPub for any topic: send gets the subscription frame as it came.
+func rawPubSub(t *testing.T, send func(subscription []byte, c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write(append(zmtpGreetingBytes(), zmtpReady()...))
+		var in [64 + 27 + 2]byte // greeting, READY (Socket-Type SUB), the subscription's header
+		if _, err := io.ReadFull(c, in[:]); err != nil {
+			return
+		}
+		body := make([]byte, in[len(in)-1])
+		if _, err := io.ReadFull(c, body); err != nil {
+			return
+		}
+		send(append(in[len(in)-2:len(in):len(in)], body...), c)
+		io.Copy(io.Discard, c)
+	}()
+	return "tcp://" + ln.Addr().String()
+}
