@@ -19,11 +19,10 @@
 //     block_hashes and token_ids arrays.
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,
 //     restarts, reconnection; a goroutine per stream, on a bound socket too.
-//   - zsub.go: a subscription's connection (ZMTP 3.0 SUB, NULL mechanism) read into one
-//     reused buffer, without go-zeromq.
-//   - replay.go: the client of an engine's replay endpoint (Replay).
-//   - transport.go: the TCP transport that caps a ZMTP frame's size for go-zeromq's
-//     sockets (the bound socket of Listen, the replay DEALER).
+//   - zsub.go: a subscription's connection, dialled or accepted (ZMTP 3.0 SUB, NULL
+//     mechanism), read into one reused buffer, without go-zeromq.
+//   - replay.go: the client of an engine's replay endpoint (Replay, go-zeromq's DEALER).
+//   - transport.go: the TCP transport that caps a ZMTP frame's size for that DEALER.
 //
 // Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package kvevents

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/go-zeromq/zmq4"
 )
 
 // StreamID names one event publisher: a replica and its data-parallel rank (each DP rank
@@ -67,12 +67,13 @@ type Options struct {
 	MaxRetryInterval time.Duration
 	StableAfter      time.Duration
 	// HandshakeTimeout bounds a connection's ZMTP greeting and handshake (a peer that
-	// accepts TCP and then says nothing would otherwise hold the dial, or on a bound
-	// socket go-zeromq's accept loop, for good).
+	// accepts TCP and then says nothing would otherwise hold the dial, or a bound
+	// socket's connection, for good).
 	HandshakeTimeout time.Duration
 	// PeerCheck, on a bound socket (Listen), is asked about every message's topic
 	// with the address of the peer that sent it; a false drops the message and the
-	// peer's connection (transport.go). nil accepts every peer.
+	// peer's connection before the message's body is read (zsub.go). nil accepts every
+	// peer.
 	PeerCheck PeerCheck
 	Logger    *slog.Logger
 }
@@ -175,41 +176,6 @@ func readStream(ctx context.Context, sub *zsub, onMsg func([][]byte)) error {
 			return err
 		}
 		onMsg(frames)
-	}
-}
-
-// run receives from a bound socket (many peers) until ctx ends, calling onMsg for each
-// message. A receive error there is one peer's connection ending; the socket goes on.
-func run(ctx context.Context, sock zmq4.Socket, o Options, onMsg func(zmq4.Msg)) {
-	msgs := make(chan zmq4.Msg, 64)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := sock.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					o.Logger.Debug("kv events: recv", "err", err)
-					continue
-				}
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			sock.Close()
-			<-done
-			return
-		case m := <-msgs:
-			onMsg(m)
-		}
 	}
 }
 
@@ -362,63 +328,173 @@ func (st *stream) apply(seq uint64, payload []byte, h Handler) {
 // Resolver maps a topic received on a central (bound) socket to its source.
 type Resolver func(topic string) (Source, bool)
 
-// Listen binds a SUB socket at endpoint for engines that connect to us (llm-d's
-// topology) and feeds h, telling streams apart by topic; messages whose topic does not
-// resolve are counted by unknown and dropped. It returns the bound address (tests bind
-// port 0) and a channel closed when serving stops, after ctx ends.
+// Listen binds endpoint for engines that connect to us (llm-d's topology), reads each
+// connection as a SUB (zsub.go) and feeds h, telling streams apart by topic; messages
+// whose topic does not resolve are counted by unknown and dropped. It returns the bound
+// address (tests bind port 0) and a channel closed when serving stops, after ctx ends.
 //
-// One goroutine reads the socket (go-zeromq merges its connections into one queue) and
-// hands each message to its stream's own goroutine, so streams are decoded and applied
-// in parallel, each in order, as subscriptions that dial are (issue 15).
+// A goroutine per connection reads it and hands each message to its stream's own
+// goroutine, so streams are decoded and applied in parallel, each in order, as
+// subscriptions that dial are (issue 15). With o.PeerCheck, a message whose topic its
+// peer's address may not publish fails that connection before its body is read.
 func Listen(ctx context.Context, endpoint string, resolve Resolver, h Handler, unknown func(topic string), o Options) (net.Addr, <-chan struct{}, error) {
 	o = o.withDefaults()
-	sub := zmq4.NewSub(withConnOptions(ctx, connOptions{handshake: o.HandshakeTimeout, peer: o.PeerCheck}), zmq4.WithLogger(discardLogger()))
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+	network, addr, err := zmtpAddr(endpoint)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := sub.Listen(capped(endpoint)); err != nil {
-		sub.Close()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
 		return nil, nil, fmt.Errorf("kv events: listen %s: %w", endpoint, err)
 	}
+	l := &listener{ctx: ctx, resolve: resolve, h: h, unknown: unknown, o: o,
+		streams: map[StreamID]chan sourced{}, conns: map[net.Conn]struct{}{}}
+	stop := context.AfterFunc(ctx, func() { ln.Close(); l.closeConns() })
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		streams := map[StreamID]chan sourced{}
-		var wg sync.WaitGroup
-		defer func() {
-			for _, q := range streams {
-				close(q)
-			}
-			wg.Wait()
-		}()
-		run(ctx, sub, o, func(m zmq4.Msg) {
-			topic, _, _, err := splitFrames(m.Frames)
-			if err != nil {
-				unknown("")
-				return
-			}
-			src, ok := resolve(string(topic))
-			if !ok {
-				unknown(string(topic))
-				return
-			}
-			q := streams[src.ID]
-			if q == nil {
-				q = make(chan sourced, streamQueue)
-				streams[src.ID] = q
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					serveStream(ctx, src, q, h, o)
-				}()
-			}
-			select {
-			case q <- sourced{src, m.Frames}:
-			case <-ctx.Done():
-			}
-		})
+		defer stop()
+		l.accept(ln)
+		l.readers.Wait()
+		l.mu.Lock()
+		for _, q := range l.streams {
+			close(q)
+		}
+		l.mu.Unlock()
+		l.appliers.Wait()
 	}()
-	return sub.Addr(), done, nil
+	return ln.Addr(), done, nil
+}
+
+// listener is a bound socket's state: its connections and its streams' queues.
+type listener struct {
+	ctx      context.Context
+	resolve  Resolver
+	h        Handler
+	unknown  func(string)
+	o        Options
+	readers  sync.WaitGroup // a goroutine per connection
+	appliers sync.WaitGroup // a goroutine per stream
+	mu       sync.Mutex
+	streams  map[StreamID]chan sourced
+	conns    map[net.Conn]struct{}
+	closed   bool
+}
+
+func (l *listener) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if l.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			l.o.Logger.Debug("kv events: accept", "err", err)
+			sleep(l.ctx, 10*time.Millisecond) // out of descriptors and the like
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.conns[c] = struct{}{}
+		l.readers.Add(1)
+		l.mu.Unlock()
+		go l.read(c)
+	}
+}
+
+func (l *listener) closeConns() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for c := range l.conns {
+		c.Close()
+	}
+}
+
+// read serves one engine's connection until it fails or the socket closes.
+func (l *listener) read(c net.Conn) {
+	defer l.readers.Done()
+	defer func() {
+		l.mu.Lock()
+		delete(l.conns, c)
+		l.mu.Unlock()
+		c.Close()
+	}()
+	s, err := startSub(l.ctx, c, "", l.o.HandshakeTimeout, MaxMessageBytes)
+	if err != nil {
+		l.o.Logger.Debug("kv events: handshake", "peer", c.RemoteAddr(), "err", err)
+		return
+	}
+	if l.o.PeerCheck != nil {
+		remote := c.RemoteAddr()
+		s.allowed = func(topic []byte) bool { return l.o.PeerCheck(topic[:min(len(topic), maxTopic)], remote) }
+	}
+	for {
+		frames, err := s.recv()
+		if err != nil {
+			if l.ctx.Err() == nil {
+				l.o.Logger.Debug("kv events: recv", "peer", c.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		topic, _, _, err := splitFrames(frames)
+		if err != nil {
+			l.unknown("")
+			continue
+		}
+		src, ok := l.resolve(string(topic))
+		if !ok {
+			l.unknown(string(topic))
+			continue
+		}
+		q := l.queue(src)
+		if q == nil {
+			return
+		}
+		select {
+		case q <- sourced{src, cloneFrames(frames)}: // the reader's buffer is reused
+		case <-l.ctx.Done():
+			return
+		}
+	}
+}
+
+// queue is src's stream queue, its applier started on first use; nil once closed.
+func (l *listener) queue(src Source) chan sourced {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	q := l.streams[src.ID]
+	if q == nil {
+		q = make(chan sourced, streamQueue)
+		l.streams[src.ID] = q
+		l.appliers.Add(1)
+		go func() {
+			defer l.appliers.Done()
+			serveStream(l.ctx, src, q, l.h, l.o)
+		}()
+	}
+	return q
+}
+
+// cloneFrames copies a message's frames into one new array.
+func cloneFrames(frames [][]byte) [][]byte {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	buf := make([]byte, 0, n)
+	out := make([][]byte, len(frames))
+	for i, f := range frames {
+		buf = append(buf, f...)
+		out[i] = buf[len(buf)-len(f) : len(buf) : len(buf)]
+	}
+	return out
 }
 
 // streamQueue bounds the messages waiting for one stream of a bound socket; when it is

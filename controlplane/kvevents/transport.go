@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -14,11 +13,10 @@ import (
 
 // go-zeromq/zmq4 (v0.17) allocates each frame body from the 8-byte length its peer sends,
 // and has no ZMQ_MAXMSGSIZE: one garbage length from anything that completes a ZMTP
-// handshake (on a bound socket, any pod that reaches the port) would make the control
-// plane allocate terabytes and die. Every socket here therefore runs over "kvtcp", TCP
-// whose reader follows ZMTP 3 framing and fails the connection on a frame larger than
-// MaxMessageBytes before zmq4 sees its length. zmq4 then drops the connection; a dialled
-// one is redialled.
+// handshake would make the control plane allocate terabytes and die. The go-zeromq
+// socket left here (Replay's DEALER; subscriptions, dialled or bound, read with zsub)
+// therefore runs over "kvtcp", TCP whose reader follows ZMTP 3 framing and fails the
+// connection on a frame larger than MaxMessageBytes before zmq4 sees its length.
 const cappedScheme = "kvtcp"
 
 func init() {
@@ -37,51 +35,29 @@ func capped(endpoint string) string {
 
 type cappedTCP struct{ max uint64 }
 
-// connOptions reach the transport through the context a zmq4 socket was made with
-// (zmq4 passes its socket's context to Dial and Listen).
-type connOptions struct {
-	// handshake bounds the peer's greeting and first command (0: no bound).
-	handshake time.Duration
-	// peer, when set, is asked about the topic (first frame) of every message a peer
-	// sends, with the peer's address; false fails the connection before the message
-	// completes, so zmq4 never delivers it. go-zeromq's Msg carries no peer address
-	// (its SUB merges all connections into one queue), so this is the one place where
-	// a message and the address it came from are both known.
-	peer PeerCheck
-}
-
 // PeerCheck says whether a message with this topic may come from remote.
 type PeerCheck func(topic []byte, remote net.Addr) bool
 
-// maxTopic bounds the topic bytes kept for the check; longer topics are checked by
+// maxTopic bounds the topic bytes a PeerCheck is shown; longer topics are checked by
 // their first maxTopic bytes (no engine's topic is that long, so they resolve to none).
 const maxTopic = 512
-
-type connOptionsKey struct{}
-
-func withConnOptions(ctx context.Context, o connOptions) context.Context {
-	return context.WithValue(ctx, connOptionsKey{}, o)
-}
-
-func connOptionsFrom(ctx context.Context) connOptions {
-	o, _ := ctx.Value(connOptionsKey{}).(connOptions)
-	return o
-}
 
 func (t cappedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, t.max, connOptionsFrom(ctx)), nil
+	return newFrameCap(c, t.max), nil
 }
 
+// Listen is not used (a bound socket reads with zsub, Listen in subscriber.go); it
+// caps frames all the same.
 func (t cappedTCP) Listen(ctx context.Context, addr string) (net.Listener, error) {
 	l, err := transport.New("tcp").Listen(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return cappedListener{l, t.max, connOptionsFrom(ctx)}, nil
+	return cappedListener{l, t.max}, nil
 }
 
 func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
@@ -89,7 +65,6 @@ func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").A
 type cappedListener struct {
 	net.Listener
 	max uint64
-	o   connOptions
 }
 
 func (l cappedListener) Accept() (net.Conn, error) {
@@ -97,7 +72,7 @@ func (l cappedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, l.max, l.o), nil
+	return newFrameCap(c, l.max), nil
 }
 
 // ZMTP 3: a 64-byte greeting, then frames of a flags byte, a 1-byte length (or 8 bytes,
@@ -129,32 +104,17 @@ type frameCap struct {
 	hdr      [9]byte // the frame header read so far
 	hdrN     int
 	err      error // sticky: the connection is bad
-	// shaking: the handshake's read deadline is set until the greeting and the peer's
-	// first command (READY, for the NULL mechanism) have passed.
-	shaking bool
-	frames  int // frames completed
-
-	peer    PeerCheck
-	flags   byte // the current frame's flags
-	inMsg   bool // a data message's later frames are passing
-	topical bool // the current frame is a message's first (its topic)
-	topic   []byte
 }
 
-func newFrameCap(c net.Conn, max uint64, o connOptions) *frameCap {
-	f := &frameCap{Conn: c, max: max, greeting: zmtpGreeting, peer: o.peer}
-	if o.handshake > 0 {
-		f.shaking = true
-		c.SetReadDeadline(time.Now().Add(o.handshake))
-	}
-	return f
+func newFrameCap(c net.Conn, max uint64) *frameCap {
+	return &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
 }
 
 // capBuffer is a connection's read buffer: a few engine steps' messages.
 const capBuffer = 64 << 10
 
 // Read passes bytes through after checking them. A frame whose header announces more
-// than max bytes (or a topic the peer may not send) fails the connection, and of the
+// than max bytes fails the connection, and of the
 // bytes read with the one that revealed it, none from that frame's start on are
 // delivered: zmq4 never sees the length, so never allocates for it.
 func (f *frameCap) Read(p []byte) (int, error) {
@@ -204,10 +164,6 @@ func (f *frameCap) check(b []byte) int {
 	if cerr != nil {
 		f.failed = cerr
 	}
-	if f.shaking && f.greeting == 0 && f.frames > 0 {
-		f.shaking = false
-		f.Conn.SetReadDeadline(time.Time{})
-	}
 	return ok
 }
 
@@ -235,16 +191,8 @@ func (f *frameCap) scan(b []byte) (int, error) {
 			b = b[k:]
 		case f.body > 0:
 			k := min(f.body, uint64(len(b)))
-			if f.topical && len(f.topic) < maxTopic {
-				f.topic = append(f.topic, b[:min(k, uint64(maxTopic-len(f.topic)))]...)
-			}
 			f.body -= k
 			b = b[k:]
-			if f.body == 0 {
-				if err := f.frameDone(); err != nil {
-					return start, err
-				}
-			}
 		default:
 			if f.hdrN == 0 {
 				start = all - len(b)
@@ -266,32 +214,8 @@ func (f *frameCap) scan(b []byte) (int, error) {
 			if size > f.max {
 				return start, fmt.Errorf("kv events: ZMTP frame of %d bytes from %s exceeds %d", size, f.RemoteAddr(), f.max)
 			}
-			f.body, f.hdrN, f.flags = size, 0, f.hdr[0]
-			f.topical = f.peer != nil && !f.inMsg && f.flags&zmtpCommand == 0
-			f.topic = f.topic[:0]
-			if size == 0 {
-				if err := f.frameDone(); err != nil {
-					return start, err
-				}
-			}
+			f.body, f.hdrN = size, 0
 		}
 	}
 	return all, nil
-}
-
-// frameDone runs when a frame's body has passed: the topic check on a message's first
-// frame, and message boundaries.
-func (f *frameCap) frameDone() error {
-	f.frames++
-	if f.flags&zmtpCommand != 0 {
-		return nil
-	}
-	if f.topical {
-		f.topical = false
-		if !f.peer(f.topic, f.RemoteAddr()) {
-			return fmt.Errorf("kv events: %s sent a topic its address may not publish", f.RemoteAddr())
-		}
-	}
-	f.inMsg = f.flags&zmtpMore != 0
-	return nil
 }

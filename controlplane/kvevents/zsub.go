@@ -29,6 +29,10 @@ type zsub struct {
 	r   *bufio.Reader
 	max uint64
 
+	// allowed, when set, is asked about each message's topic (its first frame) before
+	// the rest is read; false fails the connection (a bound socket's peer check).
+	allowed func(topic []byte) bool
+
 	body   []byte   // the current message's frames, back to back
 	frames [][]byte // slices of body
 	ends   []int
@@ -39,6 +43,7 @@ type zsub struct {
 var (
 	ErrZMTP      = errors.New("kv events: zmtp")
 	ErrTooLarge  = errors.New("kv events: message above the size cap")
+	ErrPeer      = errors.New("kv events: peer refused")
 	zmtpNullMech = [20]byte{'N', 'U', 'L', 'L'}
 )
 
@@ -52,26 +57,45 @@ const (
 // dialSub connects to a tcp:// or ipc:// endpoint, completes the handshake within
 // handshake and subscribes to topic.
 func dialSub(ctx context.Context, endpoint, topic string, handshake time.Duration, max uint64) (*zsub, error) {
-	network, addr, ok := strings.Cut(endpoint, "://")
-	switch {
-	case !ok:
-		return nil, fmt.Errorf("%w: endpoint %q: want tcp:// or ipc://", ErrZMTP, endpoint)
-	case network == "ipc":
-		network = "unix"
-	case network != "tcp":
-		return nil, fmt.Errorf("%w: endpoint %q: want tcp:// or ipc://", ErrZMTP, endpoint)
+	network, addr, err := zmtpAddr(endpoint)
+	if err != nil {
+		return nil, err
 	}
 	d := net.Dialer{Timeout: 2 * time.Second}
 	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
+	return startSub(ctx, c, topic, handshake, max)
+}
+
+// zmtpAddr is the network and address of a tcp:// or ipc:// endpoint ("*" for every
+// interface, as ZMQ writes it).
+func zmtpAddr(endpoint string) (network, addr string, err error) {
+	network, addr, ok := strings.Cut(endpoint, "://")
+	switch {
+	case !ok:
+	case network == "ipc":
+		return "unix", addr, nil
+	case network == "tcp":
+		if rest, ok := strings.CutPrefix(addr, "*:"); ok {
+			addr = ":" + rest
+		}
+		return "tcp", addr, nil
+	}
+	return "", "", fmt.Errorf("%w: endpoint %q: want tcp:// or ipc://", ErrZMTP, endpoint)
+}
+
+// startSub runs the SUB's side of the handshake on c, dialled or accepted (ZMTP's NULL
+// handshake is the same either way), within handshake, and subscribes to topic. It closes
+// c on failure.
+func startSub(ctx context.Context, c net.Conn, topic string, handshake time.Duration, max uint64) (*zsub, error) {
 	s := &zsub{c: c, r: bufio.NewReaderSize(c, zsubBuffer), max: max}
 	if handshake > 0 {
 		c.SetDeadline(time.Now().Add(handshake))
 	}
 	stop := context.AfterFunc(ctx, func() { c.Close() }) // shutdown does not wait for a slow peer
-	err = s.handshake(topic)
+	err := s.handshake(topic)
 	if !stop() {
 		err = ctx.Err() // the close above ended the handshake
 	}
@@ -166,6 +190,9 @@ func (s *zsub) recv() ([][]byte, error) {
 				break // a command (ZMTP 3.1 peers' PING) mid-stream: not a message
 			}
 			s.ends = append(s.ends, len(s.body))
+			if len(s.ends) == 1 && s.allowed != nil && !s.allowed(s.body) {
+				return nil, fmt.Errorf("%w: %s sent a topic its address may not publish", ErrPeer, s.c.RemoteAddr())
+			}
 			if flags&zmtpMore == 0 {
 				s.frames = s.frames[:0]
 				start := 0
