@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -97,13 +98,7 @@ func TestZsubReadsAGoZeromqPublisher(t *testing.T) {
 // (Debian's python3-zmq: libzmq 4.3.4) a real libzmq PUB sends to zsub; without it the
 // test is skipped, unless KVROUTE_REQUIRE_LIBZMQ=1.
 func TestZsubReadsALibzmqPublisher(t *testing.T) {
-	py := "/usr/bin/python3"
-	if exec.Command(py, "-c", "import zmq").Run() != nil {
-		if os.Getenv("KVROUTE_REQUIRE_LIBZMQ") != "" {
-			t.Fatal("KVROUTE_REQUIRE_LIBZMQ is set and /usr/bin/python3 has no zmq module (apt-get install python3-zmq)")
-		}
-		t.Skip("no libzmq: /usr/bin/python3 has no zmq module (apt-get install python3-zmq)")
-	}
+	py := libzmqPython(t)
 	script := `
 import sys, zmq
 ctx = zmq.Context()
@@ -343,4 +338,65 @@ func rawPubSub(t *testing.T, send func(subscription []byte, c net.Conn)) string 
 		io.Copy(io.Discard, c)
 	}()
 	return "tcp://" + ln.Addr().String()
+}
+
+// libzmqPython is a Python with pyzmq (libzmq), or the test is skipped (failed with
+// KVROUTE_REQUIRE_LIBZMQ=1).
+func libzmqPython(t *testing.T) string {
+	py := "/usr/bin/python3"
+	if exec.Command(py, "-c", "import zmq").Run() != nil {
+		if os.Getenv("KVROUTE_REQUIRE_LIBZMQ") != "" {
+			t.Fatal("KVROUTE_REQUIRE_LIBZMQ is set and /usr/bin/python3 has no zmq module (apt-get install python3-zmq)")
+		}
+		t.Skip("no libzmq: /usr/bin/python3 has no zmq module (apt-get install python3-zmq)")
+	}
+	return py
+}
+
+// With --kv-bind, vLLM's PUB (libzmq) connects to the control plane's bound socket: the
+// accepted side's handshake and a real engine step's batch, through Listen.
+func TestListenReadsALibzmqPublisherThatConnects(t *testing.T) {
+	py := libzmqPython(t)
+	payload, _ := stepPayload(t, sim.Map)
+	file := t.TempDir() + "/payload"
+	require.NoError(t, os.WriteFile(file, payload, 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &recorder{}
+	addr, done, err := Listen(ctx, "tcp://127.0.0.1:0", func(topic string) (Source, bool) {
+		return Source{ID: StreamID{"e1", 0}}, topic == "kv@e1"
+	}, rec, func(string) {}, Options{Logger: quiet()})
+	require.NoError(t, err)
+	script := `
+import sys, zmq
+payload = open(sys.argv[2], "rb").read()
+pub = zmq.Context().socket(zmq.PUB)
+pub.connect(sys.argv[1])
+n = 0
+while sys.stdin.readline():
+    pub.send_multipart([b"kv@e1", n.to_bytes(8, "big"), payload])
+    n += 1
+    print("sent", flush=True)
+`
+	cmd := exec.Command(py, "-c", script, "tcp://"+addr.String(), file)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { stdin.Close(); cmd.Wait() }()
+	out := bufio.NewScanner(stdout)
+	// The PUB drops what it sends before our subscription reaches it: send until a
+	// batch arrives.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(rec.lines()) == 0 {
+		require.True(t, time.Now().Before(deadline), "no batch from libzmq's PUB")
+		io.WriteString(stdin, "go\n")
+		require.True(t, out.Scan())
+		time.Sleep(10 * time.Millisecond)
+	}
+	l := rec.lines()[0]
+	assert.True(t, strings.HasPrefix(l, "batch ") && strings.Contains(l, "BlockStored"), l)
+	cancel()
+	<-done
 }
