@@ -108,6 +108,12 @@ func floodBatch(rng *rand.Rand, parts []floodPart) []byte {
 // no drop counted anywhere. With the budget: peak heap about 160 MB / RSS 200 MB, no
 // poll failed (slowest 0.5-0.7 s), after expiry heap 7 MB / RSS 35 MB.
 func TestReportFlood(t *testing.T) {
+	if raceDetector {
+		// Measured at ecae4e6 under -race: RSS 526-583 MB against the 300 MB ceiling,
+		// and versions 4 s old against the 2 s guard; neither says anything about the
+		// control plane.
+		t.Skip("a memory and freshness test: the race detector multiplies memory (5-10x) and CPU time")
+	}
 	const (
 		ceilingRSS = 300 << 20 // the stated ceiling at the default budget
 		safety     = 1 << 30   // stop flooding past this: the test has failed anyway
