@@ -1,11 +1,8 @@
 package kvevents
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
-	"io"
 	"net"
 	"testing"
 
@@ -69,51 +66,15 @@ func BenchmarkSubscriberRecv(b *testing.B) {
 	}
 }
 
-// streamingPub accepts one subscriber, completes a PUB's handshake (whatever order the
-// subscriber writes its half in) and then writes msg over and over until the connection
-// closes.
+// streamingPub accepts one subscriber, completes a PUB's handshake (rawPub) and then
+// writes msg over and over until the connection closes.
 func streamingPub(tb testing.TB, msg []byte) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		c.Write(append(zmtpGreetingBytes(), zmtpReady()...))
-		r := bufio.NewReader(c)
-		if _, err := io.ReadFull(r, make([]byte, zmtpGreeting)); err != nil {
-			return
-		}
-		for { // the subscriber's commands, then its subscription (a message)
-			var hdr [9]byte
-			if _, err := io.ReadFull(r, hdr[:2]); err != nil {
-				return
-			}
-			size := uint64(hdr[1])
-			if hdr[0]&zmtpLong != 0 {
-				if _, err := io.ReadFull(r, hdr[2:]); err != nil {
-					return
-				}
-				size = binary.BigEndian.Uint64(hdr[1:])
-			}
-			if _, err := io.CopyN(io.Discard, r, int64(size)); err != nil {
-				return
-			}
-			if hdr[0]&zmtpCommand == 0 {
-				break
-			}
-		}
-		chunk := bytes.Repeat(msg, max(1, (256<<10)/len(msg)))
+	chunk := bytes.Repeat(msg, max(1, (256<<10)/len(msg)))
+	return rawPub(tb, nil, func(_ []byte, c net.Conn) {
 		for {
 			if _, err := c.Write(chunk); err != nil {
 				return
 			}
 		}
-	}()
-	return "tcp://" + ln.Addr().String()
+	})
 }

@@ -22,13 +22,14 @@ import (
 )
 
 // rawPub accepts one subscriber and speaks as a ZMTP publisher written at the socket:
-// hello (greeting and READY; nil: a PUB's), then the subscriber's greeting, READY and
-// subscription are read, then send writes what the test gives it.
-func rawPub(t *testing.T, hello []byte, send func(c net.Conn)) string {
-	t.Helper()
+// hello (greeting and READY; nil: a PUB's); then, with send, the subscriber's greeting
+// and commands are read (with zsub's own frame reader: zsub's, go-zeromq's or any
+// subscriber's, in any order) and send gets its subscription frame as it came.
+func rawPub(tb testing.TB, hello []byte, send func(subscription []byte, c net.Conn)) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
+	require.NoError(tb, err)
+	tb.Cleanup(func() { ln.Close() })
 	if hello == nil {
 		hello = append(zmtpGreetingBytes(), zmtpReady()...)
 	}
@@ -40,15 +41,37 @@ func rawPub(t *testing.T, hello []byte, send func(c net.Conn)) string {
 		defer c.Close()
 		c.Write(hello)
 		if send != nil {
-			var in [64 + 27 + 5]byte // greeting, READY (Socket-Type SUB), then the subscription to "kv"
-			if _, err := io.ReadFull(c, in[:]); err != nil {
+			in := &zsub{c: c, r: bufio.NewReader(c), max: MaxMessageBytes}
+			if _, err := io.ReadFull(in.r, make([]byte, zmtpGreeting)); err != nil {
 				return
 			}
-			send(c)
+			for { // the subscriber's commands (READY), then its subscription (a message)
+				flags, body, err := in.frame(nil, 0)
+				if err != nil {
+					return
+				}
+				if flags&zmtpCommand == 0 {
+					send(appendFrame(nil, flags, body), c)
+					break
+				}
+			}
 		}
 		io.Copy(io.Discard, c)
 	}()
 	return "tcp://" + ln.Addr().String()
+}
+
+// runPython starts script under py with args: each line written to stdin drives it, out
+// reads what it prints. Both end with the test.
+func runPython(t *testing.T, py, script string, args ...string) (stdin io.Writer, out *bufio.Scanner) {
+	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { in.Close(); cmd.Wait() })
+	return in, bufio.NewScanner(stdout)
 }
 
 func frame(flags byte, body []byte) []byte { return appendFrame(nil, flags, body) }
@@ -113,14 +136,7 @@ while sys.stdin.readline():
     n += 1
     print("sent", flush=True)
 `
-	cmd := exec.Command(py, "-c", script)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { stdin.Close(); cmd.Wait() }()
-	out := bufio.NewScanner(stdout)
+	stdin, out := runPython(t, py, script)
 	require.True(t, out.Scan())
 	port := strings.TrimSpace(out.Text())
 
@@ -173,7 +189,7 @@ func TestZsubRefusesOversizedMessages(t *testing.T) {
 		"frames adding up":        append(frame(zmtpMore, make([]byte, 600)), frame(0, make([]byte, 600))...),
 	} {
 		t.Run(name, func(t *testing.T) {
-			ep := rawPub(t, nil, func(c net.Conn) { c.Write(body) })
+			ep := rawPub(t, nil, func(_ []byte, c net.Conn) { c.Write(body) })
 			s, err := dialSub(context.Background(), ep, "kv", time.Second, 1000)
 			require.NoError(t, err)
 			defer s.Close()
@@ -230,7 +246,7 @@ func TestZsubRefusesWhatIsNotAPublisher(t *testing.T) {
 func TestZsubRecvAllocatesNothing(t *testing.T) {
 	const n = 300
 	msg := message([]byte("kv"), seqBytes(1), bytes.Repeat([]byte("p"), 20_000))
-	ep := rawPub(t, nil, func(c net.Conn) { c.Write(bytes.Repeat(msg, n+5)) })
+	ep := rawPub(t, nil, func(_ []byte, c net.Conn) { c.Write(bytes.Repeat(msg, n+5)) })
 	s, err := dialSub(context.Background(), ep, "kv", time.Second, MaxMessageBytes)
 	require.NoError(t, err)
 	defer s.Close()
@@ -250,7 +266,7 @@ func TestZsubRecvAllocatesNothing(t *testing.T) {
 // message's frames fails the connection.
 func TestZsubCommands(t *testing.T) {
 	ping := frame(zmtpCommand, []byte("\x04PING\x00\x00"))
-	ep := rawPub(t, nil, func(c net.Conn) {
+	ep := rawPub(t, nil, func(_ []byte, c net.Conn) {
 		c.Write(append(append(ping, message([]byte("kv"), seqBytes(1), []byte("a"))...), frame(zmtpMore, []byte("kv"))...))
 		c.Write(ping)
 	})
@@ -297,7 +313,7 @@ func TestZsubDialEndsWithItsContext(t *testing.T) {
 // subscription to "" is the 0x01 byte alone.
 func TestZsubEmptyTopic(t *testing.T) {
 	subs := make(chan []byte, 1)
-	ep := rawPubSub(t, func(subscription []byte, c net.Conn) {
+	ep := rawPub(t, nil, func(subscription []byte, c net.Conn) {
 		subs <- subscription
 		c.Write(message(nil, seqBytes(7), []byte("payload")))
 	})
@@ -311,33 +327,6 @@ func TestZsubEmptyTopic(t *testing.T) {
 	assert.Equal(t, uint64(7), binary.BigEndian.Uint64(f[1]))
 	assert.Equal(t, "payload", string(f[2]))
 	assert.Equal(t, []byte{0, 1, 1}, <-subs, "a data frame of 0x01 alone")
-}
-
-// rawPubSub is rawPub for any topic: send gets the subscription frame as it came.
-func rawPubSub(t *testing.T, send func(subscription []byte, c net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		c.Write(append(zmtpGreetingBytes(), zmtpReady()...))
-		var in [64 + 27 + 2]byte // greeting, READY (Socket-Type SUB), the subscription's header
-		if _, err := io.ReadFull(c, in[:]); err != nil {
-			return
-		}
-		body := make([]byte, in[len(in)-1])
-		if _, err := io.ReadFull(c, body); err != nil {
-			return
-		}
-		send(append(in[len(in)-2:len(in):len(in)], body...), c)
-		io.Copy(io.Discard, c)
-	}()
-	return "tcp://" + ln.Addr().String()
 }
 
 // libzmqPython is a Python with pyzmq (libzmq), or the test is skipped (failed with
@@ -378,14 +367,7 @@ while sys.stdin.readline():
     n += 1
     print("sent", flush=True)
 `
-	cmd := exec.Command(py, "-c", script, "tcp://"+addr.String(), file)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { stdin.Close(); cmd.Wait() }()
-	out := bufio.NewScanner(stdout)
+	stdin, out := runPython(t, py, script, "tcp://"+addr.String(), file)
 	// The PUB drops what it sends before our subscription reaches it: send until a
 	// batch arrives.
 	deadline := time.Now().Add(20 * time.Second)
