@@ -212,16 +212,16 @@ func (c *conn) serveOne() bool {
 
 // write sends a, then b if any, under the write deadline. An error breaks the
 // connection: the loop closes it after the handler returns.
-func (c *conn) write(a, b []byte) (int, error) {
+func (c *conn) write(a, b []byte) error {
 	c.nc.SetWriteDeadline(time.Now().Add(c.f.WriteTimeout))
-	n, err := c.nc.Write(a)
+	_, err := c.nc.Write(a)
 	if err == nil && b != nil {
-		n, err = c.nc.Write(b)
+		_, err = c.nc.Write(b)
 	}
 	if err != nil {
 		c.w.broken = true
 	}
-	return n, err
+	return err
 }
 
 // body is a request body: the buffered bytes past the head, then the connection, up to

@@ -418,3 +418,23 @@ func TestHandOffsAreReportedWithTheirReason(t *testing.T) {
 	assert.Equal(t, "net/http", by)
 	assert.Equal(t, []HandOff{Full}, takeHandOffs())
 }
+
+// Write reports the bytes of p it wrote, never the head that went out with them
+// (io.Writer's contract: io.Copy fails on a count above len(p)).
+func TestWriteCountsOnlyTheBody(t *testing.T) {
+	counts := make(chan int, 2)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "6")
+		n1, _ := w.Write([]byte("abc"))
+		n2, _ := w.Write([]byte("def"))
+		counts <- n1
+		counts <- n2
+	})
+	f := startFront(t, h, nil)
+	c := dial(t, f)
+	c.send(get("/v1/table"))
+	_, by, body, _ := c.answer()
+	assert.Equal(t, "lean", by)
+	assert.Equal(t, "abcdef", body)
+	assert.Equal(t, []int{3, 3}, []int{<-counts, <-counts})
+}

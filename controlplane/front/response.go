@@ -70,16 +70,28 @@ func (w *response) Write(p []byte) (int, error) {
 		return 0, http.ErrContentLength
 	}
 	w.written += int64(len(p))
+	var err error
 	if w.sent {
-		return w.c.write(p, nil)
+		err = w.c.write(p, nil)
+	} else {
+		err = w.sendHead(p)
 	}
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// sendHead writes the head with the body's first bytes: in one write (one copy) when
+// they are small, else the body uncopied after it.
+func (w *response) sendHead(body []byte) error {
 	w.sent = true
 	w.appendHead()
-	if len(w.out)+len(p) <= smallAnswer {
-		w.out = append(w.out, p...)
-		return w.c.write(w.out, nil)
+	if len(w.out)+len(body) <= smallAnswer {
+		w.out = append(w.out, body...)
+		body = nil
 	}
-	return w.c.write(w.out, p)
+	return w.c.write(w.out, body)
 }
 
 // finish completes the answer after the handler returns.
@@ -96,20 +108,13 @@ func (w *response) finish() {
 	if w.sent {
 		return
 	}
-	w.sent = true
 	if w.declared < 0 && bodyAllowed(w.code) {
 		if w.header.Get("Content-Type") == "" && len(w.body) > 0 {
 			w.header.Set("Content-Type", http.DetectContentType(w.body)) // as net/http
 		}
 		w.header.Set("Content-Length", strconv.Itoa(len(w.body)))
 	}
-	w.appendHead()
-	if len(w.out)+len(w.body) <= smallAnswer {
-		w.out = append(w.out, w.body...)
-		w.c.write(w.out, nil)
-		return
-	}
-	w.c.write(w.out, w.body)
+	w.sendHead(w.body) // an error has marked the connection broken
 }
 
 // appendHead writes the status line and headers into w.out, net/http's way: a Date,
