@@ -238,7 +238,7 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 	ix.meterReplica(r, fresh, nil, 0)
 	ix.noteHWM(hwmKey{r: r, what: hwmHold}, r.hold.Len()+fresh)
 	r.m.mu.Lock()
-	mk := len(r.m.keys)
+	mk := r.m.keys.Len()
 	ix.meterModel(r.m, fresh, time.Now())
 	r.m.mu.Unlock()
 	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, mk+fresh)

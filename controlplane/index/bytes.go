@@ -19,23 +19,24 @@ import (
 //
 //   - a holding (a key on one replica, whatever its sources): the replica's holdings
 //     map, its slab entry and its slot in the model's holder list;
-//   - a distinct key of a model: the model's key map and its holder list (none of its
-//     own while one replica holds it: oneHolder), and the changed-key set until the
-//     next table build;
+//   - a distinct key of a model: its slot in the model's key set and its holder list
+//     (none of its own while one replica holds it: oneHolder), and its place in the
+//     changed-key list until the next table build (modelkeys.go);
 //   - an engine block of vLLM's KV events: the rank's block map (and, for engine blocks
 //     larger than ours, the checkpoint keys it names);
 //   - an SGLang page: its slab entry, its slot in the page map and its token tail;
 //   - a speculative entry: its item in the expiry queue;
 //   - a replica: its fixed structures (meterReplica's fixed part).
 //
-// A replica's holdings and a rank's blocks are keymaps (internal/keymap): one array of
-// key-value slots, a power of two long, doubled when 3/4 full; they are priced at
-// their array (keymapBytes), which stays at its peak after deletions until Reclaim
-// shrinks it (once its entries fall to a quarter of their peak, reclaim.go). The other
-// maps are Go's (swiss tables): 8 slots and 8 control bytes a group, grown when 7/8
-// full, by doubling up to 1,024 slots, then table by table (mapBytes). A model's key
-// maps stay Go maps for that: they can be the index's largest, and a keymap would grow
-// by doubling all at once. Go maps are priced by their entries, since what one keeps
+// A replica's holdings, a rank's blocks and a model's keys are keymaps
+// (internal/keymap): one array of key-value slots, a power of two long, doubled when
+// 3/4 full; they are priced at their array (keymapBytes), which stays at its peak
+// after deletions until Reclaim shrinks it (once its entries fall to a quarter of
+// their peak, reclaim.go). A model's keys, which can be the index's largest
+// structure, are split over 256 keymaps, so that they double a shard at a time. The
+// other maps are Go's (swiss tables): 8 slots and 8 control bytes a group, grown when
+// 7/8 full, by doubling up to 1,024 slots, then table by table (mapBytes). Go maps are
+// priced by their entries, since what one keeps
 // after deletions cannot be seen. Slices are priced at their capacity. Structures that an
 // in-flight admission is about to grow are priced at their size after it.
 //
@@ -71,18 +72,18 @@ func slotBytes[K comparable, V any]() int64 {
 }
 
 var (
-	holdSlot  = keymap.SlotBytes[int32]()
-	keySlot   = slotBytes[uint64, []uint16]()
-	dirtySlot = slotBytes[uint64, struct{}]()
-	pageSlot  = slotBytes[uint64, []int32]()
-	seedSlot  = slotBytes[seedKey, uint64]()
+	holdSlot = keymap.SlotBytes[int32]()
+	keySlot  = keymap.SlotBytes[keyState]()
+	pageSlot = slotBytes[uint64, []int32]()
+	seedSlot = slotBytes[seedKey, uint64]()
 	// specCharge is what a placement's expiry item can cost (the queue grows by
 	// append, so up to twice its items).
 	specCharge = 2 * int64(unsafe.Sizeof(specItem{}))
 	// worstEntry is what one new entry of any kind can cost at most: a holding of a
 	// key new to the model, speculative, in maps just grown (a keymap 3/8 full, Go
-	// maps 7/16 with a control byte a slot).
-	worstEntry = holdSlot*8/3 + (keySlot+dirtySlot+2)*16/7 + 1 +
+	// maps 7/16 with a control byte a slot), changed since the last build (a changed
+	// list's array is at most twice its entries).
+	worstEntry = holdSlot*8/3 + keySlot*8/3 + 2*8 +
 		int64(unsafe.Sizeof(holding{}))*5/4 + listMinBytes + 2 + 2*int64(unsafe.Sizeof(specItem{}))
 )
 
@@ -209,9 +210,8 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 // meterModel measures m's key structures as they will be once fresh new keys are added.
 // Caller holds m.mu.
 func (ix *Index) meterModel(m *model, fresh int, now time.Time) {
-	nk := len(m.keys) + fresh
 	b := int64(unsafe.Sizeof(model{})) + int64(cap(m.slots))*8 +
-		mapBytes(nk, keySlot) + int64(m.lists+fresh)*listMinBytes + mapBytes(len(m.dirty)+fresh, dirtySlot)
+		m.keys.Bytes(fresh) + int64(m.lists+fresh)*listMinBytes
 	mt := ix.budget.meters.get(m)
 	mt.bytes.Store(b)
 	mt.at.Store(now.UnixNano())

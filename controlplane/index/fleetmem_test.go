@@ -182,6 +182,6 @@ func measureFleet(tb testing.TB, cfg Config, f fleetShape, path fleetPath) fleet
 	for _, r := range ix.replicas {
 		m.holdings += r.hold.Len()
 	}
-	m.keys = len(ix.models["m"].keys)
+	m.keys = ix.models["m"].keys.Len()
 	return m
 }

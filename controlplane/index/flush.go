@@ -36,7 +36,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	for n, m := range ix.models {
 		names = append(names, n)
 		m.mu.Lock()
-		dirty := len(m.dirty) > 0
+		dirty := len(m.keys.dirty) > 0
 		m.mu.Unlock()
 		if m.created || m.members || dirty || math.Abs(m.bytesPerToken()-m.bptPub) > 0.01*m.bptPub {
 			changed = true
@@ -77,20 +77,17 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 		u.Tiers = slices.Clone(m.tiers)
 		var keys []uint64
 		if m.created {
-			keys = make([]uint64, 0, len(m.keys)+len(m.tierKeys))
-			for k := range m.keys {
+			keys = make([]uint64, 0, m.keys.Len()+len(m.tierKeys))
+			for k := range m.keys.held() {
 				keys = append(keys, k)
 			}
 			for k := range m.tierKeys {
-				if _, gpu := m.keys[k]; !gpu {
+				if m.keys.get(k) == nil {
 					keys = append(keys, k)
 				}
 			}
 		} else {
-			keys = make([]uint64, 0, len(m.dirty))
-			for k := range m.dirty {
-				keys = append(keys, k)
-			}
+			keys = slices.Clone(m.keys.dirty)
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
@@ -103,7 +100,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 			}
 			u.Upserts.Add(k, slots...)
 		}
-		clearDirty(m) // reclaim.go
+		m.keys.built()
 		m.mu.Unlock()
 		m.created, m.members = false, false
 		m.free = append(m.free, m.freeNext...)

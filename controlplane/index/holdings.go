@@ -1,10 +1,6 @@
 package index
 
-import (
-	"slices"
-
-	"github.com/kvroute/kvroute/internal/keymap"
-)
+import "github.com/kvroute/kvroute/internal/keymap"
 
 // holding is one key's state on one replica. The replica holds the key (and the table
 // lists its slot) while any of: engine blocks map to it, it is in the LRU of reported
@@ -75,36 +71,6 @@ var oneHolder = func() (a [4096]uint16) {
 // sharedList says whether s is a list of oneHolder's.
 func sharedList(s []uint16) bool {
 	return len(s) == 1 && cap(s) == 1 && int(s[0]) < len(oneHolder) && &s[0] == &oneHolder[s[0]]
-}
-
-// setSlot changes whether slot holds k. Caller holds m.mu.
-func (m *model) setSlot(k uint64, slot uint32, on bool) {
-	s := m.keys[k]
-	j, found := slices.BinarySearch(s, uint16(slot))
-	switch {
-	case on && !found && len(s) == 0 && slot < uint32(len(oneHolder)):
-		s = oneHolder[slot : slot+1 : slot+1]
-	case on && !found:
-		if len(s) == 0 || sharedList(s) {
-			m.lists++
-		}
-		s = slices.Insert(s, j, uint16(slot))
-	case !on && found && len(s) == 1:
-		if !sharedList(s) {
-			m.lists--
-		}
-		s = nil // not Delete: it would clear the element, oneHolder's too
-	case !on && found:
-		s = slices.Delete(s, j, j+1)
-	default:
-		return
-	}
-	if len(s) == 0 {
-		delete(m.keys, k)
-	} else {
-		m.keys[k] = s
-	}
-	m.dirty[k] = struct{}{}
 }
 
 func (r *replica) lruUnlink(i int32) {

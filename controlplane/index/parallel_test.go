@@ -54,13 +54,17 @@ func runOps(ix *Index, id string, ops []streamOp) error {
 	return nil
 }
 
-func modelKeys(ix *Index, name string) map[uint64][]uint16 {
+func heldKeys(ix *Index, name string) map[uint64][]uint16 {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	m := ix.models[name]
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return maps.Clone(m.keys)
+	out := map[uint64][]uint16{}
+	for k := range m.keys.held() {
+		out[k] = slices.Clone(m.keys.get(k))
+	}
+	return out
 }
 
 // Streams of different replicas are applied in parallel (issue 15): whatever the
@@ -91,7 +95,7 @@ func TestParallelIngestMatchesSerial(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := modelKeys(serial, "m")
+	want := heldKeys(serial, "m")
 	if len(want) == 0 {
 		t.Fatal("the streams stored nothing")
 	}
@@ -139,7 +143,7 @@ func TestParallelIngestMatchesSerial(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := modelKeys(par, "m")
+	got := heldKeys(par, "m")
 	if !maps.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("parallel ingest: %d keys, serial %d", len(got), len(want))
 	}

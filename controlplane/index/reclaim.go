@@ -42,16 +42,6 @@ func (ix *Index) noteHWM(k hwmKey, n int) {
 	}
 }
 
-// clearDirty empties a model's changed-key set after a Flush; a large one is replaced,
-// since clear keeps a map's size (one flood's worth of changes would stay allocated).
-func clearDirty(m *model) {
-	if len(m.dirty) >= reclaimMin {
-		m.dirty = map[uint64]struct{}{}
-		return
-	}
-	clear(m.dirty)
-}
-
 // Reclaim recounts the budget and gives memory back: every map that shrank to a
 // quarter of its high-water mark is moved to the array its entries need (a replica's
 // holdings together with their slab), and the speculative queue's array is cut to what it holds. The control plane
@@ -65,7 +55,7 @@ func (ix *Index) Reclaim(now time.Time) {
 	// Record the current sizes first: the maps grow between calls.
 	for _, m := range ix.models {
 		m.mu.Lock()
-		n := len(m.keys)
+		n := m.keys.Len()
 		m.mu.Unlock()
 		ix.noteHWM(hwmKey{m: m, what: hwmKeys}, n)
 	}
@@ -128,7 +118,7 @@ func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 	case hwmHold:
 		cur = k.r.hold.Len()
 	case hwmKeys:
-		cur = len(k.m.keys)
+		cur = k.m.keys.Len()
 	case hwmBlocks:
 		if rk != nil {
 			cur = rk.blocks.Len()
@@ -145,7 +135,7 @@ func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 	case hwmHold:
 		compactHoldings(k.r)
 	case hwmKeys:
-		k.m.keys = rebuilt(k.m.keys)
+		k.m.keys.shrink()
 	case hwmBlocks:
 		if rk != nil {
 			rk.blocks.Shrink()
@@ -156,14 +146,6 @@ func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 		}
 	}
 	return true
-}
-
-// rebuilt copies m into a map sized for its entries. (maps.Clone would not do: it
-// copies the table at its old size.)
-func rebuilt[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	maps.Copy(out, m)
-	return out
 }
 
 // compactHoldings rebuilds r's holdings map and slab with only the live holdings,

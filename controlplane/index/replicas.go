@@ -26,15 +26,14 @@ type model struct {
 	slots     []*replica // by slot; nil = free
 	free      []uint32   // reusable slots
 	freeNext  []uint32   // freed since the last Flush: reusable once it is published
-	keys      map[uint64][]uint16
-	lists     int // holder lists in keys that have their own array (not oneHolder's)
-	dirty     map[uint64]struct{}
+	keys      modelKeys  // modelkeys.go
+	lists     int        // holder lists in keys that have their own array (not oneHolder's)
 	// tiers names the slower media seen (table tier i is tiers[i-1], append-only);
 	// tierKeys holds, per key, the holders (table.Holder) in those tiers (tiers.go).
 	tiers    []string
 	tierKeys map[uint64][]uint32
 	members  bool // replica list changed
-	// mu guards keys and dirty (the only model state the KV-event path changes).
+	// mu guards keys (the only model state the KV-event path changes).
 	mu sync.Mutex
 }
 
@@ -133,7 +132,6 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 	if m == nil {
 		m = &model{
 			name: s.Model, created: true, bptPub: ix.cfg.DefaultBytesPerToken,
-			keys: map[uint64][]uint16{}, dirty: map[uint64]struct{}{},
 		}
 		m.setBytesPerToken(ix.cfg.DefaultBytesPerToken)
 		ix.models[s.Model] = m

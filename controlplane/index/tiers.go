@@ -348,13 +348,13 @@ func (m *model) setTier(k uint64, tier uint8, slot uint32, on bool) {
 		}
 		m.tierKeys[k] = s
 	}
-	m.dirty[k] = struct{}{}
+	m.keys.touch(k)
 }
 
 // holders appends key k's table set: the GPU slots, then each other replica in its
 // fastest slower tier. Caller holds m.mu.
 func (m *model) holders(k uint64, dst []uint32) []uint32 {
-	gpu := m.keys[k]
+	gpu := m.keys.get(k)
 	for _, x := range gpu {
 		dst = append(dst, uint32(x))
 	}
