@@ -87,7 +87,7 @@ func (b Budget) withDefaults() Budget {
 }
 
 // budgetState is the index's accounting. The KV-event path admits without Index.mu:
-// used, bytes, countedN, extra and meters are safe for concurrent use, and mu (taken last,
+// used, bytes, countedN, extra and spec are safe for concurrent use, and mu (taken last,
 // after any replica or model lock) guards counted, dropped and hwm; reclaims is
 // guarded by Index.mu.
 type budgetState struct {
@@ -95,7 +95,7 @@ type budgetState struct {
 	bytes    atomic.Int64 // bytes at the last recount (bytes.go)
 	countedN atomic.Int64 // entries at the last recount
 	extra    atomic.Int64 // bytes of expiry items, the queue's growth (admitSpec) and keymap growth admitted since
-	meters   meters       // bytes.go
+	spec     atomic.Int64 // the speculative queue's bytes (measured under Index.mu: meterSpec)
 	mu       sync.Mutex
 	counted  time.Time
 	dropped  map[dropKey]uint64
@@ -289,23 +289,17 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 	}
 	ix.budget.used.Add(int64(n + keys))
 	ix.budget.extra.Add(grow)
-	ix.meterReplica(r, keys, rk, n) // bytes.go
-	if now := time.Now(); ix.budget.meters.stale(r.m, now) {
+	ix.meterReplica(r, keys, rk, n)          // bytes.go
+	if now := rk.lastEvent; r.m.stale(now) { // the batch's arrival: no clock read per event
 		r.m.mu.Lock()
 		ix.meterModel(r.m, keys, now)
 		r.m.mu.Unlock()
 	}
-	ix.noteHWM(hwmKey{r: r, rank: rkNum(r, rk), what: hwmBlocks}, rk.blocks.Len()+n)
-	return true
-}
-
-func rkNum(r *replica, rk *rank) int {
-	for n, x := range r.ranks {
-		if x == rk {
-			return n
-		}
+	if nb := rk.blocks.Len() + n; nb > rk.peakNoted { // noteHWM takes budget.mu
+		rk.peakNoted = nb
+		ix.noteHWM(hwmKey{r: r, rank: rk.num, what: hwmBlocks}, nb)
 	}
-	return -1
+	return true
 }
 
 // admitReplicas caps discovery's list at MaxReplicas (in ID order, so the same ones

@@ -4,7 +4,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -126,15 +125,17 @@ func mapBytes(n int, slot int64) int64 {
 	return mapHeader + int64(tables*float64(8+tableHeader+sizeClass(tableSlots/groupSlots*group)))
 }
 
-// meter is one replica's or model's structures at their last measurement.
+// meter is one replica's or model's structures at their last measurement. It is the
+// replica's (model's) own, read by the recount without the replica's lock.
 type meter struct {
 	fixed, bytes, entries atomic.Int64
 	at                    atomic.Int64 // a model's: UnixNano of the measurement
+	measured              atomic.Bool
 }
 
-// estimate prices the replica metered by m (nil: never measured) at size entries.
+// estimate prices the replica metered by m at size entries.
 func (m *meter) estimate(size int64) int64 {
-	if m == nil {
+	if !m.measured.Load() {
 		return int64(unsafe.Sizeof(replica{})) + replicaOverhead + size*worstEntry
 	}
 	e := m.entries.Load()
@@ -144,32 +145,10 @@ func (m *meter) estimate(size int64) int64 {
 	return m.fixed.Load() + m.bytes.Load()*size/e
 }
 
-// meters are the accounting's measurements, keyed by *replica and *model.
-type meters struct {
-	byKey sync.Map
-	spec  atomic.Int64 // the speculative queue's bytes (measured under Index.mu)
-}
-
-func (ms *meters) get(k any) *meter {
-	if v, ok := ms.byKey.Load(k); ok {
-		return v.(*meter)
-	}
-	v, _ := ms.byKey.LoadOrStore(k, &meter{})
-	return v.(*meter)
-}
-
 // stale says whether model m's measurement is older than recountEvery: the KV-event
 // path measures a model at most that often (its lock is shared by the model's replicas).
-func (ms *meters) stale(m *model, now time.Time) bool {
-	mt := ms.peek(m)
-	return mt == nil || now.UnixNano()-mt.at.Load() >= int64(recountEvery)
-}
-
-func (ms *meters) peek(k any) *meter {
-	if v, ok := ms.byKey.Load(k); ok {
-		return v.(*meter)
-	}
-	return nil
+func (m *model) stale(now time.Time) bool {
+	return !m.meter.measured.Load() || now.UnixNano()-m.meter.at.Load() >= int64(recountEvery)
 }
 
 // meterReplica measures r's structures as they will be once hold more holdings, and
@@ -182,7 +161,7 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 	entries := nh
 	fixed := int64(unsafe.Sizeof(replica{})) + replicaOverhead + mapBytes(len(r.seeds), seedSlot) +
 		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{}))
-	for _, x := range r.ranks {
+	for _, x := range r.rankList {
 		fixed += int64(unsafe.Sizeof(rank{}))
 		nb := x.blocks.Len()
 		if x == rk {
@@ -201,10 +180,11 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 				int64(sg.live)*sizeClass(int64(4*ix.cfg.BlockTokens/2)) // token tails, half a block on average
 		}
 	}
-	m := ix.budget.meters.get(r)
+	m := &r.meter
 	m.fixed.Store(fixed)
 	m.bytes.Store(b)
 	m.entries.Store(int64(entries))
+	m.measured.Store(true)
 }
 
 // meterModel measures m's key structures as they will be once fresh new keys are added.
@@ -212,15 +192,16 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 func (ix *Index) meterModel(m *model, fresh int, now time.Time) {
 	b := int64(unsafe.Sizeof(model{})) + int64(cap(m.slots))*8 +
 		m.keys.Bytes(fresh) + int64(m.lists+fresh)*listMinBytes
-	mt := ix.budget.meters.get(m)
+	mt := &m.meter
 	mt.bytes.Store(b)
 	mt.at.Store(now.UnixNano())
+	mt.measured.Store(true)
 }
 
 // meterSpec measures the speculative queue. Caller holds Index.mu.
 func (ix *Index) meterSpec(add int) {
 	n := max(cap(ix.specQ), len(ix.specQ)+add)
-	ix.budget.meters.spec.Store(int64(n) * int64(unsafe.Sizeof(specItem{})))
+	ix.budget.spec.Store(int64(n) * int64(unsafe.Sizeof(specItem{})))
 }
 
 // specGrowth is what the array append gives the speculative queue for n more items
@@ -260,30 +241,19 @@ func (ix *Index) meterAll() {
 
 // count is the recount's sum of entries (every replica's size as of its last unlock)
 // and their price: every replica at its last measurement scaled to its current
-// entries, every model, the speculative queue. Meters of replicas and models no longer
-// listed are forgotten. Caller holds budget.mu.
+// entries, every model, the speculative queue. Caller holds budget.mu.
 func (ix *Index) count(byID map[string]*replica) (entries, bytes int64) {
-	ms := &ix.budget.meters
-	total := ms.spec.Load()
-	live := make(map[any]struct{}, len(byID)+1)
+	total := ix.budget.spec.Load()
+	models := make(map[*model]struct{}, 1)
 	for _, r := range byID {
 		n := r.size.Load()
 		entries += n
-		total += ms.peek(r).estimate(n)
-		live[r] = struct{}{}
-		if _, ok := live[r.m]; !ok {
-			live[r.m] = struct{}{}
-			if mt := ms.peek(r.m); mt != nil {
-				total += mt.bytes.Load()
-			}
+		total += r.meter.estimate(n)
+		if _, ok := models[r.m]; !ok {
+			models[r.m] = struct{}{}
+			total += r.m.meter.bytes.Load()
 		}
 	}
-	ms.byKey.Range(func(k, _ any) bool {
-		if _, ok := live[k]; !ok {
-			ms.byKey.Delete(k)
-		}
-		return true
-	})
 	return entries, total
 }
 
@@ -299,6 +269,9 @@ var sizeClasses = [...]int64{8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 
 func sizeClass(n int64) int64 {
 	if n <= 0 {
 		return 0
+	}
+	if n > sizeClasses[len(sizeClasses)-1] {
+		return (n + 8191) &^ 8191 // keymap arrays, mostly: no search
 	}
 	if i, _ := slices.BinarySearch(sizeClasses[:], n); i < len(sizeClasses) {
 		return sizeClasses[i]

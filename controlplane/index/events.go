@@ -25,6 +25,10 @@ type rank struct {
 	gone      map[uint64]tierBlock
 	blockSize int
 	sg        *sglangRank // SGLang's pages (sglang.go)
+	num       int         // the DP rank
+	// peakNoted is the most blocks told to the reclaim's high-water marks (noteHWM
+	// takes the budget's lock: the event path tells it only of a new peak).
+	peakNoted int
 
 	connected                 bool
 	lastSeq                   int64
@@ -330,8 +334,9 @@ func (ix *Index) dropRank(r *replica, rk *rank) {
 func (r *replica) rank(n int) *rank {
 	rk := r.ranks[n]
 	if rk == nil {
-		rk = &rank{lastSeq: -1}
+		rk = &rank{lastSeq: -1, num: n}
 		r.ranks[n] = rk
+		r.rankList = append(r.rankList, rk)
 	}
 	return rk
 }

@@ -139,6 +139,7 @@ func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 	case hwmBlocks:
 		if rk != nil {
 			rk.blocks.Shrink()
+			rk.peakNoted = 0 // the mark is forgotten: the next peak is told again
 		}
 	case hwmMulti:
 		if rk != nil {

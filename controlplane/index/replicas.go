@@ -34,7 +34,8 @@ type model struct {
 	tierKeys map[uint64][]uint32
 	members  bool // replica list changed
 	// mu guards keys (the only model state the KV-event path changes).
-	mu sync.Mutex
+	mu    sync.Mutex
+	meter meter // the byte budget's measurement (bytes.go)
 }
 
 func (m *model) bytesPerToken() float64     { return math.Float64frombits(m.bpt.Load()) }
@@ -72,7 +73,9 @@ type replica struct {
 	specN, tokenKeys int
 	evictDebt        float64
 
-	ranks map[int]*rank
+	ranks    map[int]*rank
+	rankList []*rank // the same ranks, for the KV-event path's walks (no map iteration)
+	meter    meter   // the byte budget's measurement (bytes.go)
 
 	// scrape state
 	sample        scrape.Sample
