@@ -93,6 +93,9 @@ func keymapBytes[V any](m *keymap.Map[V], n int) int64 { return sizeClass(m.Byte
 // whole array (a Go map grows a table of 1,024 slots at a time), so the budget admits
 // that beside the entries' worstEntry each, until the next recount measures it.
 func keymapGrowth[V any](m *keymap.Map[V], n int) int64 {
+	if m.Fits(n) {
+		return 0 // every event pays this: no pricing when nothing grows
+	}
 	return keymapBytes(m, m.Len()+n) - keymapBytes(m, 0)
 }
 

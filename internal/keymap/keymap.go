@@ -208,6 +208,9 @@ func (m *Map[V]) Clone() Map[V] {
 	return c
 }
 
+// Fits says whether n more keys fit the array the map has (whatever keys they are).
+func (m *Map[V]) Fits(n int) bool { return (m.n+n)*4 <= len(m.slots)*3 }
+
 // Bytes is the size of the map's array once it holds n keys: the array it has, or the
 // larger one growth gives it for n.
 func (m *Map[V]) Bytes(n int) int64 {

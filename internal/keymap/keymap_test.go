@@ -265,3 +265,23 @@ func BenchmarkGet(b *testing.B) {
 		_ = sum
 	})
 }
+
+// Fits(n) says exactly whether n more new keys leave the array as it is: the byte
+// budget (controlplane/index) charges no growth when it does.
+func TestFitsIsWhetherPutsGrow(t *testing.T) {
+	for size := range 200 {
+		for n := range 40 {
+			var m Map[int32]
+			for k := range uint64(size) {
+				m.Set(k+1, 0)
+			}
+			fits, before := m.Fits(n), m.Bytes(0)
+			for k := range uint64(n) {
+				m.Set(1<<40+k, 0)
+			}
+			if grew := m.Bytes(0) != before; fits == grew {
+				t.Fatalf("%d keys, %d more: Fits %v, array grew %v", size, n, fits, grew)
+			}
+		}
+	}
+}
