@@ -1,6 +1,7 @@
 package index
 
 import (
+	"flag"
 	"fmt"
 	"slices"
 	"testing"
@@ -128,11 +129,21 @@ func loadFleet(ix *Index, f fleetShape, now time.Time, paths ...fleetPath) {
 // held; "est/heap" is the budget's accounting (bytes.go) over the measured heap.
 //
 //	go test ./controlplane/index -run '^$' -bench MemoryFleet -benchtime 1x
+//
+// -memfleet.shape replicas,prefixes,keys,holders measures another shape: 1000,2500,4,1
+// is keys each held by one replica (each its own model entry).
 func BenchmarkMemoryFleet(b *testing.B) {
+	shape := fleet
+	if *memFleetShape != "" {
+		if _, err := fmt.Sscanf(*memFleetShape, "%d,%d,%d,%d", &shape.replicas, &shape.prefixes, &shape.keys, &shape.holders); err != nil ||
+			min(shape.replicas, shape.prefixes, shape.keys, shape.holders) < 1 || shape.holders > shape.replicas {
+			b.Fatalf("-memfleet.shape %q: want replicas,prefixes,keys,holders (%v)", *memFleetShape, err)
+		}
+	}
 	for _, path := range fleetPaths {
 		b.Run(string(path), func(b *testing.B) {
 			for range b.N {
-				m := measureFleet(b, Config{}, fleet, path)
+				m := measureFleet(b, Config{}, shape, path)
 				b.ReportMetric(float64(m.holdings), "holdings")
 				b.ReportMetric(float64(m.keys), "keys")
 				b.ReportMetric(m.bytes/float64(m.holdings), "B/holding")
@@ -145,6 +156,8 @@ func BenchmarkMemoryFleet(b *testing.B) {
 		})
 	}
 }
+
+var memFleetShape = flag.String("memfleet.shape", "", "BenchmarkMemoryFleet: replicas,prefixes,keys,holders (default 1000,10000,32,4)")
 
 type fleetMeasure struct {
 	holdings, keys int
