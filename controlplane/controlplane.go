@@ -39,6 +39,10 @@ import (
 type Options struct {
 	// Listen is the HTTP address (default 127.0.0.1:8080; tests use 127.0.0.1:0).
 	Listen string
+	// Listener, when set, is served instead of a listener on Listen (which is then its
+	// address): for a caller that holds the port from before the control plane starts.
+	// Start takes it over and closes it at shutdown.
+	Listener net.Listener
 	// Engines is the static engine list (file and --engine flags).
 	Engines []discovery.Engine
 	// Kubernetes, when set, discovers engines instead (or in addition: both lists are
@@ -113,6 +117,9 @@ type ControlPlane struct {
 
 // New validates options and builds the components; nothing runs until Start.
 func New(o Options) (*ControlPlane, error) {
+	if o.Listener != nil {
+		o.Listen = o.Listener.Addr().String()
+	}
 	if o.Listen == "" {
 		o.Listen = "127.0.0.1:8080"
 	}
@@ -183,9 +190,12 @@ func (c *ControlPlane) KVAddrs() []net.Addr { return c.kvAddrs }
 // Start listens and starts every loop; they run until ctx ends. Wait returns after the
 // graceful shutdown that follows.
 func (c *ControlPlane) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", c.o.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", c.o.Listen, err)
+	ln := c.o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", c.o.Listen); err != nil {
+			return fmt.Errorf("listen %s: %w", c.o.Listen, err)
+		}
 	}
 	c.ln = ln
 	ctx, cancel := context.WithCancel(ctx)

@@ -160,6 +160,33 @@ func TestAttackMidStreamDisconnects(t *testing.T) {
 		n, before, peak, after)
 }
 
+// The control plane's port is held from the moment Start picks it: OnListen (which runs
+// before the engines start) cannot bind it, as an engine's own listener on port 0 or
+// another process could not. Before, Start checked the port and let it go until the
+// control plane bound it again after the engines had started; here the intruder then
+// held it and Start failed with "control plane address ... is already in use", as
+// TestReplicaKilled once did in CI.
+func TestControlPlanePortIsHeldFromStart(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := probe.Addr().String()
+	probe.Close()
+	var intruder net.Listener
+	var bindErr error
+	m, err := mesh.Start(context.Background(), mesh.Options{
+		ProxyAddr: "127.0.0.1:0", ControlPlaneAddr: addr, Replicas: 2, TimeScale: timeScale,
+		OnListen: func() { intruder, bindErr = net.Listen("tcp", addr) },
+	})
+	if intruder != nil {
+		defer intruder.Close()
+	}
+	require.NoError(t, err, "the intruder took the port: %v", intruder != nil)
+	defer m.Close()
+	require.Error(t, bindErr, "the control plane's port was free to bind while Start ran")
+	assert.Equal(t, "http://"+addr, m.ControlPlaneURL())
+	waitFor(t, "the filter has a table", func() bool { return m.Summary().TableVersion > 0 })
+}
+
 // A taken port, a bad profile or a filter that does not load: Start returns an error,
 // never panics, and leaves no engine, goroutine or listener behind.
 func TestStartFailuresLeaveNothingBehind(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -31,8 +32,20 @@ type cpShard struct {
 	addr    string
 	tap     *ReportTap
 	mu      sync.Mutex
+	ln      net.Listener // held for the first start (Start); nil after
 	cp      *controlplane.ControlPlane
 	stop    context.CancelFunc
+}
+
+// release closes the listener held for a control plane that never started.
+func (s *cpShard) release() {
+	s.mu.Lock()
+	ln := s.ln
+	s.ln = nil
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
 }
 
 // shardEngines are the engines control plane s watches: with Models, only its model's
@@ -64,16 +77,23 @@ func (m *Mesh) startControlPlane(s *cpShard) error {
 	if s.model != "" {
 		logger = logger.With("shard", s.model)
 	}
+	s.mu.Lock()
+	ln := s.ln // the port held since Start, for the first start
+	s.ln = nil
+	s.mu.Unlock()
 	cp, err := controlplane.New(controlplane.Options{
-		Listen: s.addr, Engines: m.shardEngines(s),
+		Listen: s.addr, Listener: ln, Engines: m.shardEngines(s),
 		PublishInterval: ms(m.opts.PublishInterval), ScrapeInterval: ms(m.opts.ScrapeInterval),
 		Logger: logger,
 	})
 	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := cp.Start(ctx); err != nil {
+	if err := cp.Start(ctx); err != nil { // Start closes the listener it was given
 		cancel()
 		return err
 	}

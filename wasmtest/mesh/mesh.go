@@ -183,7 +183,11 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 		return nil, err
 	}
 	// Each control plane gets a fixed port, so it can be stopped and started again at the
-	// same address (the fault tests do): the port is checked here, then released for it.
+	// same address (the fault tests do). Its listener is held from here to its first
+	// start and handed to it: released in between, the port was taken by one of the
+	// engines' own listeners on port 0, or by another process's connection
+	// (TestReplicaKilled failed so in a CI run: "control plane address ... is already in
+	// use"). A restart binds the address again.
 	m := &Mesh{opts: o}
 	shards := []string{""}
 	if len(o.Models) > 0 {
@@ -197,14 +201,14 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 		cpLn, err := listen("control plane", addr)
 		if err != nil {
 			proxyLn.Close()
+			m.Close() // the listeners held for the shards before
 			return nil, err
 		}
-		s := &cpShard{model: model, cluster: Cluster, addr: cpLn.Addr().String()}
+		s := &cpShard{model: model, cluster: Cluster, addr: cpLn.Addr().String(), ln: cpLn}
 		if model != "" {
 			s.cluster = ShardCluster(model)
 		}
 		m.cps = append(m.cps, s)
-		cpLn.Close()
 	}
 	if o.OnListen != nil {
 		o.OnListen()
@@ -245,10 +249,7 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	totals := &tapTotals{}
 	clusters := map[string]host.Cluster{}
 	for _, s := range m.cps {
-		if err := m.startControlPlane(s); err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) { // taken between the check and now
-				return &PortInUseError{Part: "control plane", Addr: s.addr, Err: err}
-			}
+		if err := m.startControlPlane(s); err != nil { // on the listener held since Start
 			return err
 		}
 		s.tap = newReportTap(s.addr, totals)
@@ -372,6 +373,9 @@ func (m *Mesh) Close() {
 		m.Host.Close(context.Background())
 	}
 	m.StopControlPlane()
+	for _, s := range m.cps {
+		s.release()
+	}
 	for _, s := range m.Engines {
 		s.Close()
 	}
