@@ -35,9 +35,9 @@ import (
 // structure, are split over 256 keymaps, so that they double a shard at a time. The
 // other maps are Go's (swiss tables): 8 slots and 8 control bytes a group, grown when
 // 7/8 full, by doubling up to 1,024 slots, then table by table (mapBytes). Go maps are
-// priced by their entries, since what one keeps
-// after deletions cannot be seen. Slices are priced at their capacity. Structures that an
-// in-flight admission is about to grow are priced at their size after it.
+// priced by their entries, since what one keeps after deletions cannot be seen. Slices
+// are priced at their capacity. Structures that an in-flight admission is about to grow
+// are priced at their size after it.
 //
 // The replica's structures are measured under its lock whenever it admits something
 // (admitKeys, admitBlocks) and by BudgetState; the budget's recount (which takes no
