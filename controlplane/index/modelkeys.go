@@ -27,7 +27,10 @@ type modelKeys struct {
 	dirty  []uint64
 }
 
-const keyShards = 256
+const (
+	keyShardBits = 8
+	keyShards    = 1 << keyShardBits
+)
 
 // keyState is one key's GPU holders, sorted, as a pointer and a length so that a
 // keymap slot stays 24 bytes (a slice and a flag would make it 40). A list is never
@@ -51,7 +54,7 @@ func (mk *modelKeys) shard(k uint64) *keymap.Map[keyState] {
 		mk.shards = make([]keymap.Map[keyState], keyShards)
 		mk.seed = rand.Uint64()
 	}
-	return &mk.shards[((k^mk.seed)*0x9E3779B97F4A7C15)>>56]
+	return &mk.shards[((k^mk.seed)*0x9E3779B97F4A7C15)>>(64-keyShardBits)]
 }
 
 // get returns k's GPU holders (nil when none).
