@@ -37,13 +37,18 @@ type cpShard struct {
 	stop    context.CancelFunc
 }
 
-// release closes the listener held for a control plane that never started.
-func (s *cpShard) release() {
+// takeListener hands over the listener held since Start (nil after the first start).
+func (s *cpShard) takeListener() net.Listener {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ln := s.ln
 	s.ln = nil
-	s.mu.Unlock()
-	if ln != nil {
+	return ln
+}
+
+// release closes the listener held for a control plane that never started.
+func (s *cpShard) release() {
+	if ln := s.takeListener(); ln != nil {
 		ln.Close()
 	}
 }
@@ -77,10 +82,7 @@ func (m *Mesh) startControlPlane(s *cpShard) error {
 	if s.model != "" {
 		logger = logger.With("shard", s.model)
 	}
-	s.mu.Lock()
-	ln := s.ln // the port held since Start, for the first start
-	s.ln = nil
-	s.mu.Unlock()
+	ln := s.takeListener() // the port held since Start, for the first start
 	cp, err := controlplane.New(controlplane.Options{
 		Listen: s.addr, Listener: ln, Engines: m.shardEngines(s),
 		PublishInterval: ms(m.opts.PublishInterval), ScrapeInterval: ms(m.opts.ScrapeInterval),
