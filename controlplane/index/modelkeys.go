@@ -105,8 +105,9 @@ func (mk *modelKeys) touch(k uint64) {
 }
 
 // built forgets the changed set once a build has published it: entries without
-// holders go, and a large changed list is given back (it would keep one flood's
-// worth of changes allocated).
+// holders go. The list's array is kept for the next interval while this one used a
+// quarter of it or more (a steady stream of changes reuses it), and given back when
+// it is larger than that (it would keep one flood's worth of changes allocated).
 func (mk *modelKeys) built() {
 	for _, k := range mk.dirty {
 		sh := mk.shard(k)
@@ -117,7 +118,7 @@ func (mk *modelKeys) built() {
 			}
 		}
 	}
-	if cap(mk.dirty) >= reclaimMin {
+	if c := cap(mk.dirty); c >= reclaimMin && c > 4*len(mk.dirty) {
 		mk.dirty = nil
 		return
 	}

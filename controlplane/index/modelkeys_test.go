@@ -34,3 +34,26 @@ func TestModelKeysSpreadOverShards(t *testing.T) {
 		}
 	}
 }
+
+// The changed list's array is reused while builds keep using most of it (a steady
+// stream of changes allocates nothing per build) and given back after a flood.
+func TestChangedListIsReusedThenGivenBack(t *testing.T) {
+	var mk modelKeys
+	for round := range 3 { // steady: 10,000 changes between builds
+		for i := range uint64(10_000) {
+			mk.touch(uint64(round)<<32 | i + 1)
+		}
+		before := cap(mk.dirty)
+		mk.built()
+		if cap(mk.dirty) != before {
+			t.Fatalf("round %d: the list's array of %d went (%d after the build)", round, before, cap(mk.dirty))
+		}
+	}
+	for i := range uint64(10) { // the flood is over: 10 changes
+		mk.touch(1<<40 | i)
+	}
+	mk.built()
+	if cap(mk.dirty) != 0 || mk.Len() != 0 {
+		t.Fatalf("after a quiet interval: the list keeps %d slots, %d entries left", cap(mk.dirty), mk.Len())
+	}
+}
