@@ -1,7 +1,8 @@
 package route
 
-// The Ledger's lists: references to entries in time order, read from the newest end
-// (Sums) and consumed from the oldest (expiry). An entry leaves the lists lazily: a
+// The Ledger's lists: references to entries in time order, read around a cursor
+// (Sums, ledger.go), from the newest end (PendingSince) and consumed from the oldest
+// (expiry). An entry leaves the lists lazily: a
 // reference whose entry is gone, or was replaced (another seq), or no longer has the
 // state the list is for, is dead and skipped. A list is compacted when more than half of
 // it is dead, so it holds at most about twice its live entries.
@@ -55,7 +56,6 @@ type refState uint8
 
 const (
 	isAny refState = iota
-	isUnstarted
 	isStarted
 	isPeer
 )
@@ -71,8 +71,6 @@ func (l *Ledger) is(r ref, want refState) bool {
 	switch {
 	case !ok:
 		return false
-	case want == isUnstarted:
-		return s.started.IsZero()
 	case want == isStarted:
 		return !s.started.IsZero()
 	case want == isPeer:
