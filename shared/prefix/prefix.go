@@ -121,7 +121,12 @@ func Next(parent uint64, block []byte) uint64 { return linked(parent, block) }
 // NextTokens is Next(parent, block) for a token-domain block: each id as 4
 // little-endian bytes, the bytes TokenKeys hashes (the control plane hashes every block
 // of every KV event this way, issue 15).
-func NextTokens(parent uint64, tokens []uint32) uint64 { return linkedTokens(parent, tokens) }
+func NextTokens(parent uint64, tokens []uint32) uint64 {
+	if len(tokens) == 16 {
+		return linkedTokens16(parent, (*[16]uint32)(tokens))
+	}
+	return linkedTokens(parent, tokens)
+}
 
 // TextKeys appends to dst the keys of the complete blocks of text, blockBytes bytes
 // each, chained from seed. A trailing partial block has no key.
@@ -130,6 +135,13 @@ func TextKeys(dst []uint64, seed uint64, text []byte, blockBytes int) []uint64 {
 		return dst
 	}
 	h := seed
+	if blockBytes == 64 {
+		for off := 0; off+64 <= len(text); off += 64 {
+			h = linked64(h, (*[64]byte)(text[off:off+64]))
+			dst = append(dst, h)
+		}
+		return dst
+	}
 	for off := 0; off+blockBytes <= len(text); off += blockBytes {
 		h = linked(h, text[off:off+blockBytes])
 		dst = append(dst, h)
@@ -144,6 +156,13 @@ func TokenKeys(dst []uint64, seed uint64, tokens []uint32, blockTokens int) []ui
 		return dst
 	}
 	h := seed
+	if blockTokens == 16 {
+		for off := 0; off+16 <= len(tokens); off += 16 {
+			h = linkedTokens16(h, (*[16]uint32)(tokens[off:off+16]))
+			dst = append(dst, h)
+		}
+		return dst
+	}
 	for off := 0; off+blockTokens <= len(tokens); off += blockTokens {
 		h = linkedTokens(h, tokens[off:off+blockTokens])
 		dst = append(dst, h)

@@ -103,6 +103,38 @@ func linked(parent uint64, b []byte) uint64 {
 	return xxAvalanche(h)
 }
 
+// linked64 is linked for a 64-byte block (DefaultBlockBytes), as an array: its reads
+// have constant offsets, so they carry no bounds checks, which in the wasm guest are a
+// compare and a branch each.
+func linked64(parent uint64, b *[64]byte) uint64 {
+	le := binary.LittleEndian
+	v1 := xxRound(acc1, parent)
+	v2 := xxRound(prime2, le.Uint64(b[0:8]))
+	v3 := xxRound(0, le.Uint64(b[8:16]))
+	v4 := xxRound(acc4, le.Uint64(b[16:24]))
+	v1 = xxRound(v1, le.Uint64(b[24:32]))
+	v2 = xxRound(v2, le.Uint64(b[32:40]))
+	v3 = xxRound(v3, le.Uint64(b[40:48]))
+	v4 = xxRound(v4, le.Uint64(b[48:56]))
+	h := xxStart(v1, v2, v3, v4) + 8 + 64
+	return xxAvalanche(xxWord(h, le.Uint64(b[56:64])))
+}
+
+// linkedTokens16 is linkedTokens for 16 ids (DefaultBlockTokens), as linked64 is linked.
+func linkedTokens16(parent uint64, t *[16]uint32) uint64 {
+	pair := func(i int) uint64 { return uint64(t[i]) | uint64(t[i+1])<<32 }
+	v1 := xxRound(acc1, parent)
+	v2 := xxRound(prime2, pair(0))
+	v3 := xxRound(0, pair(2))
+	v4 := xxRound(acc4, pair(4))
+	v1 = xxRound(v1, pair(6))
+	v2 = xxRound(v2, pair(8))
+	v3 = xxRound(v3, pair(10))
+	v4 = xxRound(v4, pair(12))
+	h := xxStart(v1, v2, v3, v4) + 8 + 4*16
+	return xxAvalanche(xxWord(h, pair(14)))
+}
+
 // linkedTokens is xxhash64(le64(parent) || le32(t[0]) || le32(t[1]) || ...): two ids
 // make one 8-byte word.
 func linkedTokens(parent uint64, t []uint32) uint64 {

@@ -8,8 +8,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// TestLinkedIsXXH64: linked and linkedTokens are xxhash.Sum64 of the parent's 8 bytes
-// followed by the block, for every block length across the 32-byte stripes and the 8-,
+// TestLinkedIsXXH64: linked, linked64, linkedTokens and linkedTokens16 are xxhash.Sum64 of the parent's
+// 8 bytes followed by the block, for every block length across the 32-byte stripes and the 8-,
 // 4- and 1-byte tails, so keys stay what they were (prefix_test.go's vectors also pin them).
 func TestLinkedIsXXH64(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -24,6 +24,11 @@ func TestLinkedIsXXH64(t *testing.T) {
 			if got := linked(parent, b); got != want {
 				t.Fatalf("linked(%#x, %d bytes) = %#x, xxhash64 %#x", parent, n, got, want)
 			}
+			if n == 64 {
+				if got := linked64(parent, (*[64]byte)(b)); got != want {
+					t.Fatalf("linked64(%#x) = %#x, xxhash64 %#x", parent, got, want)
+				}
+			}
 			if n%4 != 0 {
 				continue
 			}
@@ -33,6 +38,11 @@ func TestLinkedIsXXH64(t *testing.T) {
 			}
 			if got := linkedTokens(parent, toks); got != want {
 				t.Fatalf("linkedTokens(%#x, %d ids) = %#x, xxhash64 %#x", parent, len(toks), got, want)
+			}
+			if len(toks) == 16 {
+				if got := linkedTokens16(parent, (*[16]uint32)(toks)); got != want {
+					t.Fatalf("linkedTokens16(%#x) = %#x, xxhash64 %#x", parent, got, want)
+				}
 			}
 		}
 	}
@@ -62,6 +72,11 @@ func BenchmarkBlockHash(b *testing.B) {
 			h = linked(h, text)
 		}
 	})
+	b.Run("text64/via=linked64", func(b *testing.B) {
+		for b.Loop() {
+			h = linked64(h, (*[64]byte)(text))
+		}
+	})
 	b.Run("tokens16/via=copy", func(b *testing.B) {
 		var buf [8 + 64]byte
 		for b.Loop() {
@@ -75,6 +90,11 @@ func BenchmarkBlockHash(b *testing.B) {
 	b.Run("tokens16/via=linked", func(b *testing.B) {
 		for b.Loop() {
 			h = linkedTokens(h, toks)
+		}
+	})
+	b.Run("tokens16/via=linkedTokens16", func(b *testing.B) {
+		for b.Loop() {
+			h = linkedTokens16(h, (*[16]uint32)(toks))
 		}
 	})
 }
