@@ -110,8 +110,14 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 		start := s.i
 		b, i := s.b, s.i // locals: the loop runs per byte of every prompt
 		// Sixteen, then eight bytes at a time while none of them ends the run (stops).
-		for i+16 <= len(b) && !stops(binary.LittleEndian.Uint64(b[i:])) && !stops(binary.LittleEndian.Uint64(b[i+8:])) {
-			i += 16 // two words a turn: the loop's own test and bounds check cost as much as a word's
+		for i+16 <= len(b) {
+			// Two words a turn: the loop's own test and bounds check cost as much as a
+			// word's. Read through an array, the second word needs no check of its own.
+			w := (*[16]byte)(b[i : i+16])
+			if stops(binary.LittleEndian.Uint64(w[:8])) || stops(binary.LittleEndian.Uint64(w[8:])) {
+				break
+			}
+			i += 16
 		}
 		for i+8 <= len(b) && !stops(binary.LittleEndian.Uint64(b[i:])) {
 			i += 8
