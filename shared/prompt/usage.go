@@ -1,7 +1,5 @@
 package prompt
 
-import "bytes"
-
 // Usage is what an engine reports about a request's prompt.
 type Usage struct {
 	PromptTokens int
@@ -22,10 +20,10 @@ func FindUsage(tail []byte) (Usage, bool) {
 // FindUsage is the package's FindUsage with the Parser's buffers for member names, so a
 // proxy's response path allocates nothing.
 func (p *Parser) FindUsage(tail []byte) (Usage, bool) {
-	key := []byte(`"usage"`)
+	const key = `"usage"`
 	end := len(tail)
 	for {
-		i := bytes.LastIndex(tail[:end], key)
+		i := lastUsageKey(tail[:end])
 		if i < 0 {
 			return Usage{}, false
 		}
@@ -43,6 +41,18 @@ func (p *Parser) FindUsage(tail []byte) (Usage, bool) {
 			return u, true
 		}
 	}
+}
+
+// lastUsageKey is bytes.LastIndex(b, `"usage"`) as a loop from the end over the quotes:
+// in the wasm guest bytes.LastIndex (Rabin-Karp, hashing every byte it passes) took
+// 1.9 us of FindUsage's 8 on a 150-byte answer (BenchmarkFindUsage).
+func lastUsageKey(b []byte) int {
+	for i := len(b) - 7; i >= 0; i-- {
+		if b[i] == '"' && string(b[i:i+7]) == `"usage"` {
+			return i
+		}
+	}
+	return -1
 }
 
 func (s *scanner) usage(p *Parser) (Usage, bool) {

@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -39,10 +40,28 @@ func TestFindUsage(t *testing.T) {
 func FuzzFindUsage(f *testing.F) {
 	f.Add(`{"usage":{"prompt_tokens":8000,"prompt_tokens_details":{"cached_tokens":5984}}}`)
 	f.Add("data: {\"usage\":null}\n\ndata: {\"usage\":{\"prompt_tokens\":1}}\n\n")
+	f.Add(`"usage"`)
+	f.Add(`x"usage""usage`)
 	f.Fuzz(func(t *testing.T, tail string) {
+		if got, want := lastUsageKey([]byte(tail)), strings.LastIndex(tail, `"usage"`); got != want {
+			t.Fatalf("%q: lastUsageKey %d, strings.LastIndex %d", tail, got, want)
+		}
 		u, ok := FindUsage([]byte(tail))
 		if ok && (u.PromptTokens < 0 || u.CachedTokens < -1) {
 			t.Fatalf("%q: %+v", tail, u)
 		}
 	})
+}
+
+// BenchmarkFindUsage: the usage of a short non-streamed answer, as the filter reads it
+// on every response (run it compiled for wasip1 too: README).
+func BenchmarkFindUsage(b *testing.B) {
+	resp := []byte(`{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":8000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":5984}}}`)
+	var p Parser
+	b.ReportAllocs()
+	for b.Loop() {
+		if u, ok := p.FindUsage(resp); !ok || u.CachedTokens != 5984 {
+			b.Fatal(u, ok)
+		}
+	}
 }
