@@ -164,7 +164,7 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 	entries := nh
 	fixed := int64(unsafe.Sizeof(replica{})) + replicaOverhead + mapBytes(len(r.seeds), seedSlot) +
 		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{}))
-	for _, x := range r.rankList {
+	for _, x := range r.ranks {
 		fixed += int64(unsafe.Sizeof(rank{}))
 		nb := x.blocks.Len()
 		if x == rk {

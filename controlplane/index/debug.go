@@ -71,21 +71,15 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			hasEvents:  r.spec.Events,
 		}
 		ix.replicaBudget(r, &rs)
-		ranks := make([]int, 0, len(r.ranks))
-		for n := range r.ranks {
-			ranks = append(ranks, n)
-		}
-		slices.Sort(ranks)
-		rs.KVEvents.Connected = len(ranks) > 0
-		for i, n := range ranks {
-			rk := r.ranks[n]
+		rs.KVEvents.Connected = len(r.ranks) > 0
+		for i, rk := range r.ranks { // ascending: the first is the lowest rank
 			switch age := now.Sub(rk.lastEvent).Milliseconds(); {
 			case rk.lastEvent.IsZero():
 				rs.KVEvents.LastEventAgeMs = -1
 			case i == 0 || (rs.KVEvents.LastEventAgeMs >= 0 && age > rs.KVEvents.LastEventAgeMs):
 				rs.KVEvents.LastEventAgeMs = max(age, 0)
 			}
-			if n == ranks[0] {
+			if i == 0 {
 				rs.KVEvents.LastSeq = rk.lastSeq
 			}
 			rs.KVEvents.Connected = rs.KVEvents.Connected && rk.connected

@@ -1,7 +1,9 @@
 package index
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
@@ -332,13 +334,23 @@ func (ix *Index) dropRank(r *replica, rk *rank) {
 }
 
 func (r *replica) rank(n int) *rank {
-	rk := r.ranks[n]
-	if rk == nil {
-		rk = &rank{lastSeq: -1, num: n}
-		r.ranks[n] = rk
-		r.rankList = append(r.rankList, rk)
+	i, found := r.findRank(n)
+	if !found {
+		r.ranks = slices.Insert(r.ranks, i, &rank{lastSeq: -1, num: n})
 	}
-	return rk
+	return r.ranks[i]
+}
+
+// rankOf is DP rank n's state, nil when the rank has sent nothing.
+func (r *replica) rankOf(n int) *rank {
+	if i, found := r.findRank(n); found {
+		return r.ranks[i]
+	}
+	return nil
+}
+
+func (r *replica) findRank(n int) (int, bool) {
+	return slices.BinarySearchFunc(r.ranks, n, func(x *rank, n int) int { return cmp.Compare(x.num, n) })
 }
 
 // engineBlockSize is the engine's KV block size for eviction accounting.

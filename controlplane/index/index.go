@@ -177,7 +177,7 @@ func (ix *Index) unlockReplica(r *replica) {
 		r.tierFlips = r.tierFlips[:0]
 	}
 	n := r.hold.Len() + len(r.tierHold)
-	for _, rk := range r.rankList {
+	for _, rk := range r.ranks {
 		n += rk.blocks.Len() + len(rk.tier)
 		if rk.sg != nil {
 			n += rk.sg.live // SGLang pages are tracked apart from rk.blocks (sglang.go)

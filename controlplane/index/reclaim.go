@@ -62,9 +62,9 @@ func (ix *Index) Reclaim(now time.Time) {
 	for _, r := range ix.replicas {
 		r.mu.Lock()
 		ix.noteHWM(hwmKey{r: r, what: hwmHold}, max(r.hold.Len(), len(r.slab)))
-		for n, rk := range r.ranks {
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmBlocks}, rk.blocks.Len())
-			ix.noteHWM(hwmKey{r: r, rank: n, what: hwmMulti}, rk.multi.Len())
+		for _, rk := range r.ranks {
+			ix.noteHWM(hwmKey{r: r, rank: rk.num, what: hwmBlocks}, rk.blocks.Len())
+			ix.noteHWM(hwmKey{r: r, rank: rk.num, what: hwmMulti}, rk.multi.Len())
 		}
 		r.mu.Unlock()
 	}
@@ -111,7 +111,7 @@ func (ix *Index) Reclaim(now time.Time) {
 func (ix *Index) reclaimOne(k hwmKey, peak int) bool {
 	var rk *rank
 	if k.r != nil {
-		rk = k.r.ranks[k.rank]
+		rk = k.r.rankOf(k.rank)
 	}
 	var cur int
 	switch k.what {

@@ -73,9 +73,8 @@ type replica struct {
 	specN, tokenKeys int
 	evictDebt        float64
 
-	ranks    map[int]*rank
-	rankList []*rank // the same ranks, for the KV-event path's walks (no map iteration)
-	meter    meter   // the byte budget's measurement (bytes.go)
+	ranks []*rank // by DP rank, ascending (a few: a slice, walked on the KV-event path)
+	meter meter   // the byte budget's measurement (bytes.go)
 
 	// scrape state
 	sample        scrape.Sample
@@ -150,7 +149,7 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 	}
 	r := &replica{
 		spec: s, m: m, slot: slot, addedAt: now, healthy: true,
-		head: -1, tail: -1, ranks: map[int]*rank{},
+		head: -1, tail: -1,
 	}
 	m.slots[slot] = r
 	m.members = true
