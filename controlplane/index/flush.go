@@ -87,7 +87,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 				}
 			}
 		} else {
-			keys = slices.Clone(m.keys.dirty)
+			keys = m.keys.dirty // sorted in place: built() below only walks it
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
