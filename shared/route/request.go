@@ -107,7 +107,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		return Decision{}, res
 	}
 	salt := r.salt(req, &pr, &res)
-	chain := NewChain(m.Config, Identity{Model: base, LoRA: lora, Salt: salt}, &pr, r.keys)
+	chain := newChain(m.Config, Identity{Model: base, LoRA: lora, Salt: salt}, &pr, r.keys, &r.memo)
 	r.keys = chain.Keys
 	d := r.Decide(m, &chain, tableAge, now)
 	if len(d.Addrs) == 0 {

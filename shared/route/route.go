@@ -40,6 +40,16 @@ type Identity struct {
 // NewChain computes the chain of req under cfg (the table model's block sizes). keys is
 // reused for the result when it has room.
 func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64) Chain {
+	return newChain(cfg, id, req, keys, nil)
+}
+
+// newChain is NewChain, through memo when not nil: the keys of a prefix shared with a
+// prompt the memo remembers are reused, not hashed again (prefix.Memo).
+func newChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64, memo *prefix.Memo) Chain {
+	textKeys, tokenKeys := prefix.TextKeys, prefix.TokenKeys
+	if memo != nil {
+		textKeys, tokenKeys = memo.TextKeys, memo.TokenKeys
+	}
 	if req.IsTokens() {
 		bt := int(cfg.BlockTokens)
 		if bt <= 0 {
@@ -48,7 +58,7 @@ func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64)
 		seed := prefix.Seed(prefix.Token, id.Model, id.LoRA, id.Salt)
 		return Chain{
 			Domain:       prefix.Token,
-			Keys:         prefix.TokenKeys(keys[:0], seed, req.Tokens, bt),
+			Keys:         tokenKeys(keys[:0], seed, req.Tokens, bt),
 			BlockSize:    bt,
 			PromptTokens: float64(len(req.Tokens)),
 		}
@@ -64,7 +74,7 @@ func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64)
 	seed := prefix.Seed(prefix.Text, id.Model, id.LoRA, id.Salt)
 	return Chain{
 		Domain:        prefix.Text,
-		Keys:          prefix.TextKeys(keys[:0], seed, req.Text, bb),
+		Keys:          textKeys(keys[:0], seed, req.Text, bb),
 		BlockSize:     bb,
 		PromptTokens:  float64(len(req.Text)) / bpt,
 		PromptBytes:   len(req.Text),
@@ -117,6 +127,7 @@ type Router struct {
 	Tables func(model string) (*table.Table, time.Duration)
 
 	parser  prompt.Parser
+	memo    prefix.Memo // the last prompts' keys: a shared prefix is compared, not hashed
 	keys    []uint64
 	matched []int
 	// inTable[i] is matched[i] as the table alone gives it, before Local raises it:

@@ -1,0 +1,151 @@
+package prefix
+
+import (
+	"unsafe"
+)
+
+// Memo remembers the last few prompts a router hashed and their keys, so that a prompt
+// sharing a prefix with one of them hashes only what follows the shared blocks: block
+// i's key depends only on the seed and blocks 0..i, so where the bytes are equal (the
+// memo compares the bytes themselves, never hashes of them) the keys are too. Shared
+// system prompts and growing conversations, the traffic a prefix-cache router exists
+// for, make the shared part most of a prompt; comparing it costs a fraction of hashing
+// it (under Go's wasm code bytes.Equal is the runtime's assembly, hashing a loop of
+// multiplies: BenchmarkMemoTextKeys32KB).
+//
+// The keys are exactly TextKeys' and TokenKeys' (TestMemoKeysAreTheChain, FuzzMemo). A
+// memo holds at most memoEntries prompts of at most MemoMaxBytes each (the first
+// MemoMaxBytes of a longer one), in buffers it reuses, and only keys of the same seed
+// are ever reused, so one tenant's prompts never lend keys to another's. Not safe for
+// concurrent use: each router has its own.
+type Memo struct {
+	entries [memoEntries]memoEntry
+	tick    uint64
+}
+
+// memoEntries: a few distinct prefixes (system prompts, conversations) in flight at
+// once per router; each costs a full compare of its first block on a miss.
+const memoEntries = 4
+
+// MemoMaxBytes bounds what one entry keeps: 128 KB of text (about 32,000 tokens) or
+// 32,768 token ids. A longer prompt's later blocks are hashed every time.
+const MemoMaxBytes = 128 << 10
+
+type memoEntry struct {
+	domain    Domain
+	seed      uint64
+	blockSize int    // in bytes or ids
+	data      []byte // the prompt's complete blocks (token ids as their bytes in memory)
+	keys      []uint64
+	used      uint64 // Memo.tick when last used: the least recent entry is replaced
+}
+
+// TextKeys is TextKeys(dst, seed, text, blockBytes), reusing the keys of the longest
+// prefix of complete blocks text shares with a remembered prompt, and remembering text.
+func (m *Memo) TextKeys(dst []uint64, seed uint64, text []byte, blockBytes int) []uint64 {
+	if blockBytes <= 0 {
+		return dst
+	}
+	e, n := m.best(Text, seed, text, blockBytes)
+	base := len(dst)
+	dst = append(dst, e.keys[:n]...)
+	h := seed
+	if n > 0 {
+		h = dst[len(dst)-1]
+	}
+	dst = TextKeys(dst, h, text[n*blockBytes:], blockBytes)
+	m.keep(e, n, Text, seed, text, blockBytes, dst[base:])
+	return dst
+}
+
+// TokenKeys is TokenKeys(dst, seed, tokens, blockTokens), as TextKeys is for text.
+func (m *Memo) TokenKeys(dst []uint64, seed uint64, tokens []uint32, blockTokens int) []uint64 {
+	if blockTokens <= 0 {
+		return dst
+	}
+	data := tokenBytes(tokens)
+	e, n := m.best(Token, seed, data, 4*blockTokens)
+	base := len(dst)
+	dst = append(dst, e.keys[:n]...)
+	h := seed
+	if n > 0 {
+		h = dst[len(dst)-1]
+	}
+	dst = TokenKeys(dst, h, tokens[n*blockTokens:], blockTokens)
+	m.keep(e, n, Token, seed, data, 4*blockTokens, dst[base:])
+	return dst
+}
+
+// tokenBytes is the memory of tokens as bytes: only ever compared with other token
+// ids' bytes, so the machine's byte order does not matter.
+func tokenBytes(tokens []uint32) []byte {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens))
+}
+
+// best returns the entry to reuse and how many leading blocks of data (bs bytes each)
+// it holds; with none shared, the least recently used entry and 0.
+func (m *Memo) best(d Domain, seed uint64, data []byte, bs int) (*memoEntry, int) {
+	m.tick++
+	var best, oldest *memoEntry
+	n := 0
+	for i := range m.entries {
+		e := &m.entries[i]
+		if oldest == nil || e.used < oldest.used {
+			oldest = e
+		}
+		if e.domain != d || e.seed != seed || e.blockSize != bs {
+			continue
+		}
+		if k := commonBlocks(e.data, data, bs); k > n {
+			best, n = e, k
+		}
+	}
+	if best == nil {
+		return oldest, 0
+	}
+	return best, n
+}
+
+// keep makes e remember data and its keys, of which the first n blocks are e's already.
+func (m *Memo) keep(e *memoEntry, n int, d Domain, seed uint64, data []byte, bs int, keys []uint64) {
+	blocks := min(len(data)/bs, MemoMaxBytes/bs, len(keys))
+	if n == 0 {
+		e.domain, e.seed, e.blockSize = d, seed, bs
+	}
+	e.data = append(e.data[:n*bs], data[n*bs:blocks*bs]...)
+	e.keys = append(e.keys[:n], keys[n:blocks]...)
+	e.used = m.tick
+}
+
+// commonBlocks is how many leading blocks of bs bytes a and b share, whole. It compares
+// 64 bytes a turn as eight words: bytes.Equal compares one byte a turn in Go's wasm port
+// (internal/bytealg/equal_wasm.s), which made a repeated 32 KB prompt cost more there
+// than hashing it (186 against 79 us under wazero), and a turn of a loop costs far more
+// than its loads in Go's wasm code (a word a turn: 30 us). The words are read where they
+// lie, unaligned: wasm, amd64 and arm64 load them as any other.
+func commonBlocks(a, b []byte, bs int) int {
+	end := min(len(a), len(b)) / bs * bs
+	a, b = a[:end], b[:end]
+	i := 0
+	if end >= 8 {
+		pa, pb := unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0])
+		for ; i+64 <= end; i += 64 {
+			x, y := (*[8]uint64)(unsafe.Add(pa, i)), (*[8]uint64)(unsafe.Add(pb, i))
+			if (x[0]^y[0])|(x[1]^y[1])|(x[2]^y[2])|(x[3]^y[3])|(x[4]^y[4])|(x[5]^y[5])|(x[6]^y[6])|(x[7]^y[7]) != 0 {
+				break
+			}
+		}
+		for ; i+8 <= end; i += 8 {
+			if *(*uint64)(unsafe.Add(pa, i)) != *(*uint64)(unsafe.Add(pb, i)) {
+				break
+			}
+		}
+	}
+	for i < end && a[i] == b[i] {
+		i++
+	}
+	return i / bs
+}
