@@ -90,7 +90,7 @@ func (h *Host) instantiateABI(ctx context.Context) (api.Module, error) {
 	for _, f := range hostFuncs() {
 		call, types := f.call, f.params
 		qualified := abiModule + "." + f.name
-		calls := h.hostCallCounter(qualified)
+		calls, timer := h.hostCallCounter(qualified), h.hostCallTimer(qualified)
 		b.NewFunctionBuilder().
 			WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, stack []uint64) {
 				// The upper half of an i32 on wazero's stack is undefined: clear it once here.
@@ -102,7 +102,9 @@ func (h *Host) instantiateABI(ctx context.Context) (api.Module, error) {
 				vm := ctx.Value(vmKey{}).(*VM)
 				vm.checkRestricted(qualified)
 				calls.Add(1)
+				start := timer.begin()
 				stack[0] = uint64(call(vm, stack))
+				timer.end(start)
 			}), f.params, []api.ValueType{i32}).
 			WithName(f.name).
 			Export(f.name)

@@ -43,6 +43,58 @@ func (h *Host) hostCallCounter(qualified string) *atomic.Int64 {
 	return c
 }
 
+// hostCallTimer is the timer of the host function qualified, nil unless
+// Config.TimeHostCalls.
+func (h *Host) hostCallTimer(qualified string) *callTime {
+	if !h.cfg.TimeHostCalls {
+		return nil
+	}
+	if h.hostTimes == nil {
+		h.hostTimes = map[string]*callTime{}
+	}
+	t := h.hostTimes[qualified]
+	if t == nil {
+		t = &callTime{}
+		h.hostTimes[qualified] = t
+	}
+	return t
+}
+
+// begin and end time one host call; a nil timer (not timing) does nothing.
+func (t *callTime) begin() time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (t *callTime) end(start time.Time) {
+	if t != nil {
+		t.add(time.Since(start))
+	}
+}
+
+func (t *callTime) add(d time.Duration) {
+	t.calls.Add(1)
+	t.nanos.Add(int64(d))
+	if int64(d) > t.max.Load() {
+		t.max.Store(int64(d)) // one VM a goroutine: a lost race loses a maximum only
+	}
+}
+
+// HostCallTimes returns the calls and time of every host function called so far (with
+// Config.TimeHostCalls), by qualified name, most time first.
+func (h *Host) HostCallTimes() []CallTime {
+	var out []CallTime
+	for name, t := range h.hostTimes {
+		if n := t.calls.Load(); n > 0 {
+			out = append(out, CallTime{Name: name, Calls: n, Total: time.Duration(t.nanos.Load()), Max: time.Duration(t.max.Load())})
+		}
+	}
+	sortCallTimes(out)
+	return out
+}
+
 // HostCalls returns how often the guest has called each host function so far, over all
 // VMs, by qualified name ("env.proxy_get_shared_data", "wasi_snapshot_preview1.clock_time_get");
 // functions never called are left out. The host's own calls into the guest (callbacks,
@@ -146,13 +198,17 @@ func (h *Host) CallTimes() []CallTime {
 	for name, t := range h.timed {
 		out = append(out, CallTime{Name: name, Calls: t.calls.Load(), Total: time.Duration(t.nanos.Load()), Max: time.Duration(t.max.Load())})
 	}
+	sortCallTimes(out)
+	return out
+}
+
+func sortCallTimes(out []CallTime) {
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Total != out[j].Total {
 			return out[i].Total > out[j].Total
 		}
 		return out[i].Name < out[j].Name
 	})
-	return out
 }
 
 // ResetCallTimes zeroes the CallTimes (e.g. after a warm-up).
@@ -160,10 +216,17 @@ func (h *Host) ResetCallTimes() {
 	h.timedMu.Lock()
 	defer h.timedMu.Unlock()
 	for _, t := range h.timed {
-		t.calls.Store(0)
-		t.nanos.Store(0)
-		t.max.Store(0)
+		t.reset()
 	}
+	for _, t := range h.hostTimes {
+		t.reset()
+	}
+}
+
+func (t *callTime) reset() {
+	t.calls.Store(0)
+	t.nanos.Store(0)
+	t.max.Store(0)
 }
 
 type listenerFactory struct {

@@ -65,6 +65,12 @@ type Config struct {
 	// counts: for "runtime.mallocgc", where the guest allocates. Each call walks the
 	// guest's stack; count few, and only to find where calls come from.
 	CallSites []string
+	// TimeHostCalls times every call of a host function (proxy-wasm's and WASI's) in the
+	// host's wall clock, Host.HostCallTimes: how much of a callback's time is this host's
+	// implementation rather than the guest's code. A call's time includes any call the
+	// host makes back into the guest inside it (proxy_on_memory_allocate, which the
+	// host functions that return bytes call to get guest memory for them).
+	TimeHostCalls bool
 	// Profile is the proxy-wasm-cpp-host behaviour to reproduce. Default: the strictest,
 	// CppHostC4d7bb0 (the oldest Envoy the manifests support).
 	Profile *Profile
@@ -121,6 +127,8 @@ type Host struct {
 	// hostCalls counts the guest's calls of each host function (proxy-wasm and WASI), by
 	// qualified name ("env.proxy_get_shared_data"); fixed once the host functions exist.
 	hostCalls map[string]*atomic.Int64
+	// hostTimes is the time in each host function (Config.TimeHostCalls), by qualified name.
+	hostTimes map[string]*callTime
 }
 
 type hostStats struct {

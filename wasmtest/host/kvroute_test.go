@@ -579,6 +579,7 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		if *guestProfile && name == "" {
 			cfg.TimeCalls = profiledFuncs()
 		}
+		cfg.TimeHostCalls = *hostProfile
 		h, err := host.Load(context.Background(), path, cfg)
 		require.NoError(b, err)
 		b.Cleanup(func() { h.Close(context.Background()) })
@@ -658,7 +659,26 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		if *guestProfile && s.name == "" {
 			logGuestProfile(s.h, int64(len(s.times)))
 		}
+		if *hostProfile {
+			logHostProfile(s.name, s.h, int64(len(s.times)))
+		}
 	}
+}
+
+// hostProfile: BenchmarkKvrouteRequestPath -args -hostcalls logs the time per request in
+// each host function (host.Config.TimeHostCalls): the part of filter-p50-µs that is this
+// host's Go implementation of proxy-wasm and WASI, not the guest's code.
+var hostProfile = flag.Bool("hostcalls", false, "BenchmarkKvrouteRequestPath: log the time in each host function")
+
+func logHostProfile(name string, h *host.Host, requests int64) {
+	fmt.Printf("%shost functions over %d requests (wall time, calls back into the guest included):\n", name, requests)
+	var total time.Duration
+	for _, c := range h.HostCallTimes() {
+		total += c.Total
+		fmt.Printf("  %9.2f µs/req %9.2f calls/req %9.2f µs/call %9.1f µs max  %s\n", float64(c.Total.Nanoseconds())/1e3/float64(requests),
+			float64(c.Calls)/float64(requests), float64(c.Total.Nanoseconds())/1e3/float64(c.Calls), float64(c.Max.Nanoseconds())/1e3, c.Name)
+	}
+	fmt.Printf("  %9.2f µs/req in all\n", float64(total.Nanoseconds())/1e3/float64(requests))
 }
 
 // The request path allocates nothing in the guest in steady state: every value a host

@@ -142,7 +142,7 @@ func (h *Host) instantiateWASI(ctx context.Context) ([]api.Module, error) {
 		for _, f := range h.profile.wasi {
 			f := f
 			qualified := name + "." + f.name
-			calls := h.hostCallCounter(qualified)
+			calls, timer := h.hostCallCounter(qualified), h.hostCallTimer(qualified)
 			var results []api.ValueType
 			if !f.noResult {
 				results = []api.ValueType{i32}
@@ -157,7 +157,9 @@ func (h *Host) instantiateWASI(ctx context.Context) ([]api.Module, error) {
 					vm := ctx.Value(vmKey{}).(*VM)
 					vm.checkRestricted(qualified)
 					calls.Add(1)
+					start := timer.begin()
 					r := f.call(vm, stack)
+					timer.end(start)
 					if !f.noResult {
 						stack[0] = uint64(r)
 					}
