@@ -53,6 +53,47 @@ func FuzzFindUsage(f *testing.F) {
 	})
 }
 
+// usageFast gives what the scanner's usage gives wherever it answers, and answers for
+// the forms engines write (the seeds: vLLM's UsageInfo, with and without details, null
+// details, other nested details).
+func FuzzUsageFast(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt_tokens":8000,"total_tokens":8300,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":5984}}`,
+		`{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}`,
+		`{"prompt_tokens":7}`,
+		`{"prompt_tokens":0,"completion_tokens_details":{"reasoning_tokens":2},"prompt_tokens_details":{}}`,
+		`{"prompt_tokens_details":{"cached_tokens":null},"prompt_tokens":1}`,
+		`{"prompt_tokens":4294967296}`, `{"prompt_tokens":01}`, `{"prompt_tokens":1.5}`, `{}`,
+		`{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":3},"prompt_tokens_details":{"cached_tokens":null}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		u, ok, handled := usageFast(b, 0)
+		if !handled {
+			return
+		}
+		var p Parser
+		s := &scanner{b: b, maxDepth: 8}
+		want, wantOK := s.usage(&p)
+		if ok != wantOK || ok && u != want {
+			t.Fatalf("%q: usageFast %+v %v, usage %+v %v", b, u, ok, want, wantOK)
+		}
+	})
+}
+
+// The forms engines write are read by usageFast, not left to the scanner.
+func TestUsageFastReadsEngineForms(t *testing.T) {
+	for _, s := range []string{
+		`{"prompt_tokens":8000,"total_tokens":8300,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":5984}}`,
+		`{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}`,
+		`{"prompt_tokens":7}`,
+	} {
+		_, ok, handled := usageFast([]byte(s), 0)
+		assert.True(t, handled && ok, s)
+	}
+}
+
 // BenchmarkFindUsage: the usage of a short non-streamed answer, as the filter reads it
 // on every response (run it compiled for wasip1 too: README).
 func BenchmarkFindUsage(b *testing.B) {
