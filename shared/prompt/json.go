@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -88,13 +89,16 @@ const (
 	hi = 0x8080808080808080
 )
 
-// stops says whether any of the eight bytes of v ends a plain run of a string: a byte
-// below 0x20, '"', '\\' or one with the top bit set. (v - 0x20 each) has a byte's top
-// bit set when the byte is below 0x20 (a borrow can only add false positives above a
-// true one); or-ing v itself adds the bytes at 0x80 and above.
-func stops(v uint64) bool {
+// stopMask has the top bit set of each of the eight bytes of v (little endian: the
+// first byte lowest) that ends a plain run of a string: a byte below 0x20, '"', '\\' or
+// one with the top bit set; and maybe of some bytes after such a byte, never before
+// one. (v - 0x20 each) has a byte's top bit set when the byte is below 0x20, and a
+// borrow can only mark bytes above a true one (likewise for the '"' and '\\' tests);
+// or-ing v itself adds the bytes at 0x80 and above. So the lowest set bit is the first
+// byte that ends the run.
+func stopMask(v uint64) uint64 {
 	q, bs := v^(lo*'"'), v^(lo*'\\')
-	return ((v-lo*0x20)|v|(q-lo)&^q|(bs-lo)&^bs)&hi != 0
+	return ((v - lo*0x20) | v | (q-lo)&^q | (bs-lo)&^bs) & hi
 }
 
 // str reads a string value and appends its decoded bytes to dst according to mode.
@@ -109,20 +113,28 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 	for {
 		start := s.i
 		b, i := s.b, s.i // locals: the loop runs per byte of every prompt
-		// Sixteen, then eight bytes at a time while none of them ends the run (stops).
+		// Sixteen, then eight bytes at a time while none of them ends the run; the first
+		// that does is found from the mask (stopMask), not byte by byte: a prompt's
+		// every line ends in an escaped newline.
 		for i+16 <= len(b) {
 			// Two words a turn: the loop's own test and bounds check cost as much as a
 			// word's. Read through an array, the second word needs no check of its own.
 			w := (*[16]byte)(b[i : i+16])
-			if stops(binary.LittleEndian.Uint64(w[:8])) || stops(binary.LittleEndian.Uint64(w[8:])) {
+			if stopMask(binary.LittleEndian.Uint64(w[:8]))|stopMask(binary.LittleEndian.Uint64(w[8:])) != 0 {
 				break
 			}
 			i += 16
 		}
-		for i+8 <= len(b) && !stops(binary.LittleEndian.Uint64(b[i:])) {
+		found := false
+		for i+8 <= len(b) {
+			if m := stopMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				found = true
+				break
+			}
 			i += 8
 		}
-		for i < len(b) && !strStop[b[i]] {
+		for !found && i < len(b) && !strStop[b[i]] {
 			i++
 		}
 		s.i = i
@@ -156,18 +168,12 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 			s.i += 2
 			var r rune
 			switch e {
-			case '"', '\\', '/':
-				r = rune(e)
-			case 'b':
-				r = '\b'
-			case 'f':
-				r = '\f'
-			case 'n':
-				r = '\n'
-			case 'r':
-				r = '\r'
-			case 't':
-				r = '\t'
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				// One byte, none of them a separator canonical mode escapes: appended here.
+				if mode != discard {
+					dst = append(dst, simpleEscape[e])
+				}
+				continue
 			case 'u':
 				var ok bool
 				if r, ok = s.hex4(); !ok {
@@ -202,6 +208,9 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 		}
 	}
 }
+
+// simpleEscape is the byte each one-letter escape stands for.
+var simpleEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 func (s *scanner) hex4() (rune, bool) {
 	r, ok := hex4At(s.b, s.i)

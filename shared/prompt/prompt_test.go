@@ -484,6 +484,22 @@ func BenchmarkParseChat32KB(b *testing.B) {
 	}
 }
 
+// BenchmarkParseChat32KBLines: the same size of system prompt in lines of about 70
+// bytes, each ending in an escaped newline (a run of plain bytes ends at each), as
+// prompts written in markdown or lists are.
+func BenchmarkParseChat32KBLines(b *testing.B) {
+	sys := strings.Repeat(`You are a careful assistant for ACME support. Follow the policy.\n`, 470)
+	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"Where is my order 12345?"}]}`)
+	var p Parser
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Parse(Chat, body, Limits{MaxBytes: 1 << 20, MaxDepth: 64}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // The same work with encoding/json, for comparison in the closing note.
 func BenchmarkParseChat32KBEncodingJSON(b *testing.B) {
 	body := benchBody()
