@@ -2,6 +2,8 @@ package prefix
 
 import (
 	"unsafe"
+
+	"github.com/kvroute/kvroute/internal/byteprefix"
 )
 
 // Memo remembers the last few prompts a router hashed and their keys, so that a prompt
@@ -9,9 +11,8 @@ import (
 // i's key depends only on the seed and blocks 0..i, so where the bytes are equal (the
 // memo compares the bytes themselves, never hashes of them) the keys are too. Shared
 // system prompts and growing conversations, the traffic a prefix-cache router exists
-// for, make the shared part most of a prompt; comparing it costs a fraction of hashing
-// it (under Go's wasm code bytes.Equal is the runtime's assembly, hashing a loop of
-// multiplies: BenchmarkMemoTextKeys32KB).
+// for, make the shared part most of a prompt; comparing it (internal/byteprefix) costs a
+// fraction of hashing it in Go's wasm code as natively (BenchmarkMemoTextKeys32KB).
 //
 // The keys are exactly TextKeys' and TokenKeys' (TestMemoKeysAreTheChain, FuzzMemo). A
 // memo holds at most memoEntries prompts of at most MemoMaxBytes each (the first
@@ -120,32 +121,8 @@ func (m *Memo) keep(e *memoEntry, n int, d Domain, seed uint64, data []byte, bs 
 	e.used = m.tick
 }
 
-// commonBlocks is how many leading blocks of bs bytes a and b share, whole. It compares
-// 64 bytes a turn as eight words: bytes.Equal compares one byte a turn in Go's wasm port
-// (internal/bytealg/equal_wasm.s), which made a repeated 32 KB prompt cost more there
-// than hashing it (186 against 79 us under wazero), and a turn of a loop costs far more
-// than its loads in Go's wasm code (a word a turn: 30 us). The words are read where they
-// lie, unaligned: wasm, amd64 and arm64 load them as any other.
+// commonBlocks is how many leading blocks of bs bytes a and b share, whole.
 func commonBlocks(a, b []byte, bs int) int {
 	end := min(len(a), len(b)) / bs * bs
-	a, b = a[:end], b[:end]
-	i := 0
-	if end >= 8 {
-		pa, pb := unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0])
-		for ; i+64 <= end; i += 64 {
-			x, y := (*[8]uint64)(unsafe.Add(pa, i)), (*[8]uint64)(unsafe.Add(pb, i))
-			if (x[0]^y[0])|(x[1]^y[1])|(x[2]^y[2])|(x[3]^y[3])|(x[4]^y[4])|(x[5]^y[5])|(x[6]^y[6])|(x[7]^y[7]) != 0 {
-				break
-			}
-		}
-		for ; i+8 <= end; i += 8 {
-			if *(*uint64)(unsafe.Add(pa, i)) != *(*uint64)(unsafe.Add(pb, i)) {
-				break
-			}
-		}
-	}
-	for i < end && a[i] == b[i] {
-		i++
-	}
-	return i / bs
+	return byteprefix.Len(a[:end], b[:end]) / bs
 }

@@ -1,0 +1,50 @@
+package byteprefix
+
+import (
+	"bytes"
+	"testing"
+)
+
+// lenRef is Len byte by byte.
+func lenRef(a, b []byte) int {
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// Len finds the first difference at every offset of the 64-byte and word steps, at
+// every alignment of either slice, and the end of the shorter one.
+func TestLenFindsEveryDifference(t *testing.T) {
+	base := bytes.Repeat([]byte("abcdefghij"), 30)
+	for off := 0; off < 8; off++ {
+		for n := 0; n <= 200; n++ {
+			a := base[off : off+n]
+			b := append([]byte(nil), a...) // equal, at another address (alignment)
+			if got := Len(a, b); got != n {
+				t.Fatalf("equal, off %d n %d: %d", off, n, got)
+			}
+			for d := 0; d < n; d++ {
+				c := append([]byte(nil), a...)
+				c[d] ^= 0x80
+				if got, want := Len(a, c), lenRef(a, c); got != want || want != d {
+					t.Fatalf("difference at %d of %d (off %d): %d, want %d", d, n, off, got, want)
+				}
+			}
+			if got := Len(a, b[:n/2]); got != n/2 {
+				t.Fatalf("shorter: %d, want %d", got, n/2)
+			}
+		}
+	}
+}
+
+func FuzzLen(f *testing.F) {
+	f.Add([]byte("abc"), []byte("abd"))
+	f.Add(bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{1}, 99))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		if got, want := Len(a, b), lenRef(a, b); got != want {
+			t.Fatalf("%q %q: %d, want %d", a, b, got, want)
+		}
+	})
+}
