@@ -18,6 +18,7 @@ type scanner struct {
 	i        int
 	depth    int
 	maxDepth int
+	memo     *strMemo // canonical strings are remembered and resumed (strmemo.go); nil: not
 }
 
 // errSyntax and errDepth are wrapped with the offset.
@@ -104,12 +105,35 @@ func stopMask(v uint64) uint64 {
 // str reads a string value and appends its decoded bytes to dst according to mode.
 // Raw bytes 0x1B..0x1F cannot occur in a valid JSON string, so in canonical mode only
 // bytes produced by escapes (\u001b...) need escaping; plain runs are copied as they are.
+// With a memo, a canonical string that begins as a remembered one does is decoded
+// from where their bytes part (strmemo.go), and is remembered in turn.
 func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 	if s.peek() != '"' {
 		return dst, s.fail("expected a string")
 	}
 	s.i++
+	m := s.memo
+	if m == nil || mode != canonical {
+		return s.decode(dst, mode, nil, 0, 0)
+	}
+	raw, base := s.i, len(dst)
+	dst, e, k, whole := m.resume(s, dst)
+	if whole {
+		return dst, nil
+	}
+	dst, err := s.decode(dst, mode, m, raw, base)
+	if err == nil {
+		m.commit(e, k, s.b[raw:s.i-1], dst[base:])
+	}
+	return dst, err
+}
+
+// decode reads the rest of a string from s.i (past its opening quote, or a checkpoint
+// within it) through its closing quote. With rec, checkpoints are recorded in rec.cps:
+// offsets from raw and the decoded lengths past base.
+func (s *scanner) decode(dst []byte, mode int, rec *strMemo, raw, base int) ([]byte, error) {
 	var u8 [utf8.UTFMax]byte
+	last := -strCheckpointGap // the last checkpoint's raw offset
 	for {
 		start := s.i
 		b, i := s.b, s.i // locals: the loop runs per byte of every prompt
@@ -136,6 +160,14 @@ func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
 		}
 		for !found && i < len(b) && !strStop[b[i]] {
 			i++
+		}
+		if rec != nil {
+			// Every offset of a run, up to the byte that ends it, is a checkpoint
+			// (strmemo.go): one every strCheckpointGap bytes, a long line's too.
+			for p := max(start-raw, last+strCheckpointGap); p <= i-raw; p += strCheckpointGap {
+				rec.cps = append(rec.cps, strCheckpoint{int32(p), int32(len(dst) - base + p - (start - raw))})
+				last = p
+			}
 		}
 		s.i = i
 		if mode != discard {

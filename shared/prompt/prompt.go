@@ -93,6 +93,12 @@ var ErrTooLarge = errors.New("request body above the parse limit")
 
 // Parser holds reusable buffers; one per proxy-wasm VM (not safe for concurrent use).
 type Parser struct {
+	// Partition says who may profit from this parser's memory of earlier bodies (the
+	// long strings it decoded, strmemo.go): a parse compares only with strings of its
+	// own partition. The router sets an isolated tenant's salt, zero for shared tenants.
+	Partition [16]byte
+
+	memo    strMemo
 	model   string // the last model named
 	text    []byte
 	tokens  []uint32
@@ -110,6 +116,13 @@ type msgFields struct {
 // Parse reads body as a request to api. The returned Request's Text and Tokens alias
 // the Parser's buffers and are valid until the next Parse.
 func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
+	p.memo.begin(p.Partition)
+	req, err := p.parse(api, body, lim)
+	p.memo.end(err == nil && !req.HasCacheSalt)
+	return req, err
+}
+
+func (p *Parser) parse(api API, body []byte, lim Limits) (Request, error) {
 	req := Request{API: api, saltStart: -1, closeBrace: -1}
 	if lim.MaxBytes > 0 && len(body) > lim.MaxBytes {
 		return req, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(body), lim.MaxBytes)
@@ -118,7 +131,7 @@ func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
 	if maxDepth <= 0 {
 		maxDepth = 64
 	}
-	s := &scanner{b: body, maxDepth: maxDepth}
+	s := &scanner{b: body, maxDepth: maxDepth, memo: &p.memo}
 	if p.tokens == nil {
 		p.tokens = make([]uint32, 0, 256) // non-nil: Tokens != nil marks the token domain
 	}

@@ -472,15 +472,29 @@ func benchBody() []byte {
 	return []byte(fmt.Sprintf(`{"model":"llama","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":"Where is my order 12345?"}]}`, sys))
 }
 
+// BenchmarkParseChat32KB: a 32 KB chat body the parser has not seen: it is parsed in a
+// partition other than the last four's, so its memo (strmemo.go) has nothing to offer
+// and takes the new strings in (BenchmarkParseMemo32KB for a seen system prompt).
 func BenchmarkParseChat32KB(b *testing.B) {
-	body := benchBody()
+	benchUnseen(b, benchBody())
+}
+
+// benchUnseen parses body over and over as if new each time.
+func benchUnseen(b *testing.B, body []byte) {
 	var p Parser
+	partitions := [][16]byte{{0}, {1}, {2}, {3}, {4}} // one more than the memo's entries
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
+	i := 0
 	for b.Loop() {
+		p.Partition = partitions[i%len(partitions)]
+		i++
 		if _, err := p.Parse(Chat, body, Limits{MaxBytes: 1 << 20, MaxDepth: 64}); err != nil {
 			b.Fatal(err)
 		}
+	}
+	if p.memo.reused != 0 {
+		b.Fatal("the memo was used")
 	}
 }
 
@@ -489,15 +503,7 @@ func BenchmarkParseChat32KB(b *testing.B) {
 // prompts written in markdown or lists are.
 func BenchmarkParseChat32KBLines(b *testing.B) {
 	sys := strings.Repeat(`You are a careful assistant for ACME support. Follow the policy.\n`, 470)
-	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"Where is my order 12345?"}]}`)
-	var p Parser
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := p.Parse(Chat, body, Limits{MaxBytes: 1 << 20, MaxDepth: 64}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchUnseen(b, []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"`+sys+`"},{"role":"user","content":"Where is my order 12345?"}]}`))
 }
 
 // The same work with encoding/json, for comparison in the closing note.

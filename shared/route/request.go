@@ -85,6 +85,10 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		return r.routeWithoutPrompt(t, req, req.ModelHeader, float64(req.Size)/4, tableAge, now, res)
 	}
 	cfg := &r.Config
+	// The parser's memory of earlier bodies (shared/prompt's strmemo.go) serves an
+	// isolated tenant's requests only, and shared tenants' only each other's.
+	tenantSalt, isolated := cfg.TenantSalt(req.Tenant)
+	r.parser.Partition = tenantSalt
 	pr, err := r.parser.Parse(req.API, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
 	model := pr.Model
 	if req.ModelHeader != "" {
@@ -106,7 +110,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	if m == nil || len(m.Replicas) == 0 {
 		return Decision{}, res
 	}
-	salt := r.salt(req, &pr, &res)
+	salt := r.salt(tenantSalt, isolated, &pr, req.Body, &res)
 	chain := newChain(m.Config, Identity{Model: base, LoRA: lora, Salt: salt}, &pr, r.keys, &r.memo)
 	r.keys = chain.Keys
 	d := r.Decide(m, &chain, tableAge, now)
@@ -179,8 +183,7 @@ func (r *Router) resolveModel(model string) (base, lora string) {
 // salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
 // cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
 // cache_salt the client sent separates the engine's cache, so it separates ours.
-func (r *Router) salt(req *Request, pr *prompt.Request, res *Result) prefix.Salt {
-	salt, isolated := r.Config.TenantSalt(req.Tenant)
+func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Request, body []byte, res *Result) prefix.Salt {
 	if !isolated {
 		if pr.HasCacheSalt {
 			return prefix.SaltFromCacheSalt(pr.CacheSalt)
@@ -189,7 +192,7 @@ func (r *Router) salt(req *Request, pr *prompt.Request, res *Result) prefix.Salt
 	}
 	if r.Config.Tenants.InjectCacheSalt {
 		if cs := salt.CacheSalt(); !pr.HasCacheSalt || pr.CacheSalt != cs {
-			res.Body = prompt.WithCacheSalt(req.Body, pr, cs)
+			res.Body = prompt.WithCacheSalt(body, pr, cs)
 		}
 	}
 	return salt

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/rule"
@@ -87,6 +88,29 @@ func TestTenantsWithDifferentSaltsDoNotShare(t *testing.T) {
 	d := exactRouter().Decide(m, &c, 0, time.Now())
 	assert.Zero(t, d.PredictedCached)
 	assert.Zero(t, d.BestCached)
+}
+
+// The router's memos of earlier prompts (the parser's strings, prefix.Memo's keys) serve
+// a tenant isolated by its salt only itself: an isolated tenant could otherwise time
+// whether another sent a prompt. Shared tenants share them.
+func TestRouteMemosKeepIsolatedTenantsApart(t *testing.T) {
+	r := exactRouter()
+	r.Config.Tenants = api.Tenants{Header: "x-tenant", Secret: "k", Policies: map[string]string{"acme": api.PolicyIsolated, "globex": api.PolicyIsolated}}
+	tb := table.New()
+	tb.Models["llama"] = model(t, 2)
+	body := chatBody(strings.Repeat("Shared instructions. ", 500), "q")
+	now := time.Now()
+	reused := func(tenant string) int {
+		before := r.parser.Reused()
+		_, res := r.Route(tb, &Request{ID: uint64(now.UnixNano()), API: prompt.Chat, Body: body, Tenant: tenant}, 0, now)
+		require.Equal(t, Placed, res.Action)
+		return r.parser.Reused() - before
+	}
+	require.Zero(t, reused("acme"))
+	require.Zero(t, reused("globex"), "another isolated tenant")
+	require.Zero(t, reused("initech"), "a shared tenant")
+	require.NotZero(t, reused("acme"))
+	require.NotZero(t, reused("umbrella"), "shared tenants share")
 }
 
 // The ledger adds what this router sent after the snapshot was measured: a burst of
