@@ -65,7 +65,14 @@ func kvRequest(body ...[]byte) host.Request {
 
 // kvTable: three replicas with clearly different costs (no near ties), replica 1 holding
 // kvSystem's prefix.
-func kvTable(t testing.TB) *table.Table {
+func kvTable(t testing.TB) *table.Table { return kvTableOf(t, kvSystem) }
+
+// kvSystemLines is kvSystem in lines, each ending in a newline (an escape in JSON), as
+// prompts written in markdown or lists are: a run of plain bytes ends every 62 bytes.
+var kvSystemLines = strings.Repeat("You are the assistant of a parcel company; follow the policy.\n", 300)
+
+// kvTableOf is kvTable with replica 1 holding system's prefix.
+func kvTableOf(t testing.TB, system string) *table.Table {
 	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := []table.Replica{
 		{Slot: 0, ID: "a", Addr: "127.0.0.1:9001", Queued: 1000, Healthy: true, StateAgeMs: 20},
@@ -75,7 +82,7 @@ func kvTable(t testing.TB) *table.Table {
 	m, err := table.NewModel("llama", cfg, rs)
 	require.NoError(t, err)
 	var p prompt.Parser
-	req, err := p.Parse(prompt.Chat, kvChat(kvSystem, "earlier question"), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 64})
+	req, err := p.Parse(prompt.Chat, kvChat(system, "earlier question"), prompt.Limits{MaxBytes: 1 << 20, MaxDepth: 64})
 	require.NoError(t, err)
 	c := route.NewChain(cfg, route.Identity{Model: "llama"}, &req, nil)
 	for _, k := range prefix.Checkpoints(nil, c.Keys, 4) {
@@ -543,6 +550,10 @@ var baselineWasm = flag.String("baseline", "", "BenchmarkKvrouteRequestPath: a s
 // applies every sibling's placements (filter/placed.go), so a request's cost grows with it.
 var benchVMs = flag.Int("vms", 2, "BenchmarkKvrouteRequestPath: worker VMs")
 
+// benchLines: BenchmarkKvrouteRequestPath's system prompt in lines (kvSystemLines), and
+// each request's question a new one, as a shared system prompt's traffic has it.
+var benchLines = flag.Bool("lines", false, "BenchmarkKvrouteRequestPath: the system prompt in lines, a new question each request")
+
 // BenchmarkKvrouteRequestPath (-guestallocs: where each module allocates; -guestprofile:
 // where the module under test spends its time): the 32 KB chat request (body in two 16 KB chunks, as the
 // proxy delivers it) through a two-VM host and back, on the virtual clock (10 ms every 32
@@ -568,7 +579,11 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		ticks   []int
 	}
 	load := func(name, path string) *side {
-		cp := &quietControlPlane{frame: table.EncodeFull(kvTable(b))}
+		system := kvSystem
+		if *benchLines {
+			system = kvSystemLines
+		}
+		cp := &quietControlPlane{frame: table.EncodeFull(kvTableOf(b, system))}
 		clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
 		cfg := host.Config{VMs: *benchVMs, Clock: clk, Rand: host.SeededRand(3),
 			PluginConfig: kvConfig, Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}},
@@ -591,8 +606,18 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		sides = append(sides, load("base-", *baselineWasm))
 	}
 	req := kvRequest(kv32K[:len(kv32K)/2], kv32K[len(kv32K)/2:])
+	var questions []host.Request
+	if *benchLines {
+		for i := range 64 {
+			body := kvChat(kvSystemLines+strings.Repeat("More context. ", 600), fmt.Sprint("where is my parcel ", i))
+			questions = append(questions, kvRequest(body[:len(body)/2], body[len(body)/2:]))
+		}
+	}
 	const tickEvery = 32
 	run := func(s *side, i int) time.Duration {
+		if questions != nil {
+			req = questions[i%len(questions)]
+		}
 		res, err := s.h.Do(context.Background(), req)
 		if err != nil {
 			b.Fatal(err)
