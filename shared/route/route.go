@@ -128,6 +128,7 @@ type Router struct {
 
 	parser  prompt.Parser
 	memo    prefix.Memo // the last prompts' keys: a shared prefix is compared, not hashed
+	mm      matchMemo   // the last chain's hits in the table
 	keys    []uint64
 	matched []int
 	// inTable[i] is matched[i] as the table alone gives it, before Local raises it:

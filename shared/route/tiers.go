@@ -19,7 +19,7 @@ func (r *Router) matchTiers(m *table.Model, c *Chain) {
 	t := &r.tiers
 	t.on = len(m.Tiers) > 0
 	if !t.on {
-		r.matched, _ = m.Match(c.Keys, r.matched)
+		r.match(m, c.Keys) // through the memo (matchmemo.go)
 		return
 	}
 	t.ratios = r.Config.OffloadRatios(m.Tiers, t.ratios)

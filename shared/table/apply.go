@@ -132,6 +132,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 		case mc.Reset:
 			m := staged[i]
 			m.entries.loadSorted(&mc.Upserts)
+			m.touch()
 			models[mc.Name] = m
 		default:
 			m := models[mc.Name]
@@ -145,6 +146,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 			for _, k := range mc.Removes {
 				m.entries.remove(k)
 			}
+			m.touch()
 		}
 	}
 	t.Models, t.Version, t.GeneratedMs, t.Format = models, f.Version, f.GeneratedMs, format

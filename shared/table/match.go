@@ -30,6 +30,37 @@ func (m *Model) Match(keys []uint64, matched []int) ([]int, int) {
 	return matched, longest
 }
 
+// Hit is a checkpoint of a chain that a replica holds on the GPU: Block is its position
+// in the chain, Replica the replica's index in Replicas.
+type Hit struct{ Block, Replica int32 }
+
+// MatchHits appends to hits every checkpoint of keys from position from on that a
+// replica holds, in the chain's order: Match's answer is, for each replica, its last
+// hit's Block plus 1. A caller that remembers the hits of a chain (route's match memo)
+// reads the table only past the part a new chain shares with it, while Gen is unchanged.
+func (m *Model) MatchHits(keys []uint64, from int, hits []Hit) []Hit {
+	stride := int(m.Config.Stride)
+	if stride < 1 {
+		stride = 1
+	}
+	i := stride - 1
+	if from > i {
+		i += (from - i + stride - 1) / stride * stride // the first checkpoint at or past from
+	}
+	for ; i < len(keys); i += stride {
+		id, ok := m.entries.get(keys[i])
+		if !ok {
+			continue
+		}
+		for _, s := range m.entries.pool.get(id) {
+			if r := m.ReplicaIndex(s); r >= 0 {
+				hits = append(hits, Hit{int32(i), int32(r)})
+			}
+		}
+	}
+	return hits
+}
+
 // MatchTiers is Match plus the slower tiers. matched is as Match gives it (GPU holders
 // only). For each replica, loadable[i] is how many blocks past matched[i] it holds in
 // slower tiers without a gap (vLLM looks up its offloaded blocks from the first block

@@ -18,6 +18,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync/atomic"
 )
 
 // Limits on what a table may describe; a frame beyond them is rejected as corrupt.
@@ -95,7 +96,20 @@ type Model struct {
 	Tiers   []string
 	slotIdx []int32 // slot -> index in Replicas, -1 when unused
 	entries entries
+	gen     uint64 // Gen
 }
+
+// generations numbers the states of every model in the process (Model.Gen).
+var generations atomic.Uint64
+
+// touch gives m a new generation: what a match depends on (entries, replicas, config)
+// may have changed.
+func (m *Model) touch() { m.gen = generations.Add(1) }
+
+// Gen is the model's generation: no two states of any models in the process share one,
+// so a result computed from m is still m's while m.Gen() is what it was. Set, SetTiers
+// and applied frames change it; Replicas' queue numbers, written directly, do not.
+func (m *Model) Gen() uint64 { return m.gen }
 
 // Table is the whole table at one version.
 type Table struct {
@@ -118,6 +132,7 @@ func NewModel(name string, cfg Config, replicas []Replica) (*Model, error) {
 		return nil, err
 	}
 	m.entries.reset()
+	m.touch()
 	return m, nil
 }
 
@@ -157,6 +172,7 @@ func (m *Model) ReplicaIndex(s uint32) int {
 // Every slot must belong to a replica of the model. Slots may be holders (Holder) of
 // the model's tiers; a replica listed in several tiers keeps the fastest.
 func (m *Model) Set(key uint64, slots ...uint32) error {
+	m.touch()
 	if len(slots) == 0 {
 		m.entries.remove(key)
 		return nil
@@ -200,6 +216,7 @@ func (m *Model) SetTiers(names []string) error {
 		return fmt.Errorf("model %q: %w", m.Name, err)
 	}
 	m.Tiers = slices.Clone(names)
+	m.touch()
 	return nil
 }
 
@@ -304,6 +321,7 @@ func (t *Table) CloneFor(f *Frame) *Table {
 // (compact), never written, so they are shared.
 func (m *Model) clone() *Model {
 	c := *m
+	c.touch()
 	c.Replicas = slices.Clone(m.Replicas)
 	c.slotIdx = slices.Clone(m.slotIdx)
 	e := &c.entries
