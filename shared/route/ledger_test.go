@@ -71,7 +71,7 @@ func TestLedgerMatchesReference(t *testing.T) {
 			if ref.Len() != l.Len() {
 				t.Fatalf("seed %d step %d: Len %d, want %d", seed, step, l.Len(), ref.Len())
 			}
-			most = max(most, len(l.entries))
+			most = max(most, l.entries.Len())
 			requireBounded(t, l, most)
 		}
 	}
@@ -160,7 +160,7 @@ func TestLedgerIsBounded(t *testing.T) {
 	assert.Equal(t, MaxLedgerEntries, l.Len())
 	_, p := l.Sums("a", future)
 	assert.Equal(t, float64(MaxLedgerEntries), p)
-	_, ok := l.entries[999]
+	_, ok := l.entries.Get(999)
 	assert.False(t, ok, "the earliest sent are the ones dropped")
 	requireBounded(t, l, MaxLedgerEntries+1) // a slot is taken before the earliest entry leaves
 }
