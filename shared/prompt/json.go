@@ -187,12 +187,18 @@ func (s *scanner) decode(dst []byte, mode int, rec *strMemo, raw, base int) ([]b
 			if mode != discard {
 				if r == utf8.RuneError && n == 1 {
 					dst = append(dst, "\uFFFD"...)
+					if rec != nil {
+						rec.changed = true
+					}
 				} else {
 					dst = append(dst, s.b[s.i:s.i+n]...)
 				}
 			}
 			s.i += n
 		default: // backslash
+			if rec != nil {
+				rec.changed = true
+			}
 			if s.i+1 >= len(s.b) {
 				return dst, s.fail("unterminated escape")
 			}

@@ -30,13 +30,17 @@ type strMemo struct {
 	// The string being decoded: the checkpoints recorded so far (after the resumed one's
 	// predecessors, which stay in the entry).
 	cps []strCheckpoint
+	// changed: the string being decoded had an escape or an invalid byte, so its decoded
+	// form is not its raw bytes.
+	changed bool
 	// reused counts the raw bytes not decoded again (tests, benchmarks).
 	reused int
 }
 
 type strEntry struct {
 	partition [16]byte
-	raw, dec  []byte          // the string between its quotes, and decoded
+	raw, dec  []byte          // the string between its quotes, and decoded (empty when it is raw)
+	decIsRaw  bool            // no escapes: the decoded string is raw, and dec is not kept
 	cps       []strCheckpoint // increasing; cps[0] is {0, 0}
 	used      uint64          // strMemo.tick when last used: the least recent is replaced
 	parse     uint64          // the parse that last wrote it
@@ -92,7 +96,7 @@ func (m *strMemo) end(keep bool) {
 // checkpoint's index. whole: the string is the remembered one, and is done (s.i is
 // past its closing quote).
 func (m *strMemo) resume(s *scanner, dst []byte) (out []byte, e *strEntry, k int, whole bool) {
-	m.cps = m.cps[:0]
+	m.cps, m.changed = m.cps[:0], false
 	b := s.b[s.i:]
 	shared := 0
 	for i := range m.entries {
@@ -112,7 +116,7 @@ func (m *strMemo) resume(s *scanner, dst []byte) (out []byte, e *strEntry, k int
 	if shared == len(e.raw) && len(b) > shared && b[shared] == '"' {
 		s.i += shared + 1
 		m.reused += shared
-		return append(dst, e.dec...), e, len(e.cps), true
+		return append(dst, e.decoded()...), e, len(e.cps), true
 	}
 	// The last checkpoint at most shared-strLookahead: a binary search over cps.
 	lo, hi := 0, len(e.cps) // cps[lo] fits; cps[hi] does not (or is past the end)
@@ -130,7 +134,16 @@ func (m *strMemo) resume(s *scanner, dst []byte) (out []byte, e *strEntry, k int
 	cp := e.cps[lo]
 	s.i += int(cp.raw)
 	m.reused += int(cp.raw)
-	return append(dst, e.dec[:cp.dec]...), e, lo, false
+	m.changed = !e.decIsRaw // the part taken from e may have had escapes
+	return append(dst, e.decoded()[:cp.dec]...), e, lo, false
+}
+
+// decoded is e's string decoded.
+func (e *strEntry) decoded() []byte {
+	if e.decIsRaw {
+		return e.raw
+	}
+	return e.dec
 }
 
 // commit remembers the string just decoded: raw between its quotes, dec decoded. e and
@@ -154,7 +167,14 @@ func (m *strMemo) commit(e *strEntry, k int, raw, dec []byte) {
 	}
 	m.tick++
 	e.raw = append(e.raw[:r0], raw[r0:]...)
-	e.dec = append(e.dec[:d0], dec[d0:]...)
+	switch {
+	case !m.changed: // what a string on one line is: half the copying of a miss
+		e.dec, e.decIsRaw = e.dec[:0], true
+	case e.decIsRaw:
+		e.dec, e.decIsRaw = append(e.dec[:0], dec...), false
+	default:
+		e.dec = append(e.dec[:d0], dec[d0:]...)
+	}
 	e.cps = append(e.cps[:k], m.cps...)
 	e.partition, e.used, e.parse = m.partition, m.tick, m.parse
 }
