@@ -206,12 +206,17 @@ type Decision struct {
 // Cost is (Q + U) / speed for a prompt of promptTokens tokens: what the request waits for
 // on r. Pick adds a spill's charge, W x (1/n + u), which depends on the other candidates.
 func Cost(promptTokens float64, r Replica) float64 {
-	return (r.Queued + Uncached(promptTokens, r)) / speed(r)
+	return (r.Queued + uncached(promptTokens, &r)) / speed(&r)
 }
 
 // Uncached is U(r, x): the prompt tokens r must prefill, plus the prefill-token
 // equivalent of loading those it holds in a slower tier.
-func Uncached(promptTokens float64, r Replica) float64 {
+func Uncached(promptTokens float64, r Replica) float64 { return uncached(promptTokens, &r) }
+
+// uncached is Uncached through a pointer. A Replica is nine fields: too many for Go to
+// keep in registers, so each copy of one is a copy in memory, which the wasm guest paid
+// for in every loop over the replicas (BenchmarkPick22Replicas).
+func uncached(promptTokens float64, r *Replica) float64 {
 	rest := max(promptTokens-r.Cached, 0)
 	off := min(max(r.Offloaded, 0), rest)
 	load := 0.0
@@ -222,7 +227,9 @@ func Uncached(promptTokens float64, r Replica) float64 {
 }
 
 // Eligible reports whether r passes the guards.
-func Eligible(r Replica, p Params) bool {
+func Eligible(r Replica, p Params) bool { return eligible(&r, &p) }
+
+func eligible(r *Replica, p *Params) bool {
 	if !r.Healthy {
 		return false
 	}
@@ -264,8 +271,8 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 		max = 3
 	}
 	d := Decision{Order: order[:0]}
-	for _, r := range replicas {
-		d.BestCached = math.Max(d.BestCached, r.Cached)
+	for i := range replicas {
+		d.BestCached = math.Max(d.BestCached, replicas[i].Cached)
 	}
 
 	switch pk.regime(replicas) {
@@ -275,9 +282,9 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 		return pk.LeastQueued(replicas, order)
 	}
 	pk.scored = pk.scored[:0]
-	for i, r := range replicas {
-		if Eligible(r, p) {
-			u := Uncached(promptTokens, r)
+	for i := range replicas {
+		if r := &replicas[i]; eligible(r, &p) {
+			u := uncached(promptTokens, r)
 			pk.scored = append(pk.scored, scored{i, (r.Queued + u) / speed(r), u})
 		}
 	}
@@ -304,8 +311,8 @@ func (pk *Picker) regime(replicas []Replica) regime {
 		return fresh
 	}
 	youngest := time.Duration(math.MaxInt64)
-	for _, r := range replicas {
-		if r.Healthy {
+	for i := range replicas {
+		if r := &replicas[i]; r.Healthy {
 			youngest = min(youngest, r.StateAge)
 		}
 	}
@@ -328,19 +335,20 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 	}
 	var total float64
 	n := 0
-	for _, r := range replicas {
-		if r.Healthy && r.StateAge <= p.MaxCacheAge {
+	for i := range replicas {
+		if r := &replicas[i]; r.Healthy && r.StateAge <= p.MaxCacheAge {
 			total += r.Pending
 			n++
 		}
 	}
 	bound := math.Max(c*(total+promptTokens)/float64(n), promptTokens)
 	pk.scored = pk.scored[:0]
-	for i, r := range replicas {
+	for i := range replicas {
+		r := &replicas[i]
 		if !r.Healthy || r.StateAge > p.MaxCacheAge {
 			continue
 		}
-		u := Uncached(promptTokens, r)
+		u := uncached(promptTokens, r)
 		load := r.Pending + u
 		if load > bound {
 			continue
@@ -349,8 +357,8 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 	}
 	if len(pk.scored) == 0 {
 		// Everyone is over the bound: the least pending first.
-		for i, r := range replicas {
-			if r.Healthy && r.StateAge <= p.MaxCacheAge {
+		for i := range replicas {
+			if r := &replicas[i]; r.Healthy && r.StateAge <= p.MaxCacheAge {
 				pk.scored = append(pk.scored, scored{i, r.Pending, 0})
 			}
 		}
@@ -379,14 +387,14 @@ func (pk *Picker) chargeSpills(replicas []Replica, n int) {
 	}
 	for k := range pk.scored {
 		s := &pk.scored[k]
-		r := replicas[s.idx]
+		r := &replicas[s.idx]
 		s.cost += (s.u - least) * (1/float64(n) + usage(r)) / speed(r)
 	}
 }
 
 // usage is r's KV-cache usage within 0..1 (a torn or hostile table's value counts as
 // the nearest bound; NaN as 0).
-func usage(r Replica) float64 {
+func usage(r *Replica) float64 {
 	if !(r.KVUsage > 0) {
 		return 0
 	}
@@ -394,7 +402,7 @@ func usage(r Replica) float64 {
 }
 
 // speed is r's prefill rate, 1 when unset.
-func speed(r Replica) float64 {
+func speed(r *Replica) float64 {
 	if r.Speed <= 0 {
 		return 1
 	}
@@ -404,7 +412,7 @@ func speed(r Replica) float64 {
 // finish sorts the scored candidates, breaks near ties at random and fills the order.
 func (pk *Picker) finish(replicas []Replica, d Decision, max int) Decision {
 	p := pk.Params
-	slices.SortStableFunc(pk.scored, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
+	sortByCost(pk.scored)
 
 	// Near ties: every candidate within TieEpsilon of the best is equally good; put a
 	// random one of them first.
@@ -424,10 +432,29 @@ func (pk *Picker) finish(replicas []Replica, d Decision, max int) Decision {
 		}
 		d.Order = append(d.Order, s.idx)
 	}
-	pick := replicas[d.Order[0]]
+	pick := &replicas[d.Order[0]]
 	d.Cost = pk.scored[0].cost
 	d.Spill = pick.Cached < d.BestCached
 	return d
+}
+
+// sortByCost sorts candidates by cost, stably, as slices.SortStableFunc with cmp.Compare
+// does. A model's few replicas are sorted in place by insertion, without a call per
+// comparison: in the wasm guest the comparator's calls were most of Pick's 22 us for 22
+// replicas (BenchmarkPick22Replicas).
+func sortByCost(s []scored) {
+	if len(s) > 32 {
+		slices.SortStableFunc(s, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
+		return
+	}
+	for i := 1; i < len(s); i++ {
+		x := s[i]
+		j := i
+		for ; j > 0 && cmp.Compare(s[j-1].cost, x.cost) > 0; j-- {
+			s[j] = s[j-1]
+		}
+		s[j] = x
+	}
 }
 
 // LeastQueued orders replicas by queued tokens alone, healthy replicas first, ignoring
@@ -440,12 +467,13 @@ func (pk *Picker) LeastQueued(replicas []Replica, order []int) Decision {
 		max = 3
 	}
 	d := Decision{Order: order[:0]}
-	for _, r := range replicas {
-		d.BestCached = math.Max(d.BestCached, r.Cached)
+	for i := range replicas {
+		d.BestCached = math.Max(d.BestCached, replicas[i].Cached)
 	}
 	d.Fallback = true
 	pk.scored = pk.scored[:0]
-	for i, r := range replicas {
+	for i := range replicas {
+		r := &replicas[i]
 		q := r.Queued
 		if !r.Healthy {
 			q = math.Inf(1)

@@ -1,7 +1,10 @@
 package rule
 
 import (
+	"cmp"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -380,4 +383,27 @@ func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	d = pk.Pick(prompt, old, nil)
 	assert.True(t, d.Fallback)
 	assert.Equal(t, 1, d.Order[0])
+}
+
+// sortByCost orders as slices.SortStableFunc with cmp.Compare does, ties and NaN
+// included, below and above its insertion-sort threshold.
+func TestSortByCostIsTheStableSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	costs := []float64{0, 1, 1, 2, math.NaN(), math.Inf(1), -1, 3.5}
+	for n := 0; n <= 40; n++ {
+		for range 50 {
+			s := make([]scored, n)
+			for i := range s {
+				s[i] = scored{idx: i, cost: costs[rng.IntN(len(costs))]}
+			}
+			want := slices.Clone(s)
+			slices.SortStableFunc(want, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })
+			sortByCost(s)
+			for i := range s {
+				if s[i].idx != want[i].idx {
+					t.Fatalf("n %d: order %v, want %v", n, s, want)
+				}
+			}
+		}
+	}
 }
