@@ -144,6 +144,27 @@ func benchHost(tb testing.TB, vm types.VMContext) (host, func()) {
 	return hh, reset
 }
 
+// clockedVM starts plugins on the test's clock instead of the wall clock.
+type clockedVM struct {
+	vmContext
+	now func() time.Time
+}
+
+func (v *clockedVM) NewPluginContext(uint32) types.PluginContext {
+	return clockedPlugin{&plugin{}, v.now}
+}
+
+type clockedPlugin struct {
+	*plugin
+	now func() time.Time
+}
+
+func (c clockedPlugin) OnPluginStart(size int) types.OnPluginStartStatus {
+	st := c.plugin.OnPluginStart(size)
+	c.plugin.now = c.now
+	return st
+}
+
 // requestLoop drives the benchmark's request (headers, 32 KB body, response headers and
 // body, done) n times, ticking like Envoy every 32 requests.
 type requestLoop struct {
@@ -179,30 +200,35 @@ func (l *requestLoop) one() {
 // allocation site of the measured requests and ticks, guest and host: the tool for
 // finding what allocates (go test ./filter -run GuestAllocs -v).
 func TestRequestPathGuestAllocs(t *testing.T) {
-	h, reset := benchHost(t, &vmContext{})
+	clk := time.Unix(1_800_000_000, 0)
+	h, reset := benchHost(t, &clockedVM{now: func() time.Time { return clk }})
 	defer reset()
 	_, body := benchFleet(t)
 	l := newRequestLoop(h, body)
 	// Steady state: the VM's own placements are kept until a table confirmed a second
 	// later has had the chance to learn them (route.Local's Settle), and the ledger keeps
 	// each request's start while a snapshot older than it may be used (MaxStateAge, 2 s),
-	// so their storage grows for that long before it is recycled. (Warmed up for 1.5 s,
-	// the test failed on an idle machine: 11 allocations in 512 requests, the ledger's map
-	// and lists still growing.)
-	const n, every = 512, 32
-	warm := max(route.DefaultLocalSettle, rule.DefaultParams().MaxStateAge) + 500*time.Millisecond
-	for i, start := 0, time.Now(); time.Since(start) < warm; i++ {
+	// so their storage grows for that long before it is recycled. The plugin runs on the
+	// test's clock, 2,500 requests a second, so the steady state is the same on any
+	// machine: on the wall clock, warm-up and measurement ran at whatever rates the
+	// machine gave them, and when the measurement's was higher (CI, other packages' tests
+	// beside it) the ledger's lists were still growing: 7 allocations in 512 requests at
+	// 10782c1, 11 on an idle machine before with a 1.5 s warm-up.
+	const n, every, gap = 512, 32, 400 * time.Microsecond
+	one := func(i int) {
 		l.one()
+		clk = clk.Add(gap)
 		if i%every == every-1 {
 			h.keepFresh()
 		}
 	}
+	warm := max(route.DefaultLocalSettle, rule.DefaultParams().MaxStateAge) + 500*time.Millisecond
+	for i := range int(warm / gap) {
+		one(i)
+	}
 	sites := measureAllocs(func() {
 		for i := range n {
-			l.one()
-			if i%every == every-1 {
-				h.keepFresh()
-			}
+			one(i)
 		}
 	})
 	var guestReq, guestTick, sdkObjs, hostObjs int64
