@@ -47,16 +47,9 @@ func (m *Memo) TextKeys(dst []uint64, seed uint64, text []byte, blockBytes int) 
 	if blockBytes <= 0 {
 		return dst
 	}
-	e, n := m.best(Text, seed, text, blockBytes)
-	base := len(dst)
-	dst = append(dst, e.keys[:n]...)
-	h := seed
-	if n > 0 {
-		h = dst[len(dst)-1]
-	}
-	dst = TextKeys(dst, h, text[n*blockBytes:], blockBytes)
-	m.keep(e, n, Text, seed, text, blockBytes, dst[base:])
-	return dst
+	return m.keys(dst, Text, seed, text, blockBytes, func(dst []uint64, h uint64, from int) []uint64 {
+		return TextKeys(dst, h, text[from*blockBytes:], blockBytes)
+	})
 }
 
 // TokenKeys is TokenKeys(dst, seed, tokens, blockTokens), as TextKeys is for text.
@@ -64,16 +57,24 @@ func (m *Memo) TokenKeys(dst []uint64, seed uint64, tokens []uint32, blockTokens
 	if blockTokens <= 0 {
 		return dst
 	}
-	data := tokenBytes(tokens)
-	e, n := m.best(Token, seed, data, 4*blockTokens)
+	return m.keys(dst, Token, seed, tokenBytes(tokens), 4*blockTokens, func(dst []uint64, h uint64, from int) []uint64 {
+		return TokenKeys(dst, h, tokens[from*blockTokens:], blockTokens)
+	})
+}
+
+// keys appends the keys of data's blocks (bs bytes each): those of the blocks it shares
+// with a remembered prompt copied, rest's for the others (from the block given, chained
+// from h); then data is remembered.
+func (m *Memo) keys(dst []uint64, d Domain, seed uint64, data []byte, bs int, rest func(dst []uint64, h uint64, from int) []uint64) []uint64 {
+	e, n := m.best(d, seed, data, bs)
 	base := len(dst)
 	dst = append(dst, e.keys[:n]...)
 	h := seed
 	if n > 0 {
 		h = dst[len(dst)-1]
 	}
-	dst = TokenKeys(dst, h, tokens[n*blockTokens:], blockTokens)
-	m.keep(e, n, Token, seed, data, 4*blockTokens, dst[base:])
+	dst = rest(dst, h, n)
+	m.keep(e, n, d, seed, data, bs, dst[base:])
 	return dst
 }
 

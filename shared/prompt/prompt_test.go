@@ -467,8 +467,19 @@ func FuzzParse(f *testing.F) {
 }
 
 // An 8,000-token chat body (about 32 KB): a long system prompt, a short question.
+// benchSystem is the benchmarks' 32 KB system prompt as JSON string content: on one
+// line, or in lines of 65 bytes each ending in an escaped newline (a run of plain bytes
+// ends at each), as prompts written in markdown or lists are.
+func benchSystem(lines bool) string {
+	line := "You are a careful assistant for ACME support. Follow the policy. "
+	if lines {
+		line = `You are a careful assistant for ACME support. Follow the policy.\n`
+	}
+	return strings.Repeat(line, 470)
+}
+
 func benchBody() []byte {
-	sys := strings.Repeat("You are a careful assistant for ACME support. Follow the policy. ", 470)
+	sys := benchSystem(false)
 	return []byte(fmt.Sprintf(`{"model":"llama","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":"Where is my order 12345?"}]}`, sys))
 }
 
@@ -498,11 +509,9 @@ func benchUnseen(b *testing.B, body []byte) {
 	}
 }
 
-// BenchmarkParseChat32KBLines: the same size of system prompt in lines of about 70
-// bytes, each ending in an escaped newline (a run of plain bytes ends at each), as
-// prompts written in markdown or lists are.
+// BenchmarkParseChat32KBLines: the same system prompt in lines (benchSystem).
 func BenchmarkParseChat32KBLines(b *testing.B) {
-	sys := strings.Repeat(`You are a careful assistant for ACME support. Follow the policy.\n`, 470)
+	sys := benchSystem(true)
 	benchUnseen(b, []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"`+sys+`"},{"role":"user","content":"Where is my order 12345?"}]}`))
 }
 

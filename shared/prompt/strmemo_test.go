@@ -173,11 +173,7 @@ func FuzzParseMemo(f *testing.F) {
 // beside BenchmarkParseChat32KB(Lines), the same bodies unseen.
 func BenchmarkParseMemo32KB(b *testing.B) {
 	for _, lines := range []bool{false, true} {
-		line := "You are a careful assistant for ACME support. Follow the policy. "
-		if lines {
-			line = `You are a careful assistant for ACME support. Follow the policy.\n`
-		}
-		sys := strings.Repeat(line, 470)
+		sys := benchSystem(lines)
 		b.Run(fmt.Sprintf("lines=%v", lines), func(b *testing.B) {
 			bodies := make([][]byte, 16)
 			for i := range bodies {
@@ -209,11 +205,7 @@ func BenchmarkParseMemo32KB(b *testing.B) {
 // in one of 16 questions in turn.
 func BenchmarkStrMemo(b *testing.B) {
 	for _, lines := range []bool{false, true} {
-		line := "You are a careful assistant for ACME support. Follow the policy. "
-		if lines {
-			line = `You are a careful assistant for ACME support. Follow the policy.\n`
-		}
-		sys := strings.Repeat(line, 470)
+		sys := benchSystem(lines)
 		b.Run(fmt.Sprintf("lines=%v", lines), func(b *testing.B) {
 			strs := make([][]byte, 16)
 			for i := range strs {
