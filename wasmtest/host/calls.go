@@ -74,11 +74,11 @@ func (t *callTime) end(start time.Time) {
 	}
 }
 
+// add counts one call of d.
 func (t *callTime) add(d time.Duration) {
 	t.calls.Add(1)
 	t.nanos.Add(int64(d))
-	if int64(d) > t.max.Load() {
-		t.max.Store(int64(d)) // one VM a goroutine: a lost race loses a maximum only
+	for m := t.max.Load(); int64(d) > m && !t.max.CompareAndSwap(m, int64(d)); m = t.max.Load() {
 	}
 }
 
@@ -307,12 +307,7 @@ func (callListener) done(ctx context.Context, def api.FunctionDefinition) {
 	}
 	start := vm.callStarts[len(vm.callStarts)-1]
 	vm.callStarts = vm.callStarts[:len(vm.callStarts)-1]
-	d := time.Since(start)
-	t := vm.host.timer(def.Name())
-	t.calls.Add(1)
-	t.nanos.Add(int64(d))
-	for m := t.max.Load(); int64(d) > m && !t.max.CompareAndSwap(m, int64(d)); m = t.max.Load() {
-	}
+	vm.host.timer(def.Name()).add(time.Since(start))
 }
 
 func (h *Host) timer(name string) *callTime {
