@@ -37,10 +37,7 @@ func (r *Router) match(m *table.Model, keys []uint64) {
 		n++
 	}
 	mm.hits = m.MatchHits(keys, shared, mm.hits[:n])
-	r.matched = resizeInts(r.matched, len(m.Replicas))
-	for _, h := range mm.hits {
-		r.matched[h.Replica] = int(h.Block) + 1
-	}
+	r.matched = m.MatchOfHits(mm.hits, r.matched)
 	if len(mm.hits) > maxMemoHits {
 		mm.model, mm.keys, mm.hits = nil, mm.keys[:0], mm.hits[:0]
 		return
@@ -58,14 +55,4 @@ func commonKeys(a, b []uint64) int {
 	as := unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 8*n)
 	bs := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 8*n)
 	return byteprefix.Len(as, bs) / 8
-}
-
-// resizeInts returns s with length n, zeroed, reusing its array when it has room.
-func resizeInts(s []int, n int) []int {
-	if cap(s) < n {
-		return make([]int, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
 }

@@ -61,6 +61,17 @@ func (m *Model) MatchHits(keys []uint64, from int, hits []Hit) []Hit {
 	return hits
 }
 
+// MatchOfHits is Match's answer from a chain's hits (MatchHits from position 0, in
+// order): for each of m's replicas, its last hit's Block plus 1. matched is reused when
+// it has room.
+func (m *Model) MatchOfHits(hits []Hit, matched []int) []int {
+	matched = resize(matched, len(m.Replicas))
+	for _, h := range hits {
+		matched[h.Replica] = int(h.Block) + 1
+	}
+	return matched
+}
+
 // MatchTiers is Match plus the slower tiers. matched is as Match gives it (GPU holders
 // only). For each replica, loadable[i] is how many blocks past matched[i] it holds in
 // slower tiers without a gap (vLLM looks up its offloaded blocks from the first block

@@ -7,16 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// replay is Match's answer from a chain's hits.
-func replay(n int, hits []Hit) []int {
-	matched := make([]int, n)
-	for _, h := range hits {
-		matched[h.Replica] = int(h.Block) + 1
-	}
-	return matched
-}
-
-// MatchHits lists what Match reads: replayed, its hits give Match's answer, and its hits
+// MatchHits lists what Match reads: through MatchOfHits, its hits give Match's answer
+// (into a reused slice holding an older answer too), and its hits
 // from a position on are the whole chain's hits at or past it, for every stride and
 // position.
 func TestMatchHitsAreWhatMatchReads(t *testing.T) {
@@ -33,7 +25,9 @@ func TestMatchHitsAreWhatMatchReads(t *testing.T) {
 		}
 		want, _ := m.Match(keys, nil)
 		all := m.MatchHits(keys, 0, nil)
-		require.Equal(t, want, replay(6, all), "stride %d", stride)
+		require.Equal(t, want, m.MatchOfHits(all, nil), "stride %d", stride)
+		stale := []int{9, 9, 9, 9, 9, 9, 9}
+		require.Equal(t, want, m.MatchOfHits(all, stale), "stride %d, a reused slice", stride)
 		for from := 0; from <= len(keys); from++ {
 			var past []Hit
 			for _, h := range all {
