@@ -289,12 +289,8 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 	}
 	ix.budget.used.Add(int64(n + keys))
 	ix.budget.extra.Add(grow)
-	ix.meterReplica(r, keys, rk, n)          // bytes.go
-	if now := rk.lastEvent; r.m.stale(now) { // the batch's arrival: no clock read per event
-		r.m.mu.Lock()
-		ix.meterModel(r.m, keys, now)
-		r.m.mu.Unlock()
-	}
+	ix.meterReplica(r, keys, rk, n)                   // bytes.go
+	ix.meterModelSoon(r.m, keys, rk.lastEvent)        // the batch's arrival: no clock read per event
 	if nb := rk.blocks.Len() + n; nb > rk.peakNoted { // noteHWM takes budget.mu
 		rk.peakNoted = nb
 		ix.noteHWM(hwmKey{r: r, rank: rk.num, what: hwmBlocks}, nb)

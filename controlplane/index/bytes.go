@@ -201,6 +201,22 @@ func (ix *Index) meterModel(m *model, fresh int, now time.Time) {
 	mt.measured.Store(true)
 }
 
+// meterModelSoon is meterModel from the KV-event path when m's measurement is stale: a
+// refresh waits for a later event when the model's lock is busy, as a batch's end does
+// (unlockStream); only a first measurement waits for the lock.
+func (ix *Index) meterModelSoon(m *model, fresh int, now time.Time) {
+	if !m.stale(now) {
+		return
+	}
+	if !m.meter.measured.Load() {
+		m.mu.Lock()
+	} else if !m.mu.TryLock() {
+		return
+	}
+	ix.meterModel(m, fresh, now)
+	m.mu.Unlock()
+}
+
 // meterSpec measures the speculative queue. Caller holds Index.mu.
 func (ix *Index) meterSpec(add int) {
 	n := max(cap(ix.specQ), len(ix.specQ)+add)

@@ -90,7 +90,7 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 	if r == nil {
 		return
 	}
-	defer ix.unlockReplica(r)
+	defer ix.unlockStream(r)
 	rk.lastSeq = int64(seq)
 	rk.lastEvent = time.Now()
 	rk.batches++

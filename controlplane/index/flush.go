@@ -36,6 +36,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	for n, m := range ix.models {
 		names = append(names, n)
 		m.mu.Lock()
+		m.collectPending()
 		dirty := len(m.keys.dirty) > 0
 		m.mu.Unlock()
 		if m.created || m.members || dirty || math.Abs(m.bytesPerToken()-m.bptPub) > 0.01*m.bptPub {

@@ -115,9 +115,10 @@ type Spec struct {
 // key -> slots map and changed keys. Order: Index.mu, then replica.mu, then model.mu
 // (budgetMu last). KV events take no Index lock: a stream finds its replica in byID,
 // applies a whole batch under the replica's lock, and commits the batch's slot changes
-// to the model under the model's lock at once, so different replicas ingest in
-// parallel while each replica's batches stay in order (one subscription goroutine per
-// stream), and a table build (Flush, under the model's lock) sees whole batches only.
+// to the model under the model's lock at once (or, when that lock is busy, with its next
+// batch or at the next build: unlockStream), so different replicas ingest in parallel
+// while each replica's batches stay in order (one subscription goroutine per stream),
+// and a table build (Flush, under the model's lock) sees whole batches only.
 type Index struct {
 	mu         sync.Mutex
 	cfg        Config
@@ -161,21 +162,76 @@ func New(cfg Config) *Index {
 }
 
 // unlockReplica commits r's pending slot changes to its model, records its budget
-// size and releases r.mu. Every section that locks a replica ends with it.
+// size and releases r.mu. Every section that locks a replica ends with it or, at the end
+// of a KV-event batch, with unlockStream.
 func (ix *Index) unlockReplica(r *replica) {
-	if len(r.flips) > 0 || len(r.tierFlips) > 0 {
-		m := r.m
-		m.mu.Lock()
-		for _, f := range r.flips {
-			m.setSlot(f.key, r.slot, f.on)
-		}
-		for _, f := range r.tierFlips {
-			m.setTier(f.key, f.tier, r.slot, f.on)
-		}
-		m.mu.Unlock()
-		r.flips = r.flips[:0]
-		r.tierFlips = r.tierFlips[:0]
+	if r.hasFlips() {
+		r.m.mu.Lock()
+		r.m.commit(r)
+		r.m.mu.Unlock()
 	}
+	ix.release(r)
+}
+
+// unlockStream is unlockReplica at the end of a KV-event batch, except that when the
+// model's lock is taken (another replica of the model committing, or a table build) the
+// batch's changes stay pending, up to maxPendingFlips, instead of waiting for it: the
+// replica's next batch commits them, or the next Flush does (collectPending). With
+// every stream waiting for the lock at the end of each batch, a one-model fleet's
+// streams queued on it: in IngestEndToEnd on 2 cores the goroutines spent 5 s blocked on
+// it in 4 s of running (the mutex profile), the control plane used 1.47 of the 2 cores,
+// and 8 engines serving 8 models ingested 10-15% more than 8 engines of one model.
+// Pending changes are whole batches, in order, so a build still sees whole batches.
+func (ix *Index) unlockStream(r *replica) {
+	if r.hasFlips() {
+		m := r.m
+		if len(r.flips)+len(r.tierFlips) > maxPendingFlips {
+			m.mu.Lock()
+		} else if !m.mu.TryLock() {
+			r.pending.Store(true)
+			ix.release(r)
+			return
+		}
+		m.commit(r)
+		m.mu.Unlock()
+	}
+	ix.release(r)
+}
+
+// maxPendingFlips bounds the slot changes a replica keeps pending (16 bytes each): past
+// it, the end of a batch waits for the model's lock.
+const maxPendingFlips = 1 << 14
+
+func (r *replica) hasFlips() bool { return len(r.flips) > 0 || len(r.tierFlips) > 0 }
+
+// commit applies r's pending slot changes to m. Caller holds r.mu and m.mu.
+func (m *model) commit(r *replica) {
+	for _, f := range r.flips {
+		m.setSlot(f.key, r.slot, f.on)
+	}
+	for _, f := range r.tierFlips {
+		m.setTier(f.key, f.tier, r.slot, f.on)
+	}
+	r.flips = r.flips[:0]
+	r.tierFlips = r.tierFlips[:0]
+	r.pending.Store(false)
+}
+
+// collectPending commits the changes m's replicas left pending (unlockStream) when the
+// replica's lock is free; a replica applying a batch now commits them at its end. Caller
+// holds Index.mu and m.mu, so it only tries the replicas' locks (their order is before
+// the model's).
+func (m *model) collectPending() {
+	for _, r := range m.slots {
+		if r != nil && r.pending.Load() && r.mu.TryLock() {
+			m.commit(r)
+			r.mu.Unlock()
+		}
+	}
+}
+
+// release records r's budget size and releases r.mu.
+func (ix *Index) release(r *replica) {
 	n := r.hold.Len() + len(r.tierHold)
 	for _, rk := range r.ranks {
 		n += rk.blocks.Len() + len(rk.tier)

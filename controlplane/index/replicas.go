@@ -46,6 +46,9 @@ type replica struct {
 	// sample are written under both Index.mu and mu, so either lock reads them.
 	mu    sync.Mutex
 	flips []flip // slot changes not yet committed to the model (commit)
+	// pending: flips holds whole batches left for later because the model's lock was
+	// busy (unlockStream); Flush collects them when the replica is idle.
+	pending atomic.Bool
 	// tierHold counts, per key and slower tier, the tier blocks that hold it;
 	// tierFlips are its changes not yet committed to the model (tiers.go).
 	tierHold  map[tierKey]int32

@@ -1,0 +1,89 @@
+package index
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/controlplane/kvevents"
+)
+
+// waitDone fails the test if done is not closed within a generous deadline (a goroutine
+// blocked on a lock never closes it); unlock runs first either way.
+func waitDone(t *testing.T, done <-chan struct{}, unlock func(), what string) {
+	t.Helper()
+	select {
+	case <-done:
+		unlock()
+	case <-time.After(10 * time.Second):
+		unlock()
+		t.Fatal(what)
+	}
+}
+
+// A KV-event batch's end does not wait for its model's lock: while another replica of
+// the model commits, or a table build runs, the batch's slot changes stay pending,
+// whole and in order, and the replica's next batch or the next Flush commits them.
+// Before unlockStream every batch's end waited for the lock (here the first Batch did
+// not return while the test held it), and the streams of a one-model fleet queued on it:
+// IngestEndToEnd's goroutines on 2 cores spent 5 s blocked there in 4 s of running.
+func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
+	ix := fixture(t, Config{})
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	m, a := ix.models["m"], ix.replicas["a"]
+	// Replica b's first batch makes the model's first byte measurement, which waits for
+	// the lock (meterModelSoon); later ones do not.
+	ix.Events().Batch(kvevents.StreamID{Replica: "b"}, 0, batch(storedEv(seqHashes(4, 1001), nil, tokens(4*16, 9000), 16)))
+	toks := tokens(8*16, 7)
+	want := expectedKeys("m", "", "", toks, 4) // checkpoints 3 and 7
+
+	m.mu.Lock() // a build, or another replica committing
+	done := make(chan struct{})
+	go func() {
+		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 0, batch(storedEv(seqHashes(8, 1), nil, toks, 16)))
+		close(done)
+	}()
+	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	if !a.pending.Load() {
+		t.Fatal("the batch's changes were not left pending")
+	}
+
+	// A build while the replica is inside a batch does not wait for it either, and
+	// leaves its pending changes to it.
+	a.mu.Lock()
+	done = make(chan struct{})
+	go func() {
+		w.apply(t, ix.Flush(t0, false), t0)
+		close(done)
+	}()
+	waitDone(t, done, a.mu.Unlock, "Flush waited for a replica inside a batch")
+	if got := w.held("m", 0, want); !none(got) {
+		t.Fatalf("a build published changes a replica holds pending: %v", got)
+	}
+
+	// The replica idle, the next build commits them.
+	w.apply(t, ix.Flush(t0, false), t0)
+	if got := w.held("m", 0, want); !all(got) || a.pending.Load() {
+		t.Fatalf("after the next build: held %v, pending %v", got, a.pending.Load())
+	}
+
+	// Pending changes go before the next batch's: the model's lock busy again at the
+	// store of a second chain, then its block 8 removed in a batch that commits both.
+	toks2 := tokens(8*16, 5000)
+	want2 := expectedKeys("m", "", "", toks2, 4)
+	m.mu.Lock()
+	done = make(chan struct{})
+	go func() {
+		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 1, batch(storedEv(seqHashes(8, 101), nil, toks2, 16)))
+		close(done)
+	}()
+	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 2, batch(kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{108}, Medium: "GPU"}))
+	if a.pending.Load() || len(a.flips) != 0 {
+		t.Fatalf("a batch with the lock free left changes pending (%d)", len(a.flips))
+	}
+	w.apply(t, ix.Flush(t0, false), t0)
+	if got := w.held("m", 0, want2); !got[0] || got[1] {
+		t.Fatalf("second chain after the removal of its last block: %v, want [true false]", got)
+	}
+}
