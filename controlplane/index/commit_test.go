@@ -86,4 +86,32 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 	if got := w.held("m", 0, want2); !got[0] || got[1] {
 		t.Fatalf("second chain after the removal of its last block: %v, want [true false]", got)
 	}
+
+	// A replica removed with changes pending: they are committed before its keys are
+	// dropped, so none is left behind in the model under its freed slot.
+	toks3 := tokens(8*16, 9000)
+	want3 := expectedKeys("m", "", "", toks3, 4)
+	m.mu.Lock()
+	done = make(chan struct{})
+	go func() {
+		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 3, batch(storedEv(seqHashes(8, 201), nil, toks3, 16)))
+		close(done)
+	}()
+	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	if !a.pending.Load() {
+		t.Fatal("the batch's changes were not left pending")
+	}
+	ix.SetReplicas([]Spec{{ID: "b", Model: "m", Addr: "10.0.0.2:8000", Events: true}}, t0)
+	w.apply(t, ix.Flush(t0, false), t0)
+	for _, keys := range [][]uint64{want, want2, want3} {
+		if got := w.held("m", 0, keys); !none(got) {
+			t.Fatalf("the removed replica's slot still holds keys: %v", got)
+		}
+	}
+	m.mu.Lock()
+	left := m.keys.Len()
+	m.mu.Unlock()
+	if left != 1 { // replica b's chain: 4 blocks, checkpoint 3
+		t.Fatalf("%d keys left in the model, want b's 1", left)
+	}
 }
