@@ -115,3 +115,79 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 		t.Fatalf("%d keys left in the model, want b's 1", left)
 	}
 }
+
+// Two replicas of one model ingest while something else keeps taking the model's lock:
+// batch ends find it busy and leave their changes pending, yet after the streams stop
+// and a build runs, every chain stored and not removed is held where it was stored, every
+// removed one is gone, nothing is left pending, and no replica ever kept much more than
+// maxPendingFlips slot changes.
+func TestBatchesUnderModelLockContentionLoseNothing(t *testing.T) {
+	ix := fixture(t, Config{})
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	m := ix.models["m"]
+	stop := make(chan struct{})
+	hammered := make(chan struct{})
+	go func() { // a build, or other replicas, forever committing
+		defer close(hammered)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			m.mu.Lock()
+			for range 2000 { // hold it a while, as a commit does
+				_ = m.keys.Len()
+			}
+			m.mu.Unlock()
+		}
+	}()
+	const chains = 300
+	chain := func(replica, c int) ([]uint32, []uint64) {
+		toks := tokens(64*16, uint32(replica*1_000_000+c*10_000))
+		return toks, seqHashes(64, uint64(replica*1_000_000+c*100+1))
+	}
+	ingest := func(replica int, id string) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			seq := uint64(0)
+			for c := range chains {
+				toks, hs := chain(replica, c)
+				ix.Events().Batch(kvevents.StreamID{Replica: id}, seq, batch(storedEv(hs, nil, toks, 16)))
+				seq++
+				if c%2 == 1 { // every other chain removed again, all its blocks
+					ix.Events().Batch(kvevents.StreamID{Replica: id}, seq, batch(kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: hs, Medium: "GPU"}))
+					seq++
+				}
+			}
+		}()
+		return done
+	}
+	da, db := ingest(0, "a"), ingest(1, "b")
+	<-da
+	<-db
+	close(stop)
+	<-hammered
+	w.apply(t, ix.Flush(t0, false), t0)
+	for slot, id := range []string{"a", "b"} {
+		r := ix.replicas[id]
+		r.mu.Lock()
+		pending, left, kept := r.pending.Load(), len(r.flips), cap(r.flips)
+		r.mu.Unlock()
+		if pending || left != 0 {
+			t.Fatalf("%s: %d slot changes still pending after a build", id, left)
+		}
+		if kept > 2*(maxPendingFlips+64) {
+			t.Fatalf("%s kept room for %d pending slot changes, bound %d", id, kept, maxPendingFlips)
+		}
+		for c := range chains {
+			toks, _ := chain(slot, c)
+			got := w.held("m", uint32(slot), expectedKeys("m", "", "", toks, 4))
+			if c%2 == 0 && !all(got) || c%2 == 1 && !none(got) {
+				t.Fatalf("%s chain %d (removed: %v): held %v", id, c, c%2 == 1, got)
+			}
+		}
+	}
+}
