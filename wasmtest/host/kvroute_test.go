@@ -546,6 +546,11 @@ func BenchmarkKvrouteLeaderTick(b *testing.B) {
 // wasm) and pass -args -baseline /tmp/kvroute-old/bin/kvroute.wasm.
 var baselineWasm = flag.String("baseline", "", "BenchmarkKvrouteRequestPath: a second module to run side by side (e.g. the previous commit's)")
 
+// floorModule: BenchmarkKvrouteRequestPath runs testdata/floor beside the module under
+// test ("floor-"): an SDK filter that holds the body and sets the endpoint header, and
+// nothing else, so the guest time the SDK and the host cost by themselves is measured.
+var floorModule = flag.Bool("floor", false, "BenchmarkKvrouteRequestPath: run testdata/floor (the SDK's callbacks alone) beside the module")
+
 // benchVMs: BenchmarkKvrouteRequestPath's worker VMs (Envoy's --concurrency). Each VM
 // applies every sibling's placements (filter/placed.go), so a request's cost grows with it.
 var benchVMs = flag.Int("vms", 2, "BenchmarkKvrouteRequestPath: worker VMs")
@@ -604,6 +609,12 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 	sides := []*side{load("", path)}
 	if *baselineWasm != "" {
 		sides = append(sides, load("base-", *baselineWasm))
+	}
+	if *floorModule {
+		floor, cleanup, err := wasmbuild.BuildTemp("testdata/floor")
+		require.NoError(b, err)
+		b.Cleanup(cleanup)
+		sides = append(sides, load("floor-", floor))
 	}
 	req := kvRequest(kv32K[:len(kv32K)/2], kv32K[len(kv32K)/2:])
 	var questions []host.Request
