@@ -127,8 +127,8 @@ func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
 		}
 		switch c := b[i]; {
 		case c == '{':
-			if depth == 2 {
-				return u, false, false
+			if depth == 2 || string(key) == "prompt_tokens" {
+				return u, false, false // usage errs on a prompt_tokens that is not a number
 			}
 			depth, details = 2, string(key) == "prompt_tokens_details"
 			i++
