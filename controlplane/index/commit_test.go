@@ -7,6 +7,17 @@ import (
 	"github.com/kvroute/kvroute/controlplane/kvevents"
 )
 
+// deferredCommits is what /debug/state says of replica id's batch ends that found the
+// model's lock busy.
+func deferredCommits(ix *Index, id string) uint64 {
+	for _, st := range ix.DebugState(t0) {
+		if st.ID == id {
+			return st.KVEvents.DeferredCommits
+		}
+	}
+	return 0
+}
+
 // waitDone fails the test if done is not closed within a generous deadline (a goroutine
 // blocked on a lock never closes it); unlock runs first either way.
 func waitDone(t *testing.T, done <-chan struct{}, unlock func(), what string) {
@@ -46,6 +57,9 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
 	if !a.pending.Load() {
 		t.Fatal("the batch's changes were not left pending")
+	}
+	if got := deferredCommits(ix, "a"); got != 1 {
+		t.Fatalf("/debug/state counts %d deferred commits, want 1", got)
 	}
 
 	// A build while the replica is inside a batch does not wait for it either, and

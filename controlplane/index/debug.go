@@ -49,6 +49,10 @@ type KVEvents struct {
 	Clears         uint64 `json:"clears"`
 	Gaps           uint64 `json:"gaps"`
 	DecodeErrors   uint64 `json:"decode_errors"`
+	// DeferredCommits counts the batches whose end found the model's lock busy (another
+	// replica of the model committing, or a table build) and left their changes for
+	// later. Growing with Batches, it says the model's lock is what limits ingest.
+	DeferredCommits uint64 `json:"deferred_commits"`
 }
 
 // DebugState lists every replica, sorted by model and id.
@@ -65,7 +69,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
 			CapacityTokens: r.sample.CapacityTokens,
 			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,
-			KVEvents:   KVEvents{LastSeq: -1, LastEventAgeMs: -1},
+			KVEvents:   KVEvents{LastSeq: -1, LastEventAgeMs: -1, DeferredCommits: r.deferred},
 			spec:       r.specN,
 			scrapeErrs: r.scrapeErrs,
 			hasEvents:  r.spec.Events,
@@ -134,8 +138,9 @@ var (
 	dRestarts = desc("kv_event_restarts_total", "Publisher restarts (sequence went backwards).")
 	dOrphans  = desc("kv_event_orphan_blocks_total", "Stored blocks skipped because their parent was unknown.")
 	dSkipped  = desc("kv_event_skipped_blocks_total", "Blocks skipped: other medium or KV group, unnamed LoRA, incompatible block size.")
+	dDeferred = desc("kv_event_deferred_commits_total", "KV-event batches whose end found the model's lock busy and left their changes to the replica's next batch or the next table build; growing with the batches, the model's lock limits ingest.")
 	dScrape   = desc("scrape_errors_total", "Failed metrics scrapes.")
-	allDescs  = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dScrape}
+	allDescs  = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dDeferred, dScrape}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -181,6 +186,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			n(dRestarts, r.restarts)
 			n(dOrphans, r.orphans)
 			n(dSkipped, r.skipped)
+			n(dDeferred, r.KVEvents.DeferredCommits)
 		}
 	}
 }

@@ -189,6 +189,7 @@ func (ix *Index) unlockStream(r *replica) {
 			m.mu.Lock()
 		} else if !m.mu.TryLock() {
 			r.pending.Store(true)
+			r.deferred++
 			ix.release(r)
 			return
 		}

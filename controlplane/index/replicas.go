@@ -49,6 +49,8 @@ type replica struct {
 	// pending: flips holds whole batches left for later because the model's lock was
 	// busy (unlockStream); Flush collects them when the replica is idle.
 	pending atomic.Bool
+	// deferred counts the batch ends that found the model's lock busy (debug.go).
+	deferred uint64
 	// tierHold counts, per key and slower tier, the tier blocks that hold it;
 	// tierFlips are its changes not yet committed to the model (tiers.go).
 	tierHold  map[tierKey]int32
