@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -23,7 +24,7 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	}
 	if endOfStream {
 		h.p.router.Ledger.Done(h.reqID)
-		h.started()
+		h.started(time.Time{})
 		h.finish()
 	}
 	return types.ActionContinue
@@ -38,8 +39,9 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	// Requests routed least-queued have a ledger entry too. The start is kept (Started,
 	// not Done) until no snapshot measured before it is used, so such a snapshot, which
 	// still counts this prefill as queued, is corrected (route.Ledger).
-	h.p.router.Ledger.Started(h.reqID, h.p.now())
-	h.started()
+	now := h.p.now()
+	h.p.router.Ledger.Started(h.reqID, now)
+	h.started(now)
 	if !h.placed {
 		return types.ActionContinue
 	}
@@ -56,17 +58,19 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 
 func (h *httpContext) OnHttpStreamDone() {
 	h.p.router.Ledger.Done(h.reqID)
-	h.started()
+	h.started(time.Time{})
 	if h.placed && !h.finished {
 		h.finish() // reset or aborted stream: report what is known
 	}
 	h.p.recycle(h)
 }
 
-// started tells the sibling VMs that the placement's prefill is no longer queued.
-func (h *httpContext) started() {
+// started tells the sibling VMs that the placement's prefill is no longer queued: it
+// started at at, or (zero) the request ended without a first byte; they record it as
+// this VM's ledger does (Started, or Done).
+func (h *httpContext) started(at time.Time) {
 	if h.shared != 0 {
-		h.p.placed.started(h.p, h.shared)
+		h.p.placed.started(h.p, h.shared, at)
 		h.shared = 0
 	}
 }

@@ -98,8 +98,9 @@ func (l *Ledger) Add(id uint64, addr string, tokens float64, at time.Time) {
 	l.put(id, sent{addr: addr, tokens: tokens, at: at})
 }
 
-// AddPeer records work another VM of the same proxy sent (filter/placed.go). Its end is
-// not seen here: ExpirePeers drops it.
+// AddPeer records work another VM of the same proxy sent (filter/placed.go). The other
+// VM tells its start (Started) or its end (Done); one never told is dropped by
+// ExpirePeers.
 func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
 	l.put(id, sent{addr: addr, tokens: tokens, at: at, peer: true})
 }
@@ -159,13 +160,15 @@ func (l *Ledger) addr(addr string) *addrLedger {
 	return a
 }
 
-// ExpirePeers drops the other VMs' entries sent before cutoff and says how many.
+// ExpirePeers drops the other VMs' entries sent before cutoff that have not started (their
+// start never reached this VM) and says how many. A started one stays until DropStarts,
+// as this VM's own starts do.
 func (l *Ledger) ExpirePeers(cutoff time.Time) int {
 	n := 0
 	c := cutoff.UnixNano()
 	for r, ok := l.byPeer.front(); ok && r.t < c; r, ok = l.byPeer.front() {
 		l.byPeer.pop()
-		if _, live := l.lookup(r); live {
+		if s, live := l.lookup(r); live && s.started.IsZero() {
 			l.remove(r.slot)
 			n++
 		}

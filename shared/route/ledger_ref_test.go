@@ -33,17 +33,17 @@ func (l *refLedger) put(id uint64, s refSent) {
 	l.entries[id] = s
 }
 
-// AddPeer records work another VM of the same proxy sent (filter/placed.go). Its end is
-// not seen here: ExpirePeers drops it.
+// AddPeer records work another VM of the same proxy sent (filter/placed.go).
 func (l *refLedger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
 	l.put(id, refSent{addr: addr, tokens: tokens, at: at, peer: true})
 }
 
-// ExpirePeers drops the other VMs' entries sent before cutoff and says how many.
+// ExpirePeers drops the other VMs' entries sent before cutoff and not started, and says
+// how many.
 func (l *refLedger) ExpirePeers(cutoff time.Time) int {
 	n := 0
 	for id, s := range l.entries {
-		if s.peer && s.at.Before(cutoff) {
+		if s.peer && s.started.IsZero() && s.at.Before(cutoff) {
 			l.remove(id, s)
 			n++
 		}

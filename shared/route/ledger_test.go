@@ -45,6 +45,9 @@ func TestLedgerMatchesReference(t *testing.T) {
 				if rng.IntN(10) == 0 { // a host clock stepped back: a start before its send
 					at = now.Add(-time.Duration(rng.IntN(50)) * time.Millisecond)
 				}
+				if rng.IntN(3) == 0 { // another VM's placement, its start told by a record
+					id |= 1 << 63
+				}
 				l.Started(id, at)
 				ref.Started(id, at)
 			case op < 80:
