@@ -114,7 +114,6 @@ func (p *plugin) OnTick() {
 	// Placements a table confirmed current has had the chance to learn are its to say
 	// (with shards, once every shard's table has).
 	p.router.Local.Prune(p.confirmed(), now)
-	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
 	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}

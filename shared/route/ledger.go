@@ -99,8 +99,7 @@ func (l *Ledger) Add(id uint64, addr string, tokens float64, at time.Time) {
 }
 
 // AddPeer records work another VM of the same proxy sent (filter/placed.go). The other
-// VM tells its start (Started) or its end (Done); one never told is dropped by
-// ExpirePeers.
+// VM tells its start (Started) or its end (Done); ExpirePeers drops it either way.
 func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
 	l.put(id, sent{addr: addr, tokens: tokens, at: at, peer: true})
 }
@@ -160,15 +159,16 @@ func (l *Ledger) addr(addr string) *addrLedger {
 	return a
 }
 
-// ExpirePeers drops the other VMs' entries sent before cutoff that have not started (their
-// start never reached this VM) and says how many. A started one stays until DropStarts,
-// as this VM's own starts do.
+// ExpirePeers drops the other VMs' entries sent before cutoff, started or not, and says
+// how many: one whose start never reached this VM, and a start kept for the snapshots a
+// fresh table carries (filter/placed.go keeps them a second, peerTTL; this VM's own
+// starts stay until DropStarts).
 func (l *Ledger) ExpirePeers(cutoff time.Time) int {
 	n := 0
 	c := cutoff.UnixNano()
 	for r, ok := l.byPeer.front(); ok && r.t < c; r, ok = l.byPeer.front() {
 		l.byPeer.pop()
-		if s, live := l.lookup(r); live && s.started.IsZero() {
+		if _, live := l.lookup(r); live {
 			l.remove(r.slot)
 			n++
 		}

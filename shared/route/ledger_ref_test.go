@@ -38,12 +38,12 @@ func (l *refLedger) AddPeer(id uint64, addr string, tokens float64, at time.Time
 	l.put(id, refSent{addr: addr, tokens: tokens, at: at, peer: true})
 }
 
-// ExpirePeers drops the other VMs' entries sent before cutoff and not started, and says
+// ExpirePeers drops the other VMs' entries sent before cutoff, started or not, and says
 // how many.
 func (l *refLedger) ExpirePeers(cutoff time.Time) int {
 	n := 0
 	for id, s := range l.entries {
-		if s.peer && s.started.IsZero() && s.at.Before(cutoff) {
+		if s.peer && s.at.Before(cutoff) {
 			l.remove(id, s)
 			n++
 		}
