@@ -1,6 +1,7 @@
 package index
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -18,15 +19,22 @@ func deferredCommits(ix *Index, id string) uint64 {
 	return 0
 }
 
-// waitDone fails the test if done is not closed within a generous deadline (a goroutine
-// blocked on a lock never closes it); unlock runs first either way.
-func waitDone(t *testing.T, done <-chan struct{}, unlock func(), what string) {
+// whileLocked runs f on a goroutine of its own while mu is held, and fails the test if f
+// has not returned within a generous deadline (one blocked on mu never would); mu is
+// released either way.
+func whileLocked(t *testing.T, mu *sync.Mutex, what string, f func()) {
 	t.Helper()
+	mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
 	select {
 	case <-done:
-		unlock()
+		mu.Unlock()
 	case <-time.After(10 * time.Second):
-		unlock()
+		mu.Unlock()
 		t.Fatal(what)
 	}
 }
@@ -48,13 +56,10 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 	toks := tokens(8*16, 7)
 	want := expectedKeys("m", "", "", toks, 4) // checkpoints 3 and 7
 
-	m.mu.Lock() // a build, or another replica committing
-	done := make(chan struct{})
-	go func() {
+	// m.mu held: a build, or another replica committing.
+	whileLocked(t, &m.mu, "the batch's end waited for the model's lock", func() {
 		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 0, batch(storedEv(seqHashes(8, 1), nil, toks, 16)))
-		close(done)
-	}()
-	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	})
 	if !a.pending.Load() {
 		t.Fatal("the batch's changes were not left pending")
 	}
@@ -64,13 +69,9 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 
 	// A build while the replica is inside a batch does not wait for it either, and
 	// leaves its pending changes to it.
-	a.mu.Lock()
-	done = make(chan struct{})
-	go func() {
-		w.apply(t, ix.Flush(t0, false), t0)
-		close(done)
-	}()
-	waitDone(t, done, a.mu.Unlock, "Flush waited for a replica inside a batch")
+	var ups []ModelUpdate
+	whileLocked(t, &a.mu, "Flush waited for a replica inside a batch", func() { ups = ix.Flush(t0, false) })
+	w.apply(t, ups, t0)
 	if got := w.held("m", 0, want); !none(got) {
 		t.Fatalf("a build published changes a replica holds pending: %v", got)
 	}
@@ -85,13 +86,9 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 	// store of a second chain, then its block 8 removed in a batch that commits both.
 	toks2 := tokens(8*16, 5000)
 	want2 := expectedKeys("m", "", "", toks2, 4)
-	m.mu.Lock()
-	done = make(chan struct{})
-	go func() {
+	whileLocked(t, &m.mu, "the batch's end waited for the model's lock", func() {
 		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 1, batch(storedEv(seqHashes(8, 101), nil, toks2, 16)))
-		close(done)
-	}()
-	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	})
 	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 2, batch(kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{108}, Medium: "GPU"}))
 	if a.pending.Load() || len(a.flips) != 0 {
 		t.Fatalf("a batch with the lock free left changes pending (%d)", len(a.flips))
@@ -105,13 +102,9 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 	// dropped, so none is left behind in the model under its freed slot.
 	toks3 := tokens(8*16, 9000)
 	want3 := expectedKeys("m", "", "", toks3, 4)
-	m.mu.Lock()
-	done = make(chan struct{})
-	go func() {
+	whileLocked(t, &m.mu, "the batch's end waited for the model's lock", func() {
 		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 3, batch(storedEv(seqHashes(8, 201), nil, toks3, 16)))
-		close(done)
-	}()
-	waitDone(t, done, m.mu.Unlock, "the batch's end waited for the model's lock")
+	})
 	if !a.pending.Load() {
 		t.Fatal("the batch's changes were not left pending")
 	}
@@ -137,13 +130,14 @@ func TestBatchEndDoesNotWaitForTheModelLock(t *testing.T) {
 // maxPendingFlips slot changes. With Flush's collectPending disabled it failed: 4,400-4,900
 // slot changes still pending after the build.
 func TestBatchesUnderModelLockContentionLoseNothing(t *testing.T) {
-	contendedIngest(t, func(ix *Index, w *view) {
+	contendedIngest(t, func(ix *Index) []ModelUpdate {
 		m := ix.models["m"]
 		m.mu.Lock()
 		for range 2000 { // hold it a while, as a commit does
 			_ = m.keys.Len()
 		}
 		m.mu.Unlock()
+		return nil
 	})
 }
 
@@ -151,20 +145,20 @@ func TestBatchesUnderModelLockContentionLoseNothing(t *testing.T) {
 // runs them: every version's delta applied in turn gives, after the last, the same end
 // state (a build collects what idle replicas left pending; one inside a batch keeps it).
 func TestIngestWhileBuildingPublishesEverything(t *testing.T) {
-	contendedIngest(t, func(ix *Index, w *view) {
-		w.apply(t, ix.Flush(t0, false), t0)
-	})
+	contendedIngest(t, func(ix *Index) []ModelUpdate { return ix.Flush(t0, false) })
 }
 
 // contendedIngest runs two replicas' streams of contendedChains chains (every other one
-// removed again) while contend runs in a loop on its own goroutine, then builds once
-// more and checks the view and what the replicas still hold.
-func contendedIngest(t *testing.T, contend func(ix *Index, w *view)) {
+// removed again) while contend runs in a loop on its own goroutine, then applies the
+// versions it built, in order, builds once more and checks the view and what the
+// replicas still hold.
+func contendedIngest(t *testing.T, contend func(ix *Index) []ModelUpdate) {
 	ix := fixture(t, Config{})
 	w := newView()
 	w.apply(t, ix.Flush(t0, true), t0)
 	stop := make(chan struct{})
 	stopped := make(chan struct{})
+	var built [][]ModelUpdate // contend's versions, applied once it has stopped
 	go func() {
 		defer close(stopped)
 		for {
@@ -172,7 +166,9 @@ func contendedIngest(t *testing.T, contend func(ix *Index, w *view)) {
 			case <-stop:
 				return
 			default:
-				contend(ix, w)
+				if ups := contend(ix); ups != nil {
+					built = append(built, ups)
+				}
 			}
 		}
 	}()
@@ -202,6 +198,9 @@ func contendedIngest(t *testing.T, contend func(ix *Index, w *view)) {
 	<-db
 	close(stop)
 	<-stopped
+	for _, ups := range built {
+		w.apply(t, ups, t0)
+	}
 	w.apply(t, ix.Flush(t0, false), t0)
 	for slot, id := range []string{"a", "b"} {
 		r := ix.replicas[id]
