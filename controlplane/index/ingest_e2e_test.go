@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -34,10 +35,15 @@ import (
 // and evicting 32 blocks, so the index stays at steady state. Reported: blocks stored
 // per second of wall clock, and per second of the control plane process's CPU
 // (getrusage: the per-core cost, less sensitive to the shared machine's noise); the
-// cores the control plane and the publisher process used.
+// cores the control plane and the publisher process used, and the machine's idle cores
+// (/proc/stat): on 2 cores the publisher's sends over loopback take about 0.3 cores and
+// the machine is idle about 0.05, so the control plane gets what is left, about 1.6.
+// -ingest.steps makes a run longer (400 steps, about 870,000 blocks: 0.2 s on 2 cores).
 //
-//	go test ./controlplane/index -run '^$' -bench IngestEndToEnd -cpu 1,2 -benchtime 1x
+//	go test ./controlplane/index -run '^$' -bench IngestEndToEnd -cpu 1,2 -benchtime 1x [-args -ingest.steps 2400]
 func BenchmarkIngestEndToEnd(b *testing.B) { benchIngestEndToEnd(b, false) }
+
+var ingestSteps = flag.Int("ingest.steps", 400, "BenchmarkIngestEndToEnd/IngestBind: scheduler steps per engine in a run (256 blocks each)")
 
 // The same with the control plane's socket bound (--kv-bind) and the engines
 // connecting to it: one SUB socket for every engine, each stream applied by its own
@@ -50,15 +56,18 @@ func benchIngestEndToEnd(b *testing.B, bind bool) {
 	for _, layout := range []sim.Encoding{sim.Map, sim.Array} {
 		for _, engines := range []int{8} {
 			b.Run(fmt.Sprintf("layout=%s/engines=%d", layout, engines), func(b *testing.B) {
-				var blocks, wall, cpu, pub float64
+				var blocks, wall, cpu, pub, idle float64
 				for range b.N {
-					bl, w, c, p := ingestEndToEnd(b, layout, engines, 400, bind)
-					blocks, wall, cpu, pub = blocks+bl, wall+w, cpu+c, pub+p
+					bl, w, c, p, i := ingestEndToEnd(b, layout, engines, *ingestSteps, bind)
+					blocks, wall, cpu, pub, idle = blocks+bl, wall+w, cpu+c, pub+p, idle+i
 				}
 				b.ReportMetric(blocks/wall, "blocks/s")
 				b.ReportMetric(blocks/cpu, "blocks/cpu-s")
 				b.ReportMetric(cpu/wall, "cores")
 				b.ReportMetric(pub/wall, "publisher-cores")
+				if idle >= 0 {
+					b.ReportMetric(idle/wall, "idle-cores")
+				}
 			})
 		}
 	}
@@ -131,6 +140,25 @@ type countingSink struct {
 	done    chan struct{}
 }
 
+// idleTime is the machine's idle CPU time so far, in seconds (every core's; -1 without
+// /proc/stat): what the control plane could have had and did not take.
+func idleTime() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle ...
+	if len(f) < 5 || f[0] != "cpu" {
+		return -1
+	}
+	ticks, err := strconv.ParseFloat(f[4], 64)
+	if err != nil {
+		return -1
+	}
+	return ticks / 100 // USER_HZ
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -140,7 +168,7 @@ func cpuTime() time.Duration {
 // ingestEndToEnd runs one measurement: steps scheduler steps per engine after the
 // roots. It returns the blocks stored, the wall time and the CPU time spent. With
 // bind, the control plane listens and the engines connect (topic kv@e<n>).
-func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind bool) (blocks, wall, cpu, pubCPU float64) {
+func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind bool) (blocks, wall, cpu, pubCPU, idle float64) {
 	b.StopTimer()
 	ix := New(Config{Budget: Budget{MaxKeys: 1 << 24}})
 	var specs []Spec
@@ -215,7 +243,7 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind 
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond)
-	c0, t0 := cpuTime(), time.Now()
+	idle0, c0, t0 := idleTime(), cpuTime(), time.Now()
 	b.StartTimer()
 	io.WriteString(stdin, "go\n")
 	select {
@@ -225,9 +253,14 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind 
 	}
 	wall = time.Since(t0).Seconds()
 	b.StopTimer()
+	if idle = idleTime() - idle0; idle0 < 0 {
+		idle = -1
+	}
 	cpu = (cpuTime() - c0).Seconds()
-	// The publisher's CPU from "go" to its last send: on a 2-core machine what it takes
-	// is what the control plane cannot have.
+	// The publisher's CPU from "go" to now, when every message has arrived: on a 2-core
+	// machine what it takes is what the control plane cannot have. (Read at its last Send,
+	// before go-zeromq's writers had written, it showed 0.05-0.13 cores of the 0.3 taken.)
+	io.WriteString(stdin, "cpu\n")
 	for rd.Scan() {
 		if v, ok := strings.CutPrefix(rd.Text(), "cpu "); ok {
 			ns, _ := strconv.ParseInt(v, 10, 64)
@@ -245,7 +278,7 @@ func ingestEndToEnd(b *testing.B, layout sim.Encoding, engines, steps int, bind 
 	if want := uint64(engines * (rootBlocks + steps*stepBlocks)); stored != want {
 		b.Fatalf("stored %d blocks, want %d", stored, want)
 	}
-	return float64(stored), wall, cpu, pubCPU
+	return float64(stored), wall, cpu, pubCPU, idle
 }
 
 // byReplica counts the streams of a bound socket by their replica ("e<n>").
@@ -342,7 +375,9 @@ func TestIngestPublisherProcess(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	fmt.Printf("cpu %d\n", cpuTime()-c0)
+	if in.Scan() && in.Text() == "cpu" { // every message has arrived
+		fmt.Printf("cpu %d\n", cpuTime()-c0)
+	}
 	for in.Scan() { // until the benchmark closes stdin
 	}
 	for _, s := range socks {
