@@ -109,16 +109,20 @@ func TestLocalMaxKeys(t *testing.T) {
 }
 
 // Against a plain model: a key is matched to the addresses of the placements not yet
-// expired that contain it, whatever Prune has dropped so far.
+// expired that contain it, whatever Prune has dropped so far, and a walk of a chain
+// finds each address's depth. Two models place the same keys (chains are seeded by
+// model, so real keys never meet; here they do): each model's holds stay its own.
 func TestLocalMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	l := NewLocal()
 	l.Settle = 0
 	type placement struct {
-		keys []uint64
-		addr string
-		at   time.Time
+		model string
+		keys  []uint64
+		addr  string
+		at    time.Time
 	}
+	models := []string{"llama", "qwen"}
 	var ref []placement
 	t0 := time.Unix(1000, 0)
 	now, cutoff := t0, time.Time{}
@@ -136,32 +140,54 @@ func TestLocalMatchesReference(t *testing.T) {
 			if rng.IntN(150) == 0 {
 				n = 2000 + rng.IntN(6000) // grows the rings, often while they have wrapped
 			}
-			p := placement{localKeys(from, n), addrs[rng.IntN(len(addrs))], now}
+			p := placement{models[rng.IntN(2)], localKeys(from, n), addrs[rng.IntN(len(addrs))], now}
 			ref = append(ref, p)
-			l.Add("llama", p.keys, p.addr, p.at)
+			l.Add(p.model, p.keys, p.addr, p.at)
 		}
 		if step%50 != 0 {
 			continue
 		}
-		want := map[uint64]map[string]bool{}
-		for _, p := range ref {
-			if !p.at.Before(cutoff) {
-				for _, k := range p.keys {
-					if want[k] == nil {
-						want[k] = map[string]bool{}
+		for _, model := range models {
+			want := map[uint64]map[string]bool{}
+			for _, p := range ref {
+				if p.model == model && !p.at.Before(cutoff) {
+					for _, k := range p.keys {
+						if want[k] == nil {
+							want[k] = map[string]bool{}
+						}
+						want[k][p.addr] = true
 					}
-					want[k][p.addr] = true
 				}
 			}
-		}
-		for i := range 2300 {
-			k := localKeys(i, 1)[0]
-			var w []string
-			for a := range want[k] {
-				w = append(w, a)
+			for i := range 2300 {
+				k := localKeys(i, 1)[0]
+				var w []string
+				for a := range want[k] {
+					w = append(w, a)
+				}
+				slices.Sort(w)
+				require.Equal(t, w, localVisible(l, model, k), "step %d %s key %d", step, model, i)
 			}
-			slices.Sort(w)
-			require.Equal(t, w, localVisible(l, "llama", k), "step %d key %d", step, i)
+			// A walk from a random key goes while some address holds the key; each
+			// address's depth is the last key it holds on the way.
+			from := rng.IntN(2000)
+			c := &Chain{Keys: localKeys(from, 400)}
+			wantEnd, wantDepth := 0, map[string]int{}
+			for ; wantEnd < len(c.Keys) && len(want[c.Keys[wantEnd]]) > 0; wantEnd++ {
+				for a := range want[c.Keys[wantEnd]] {
+					wantDepth[a] = wantEnd + 1
+				}
+			}
+			gotEnd, gotDepth := 0, map[string]int{}
+			if lm := l.models[model]; lm != nil {
+				l.depths = l.depths[:0]
+				gotEnd = l.walk(lm, c, 0, 1)
+				for _, d := range l.depths {
+					gotDepth[l.addrs[d.addr]] = d.depth
+				}
+			}
+			require.Equal(t, wantEnd, gotEnd, "step %d %s walk from %d", step, model, from)
+			require.Equal(t, wantDepth, gotDepth, "step %d %s walk from %d", step, model, from)
 		}
 	}
 	// Once everything has expired every key is dropped: a hold released by mistake (a
@@ -171,6 +197,7 @@ func TestLocalMatchesReference(t *testing.T) {
 	}
 	assert.Zero(t, l.Len())
 	assert.Zero(t, l.models["llama"].entries.Len())
+	assert.Zero(t, l.models["qwen"].entries.Len())
 }
 
 // Past MaxKeys, Add drops the oldest placements whole. When the log was a slice compacted
