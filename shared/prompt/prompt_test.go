@@ -546,3 +546,32 @@ func TestStringRunsStopAtEveryOffset(t *testing.T) {
 		}
 	}
 }
+
+// TestShortStringsStopAtEveryOffset: a string whose closing quote is within sixteen
+// bytes is taken whole when nothing before the quote ends a plain run (json.go's str);
+// anything that does (an escape, a control byte, a multi-byte character) sends it down
+// the general path. Keys, the model's name and the prompt, short and at the body's end
+// (fewer than sixteen bytes left), decode as the reference decoder decodes them.
+func TestShortStringsStopAtEveryOffset(t *testing.T) {
+	for _, special := range []string{"", `\"`, `\\`, `\n`, `\u0041`, "é", "\x1f", "\x7f", " ", `"`} {
+		for n := 0; n <= 18; n++ {
+			for at := 0; at <= n; at++ {
+				s := strings.Repeat("a", at) + special + strings.Repeat("b", n-at)
+				for _, body := range []string{
+					`{"model":"` + s + `","prompt":"x"}`,
+					`{"prompt":"x","` + s + `":1,"model":"m"}`,
+					`{"model":"m","prompt":"` + s + `"}`,
+				} {
+					var p Parser
+					got, err := p.Parse(Completions, []byte(body), Limits{MaxBytes: 1 << 20, MaxDepth: 32})
+					want, werr := reference(Completions, []byte(body))
+					require.Equal(t, werr == nil, err == nil, "%q: %v / reference %v", body, err, werr)
+					if err == nil {
+						require.Equal(t, want.Model, got.Model, "%q", body)
+						require.Equal(t, string(want.Text), string(got.Text), "%q", body)
+					}
+				}
+			}
+		}
+	}
+}
