@@ -40,6 +40,8 @@ type Ledger struct {
 	starts  int    // entries with a start
 	peers   int    // entries of other VMs
 	addrs   map[string]*addrLedger
+	byID    []*addrLedger // entries name their address by its place here (addrLedger.id)
+	freeIDs []int32
 	spare   []*addrLedger // emptied ones, reused: an address's first entry allocates nothing
 	byAt    refList       // every entry, by send time: Expire
 	byPeer  refList       // other VMs' entries, by send time: ExpirePeers
@@ -47,19 +49,27 @@ type Ledger struct {
 	visits  int           // references Sums and PendingSince have read (tests)
 }
 
+// sent holds no pointer (an address is named by its ledger's id, times are unix ns), so
+// the collector does not scan the slots: with an address string and two time.Times an
+// entry had three pointers, and the thousands of slots a busy proxy's ledger holds were
+// most of what each of the guest's collections marked.
 type sent struct {
 	id      uint64
-	addr    string
 	tokens  float64
-	at      time.Time
-	started time.Time // zero until Started
-	peer    bool
+	at      int64  // sent, unix ns
+	started int64  // started, unix ns (when hasStart)
 	seq     uint64 // 0 while the slot is free
+	addr    int32  // Ledger.byID
+	// hasStart: Started was called (only the first call counts).
+	hasStart bool
+	peer     bool
 }
 
 // addrLedger is one address's share: the sum and count of its entries not started, and
 // the lists Sums walks.
 type addrLedger struct {
+	name          string
+	id            int32 // its place in Ledger.byID
 	pending       float64
 	startedTokens float64 // the started entries' tokens
 	queued        int     // entries not started
@@ -95,16 +105,16 @@ func NewLedger() *Ledger {
 
 // Add records that request id sent tokens of prefill work to addr at time at.
 func (l *Ledger) Add(id uint64, addr string, tokens float64, at time.Time) {
-	l.put(id, sent{addr: addr, tokens: tokens, at: at})
+	l.put(id, addr, sent{tokens: tokens, at: at.UnixNano()})
 }
 
 // AddPeer records work another VM of the same proxy sent (filter/placed.go). The other
 // VM tells its start (Started) or its end (Done); ExpirePeers drops it either way.
 func (l *Ledger) AddPeer(id uint64, addr string, tokens float64, at time.Time) {
-	l.put(id, sent{addr: addr, tokens: tokens, at: at, peer: true})
+	l.put(id, addr, sent{tokens: tokens, at: at.UnixNano(), peer: true})
 }
 
-func (l *Ledger) put(id uint64, s sent) {
+func (l *Ledger) put(id uint64, addr string, s sent) {
 	if !(s.tokens >= 0) || math.IsInf(s.tokens, 1) {
 		s.tokens = 0 // a running sum keeps a NaN (a torn record from another VM) for good
 	}
@@ -113,13 +123,13 @@ func (l *Ledger) put(id uint64, s sent) {
 	}
 	i := takeSlot(&l.slots, &l.free)
 	l.seq++
-	s.id, s.seq = id, l.seq
+	a := l.addr(addr)
+	s.id, s.seq, s.addr = id, l.seq, a.id
 	l.slots[i] = s
 	l.entries.Set(id, i)
-	a := l.addr(s.addr)
 	a.pending += s.tokens
 	a.queued++
-	r := ref{slot: i, seq: s.seq, t: s.at.UnixNano()}
+	r := ref{slot: i, seq: s.seq, t: s.at}
 	l.push(&a.sent, r, isAny, a.queued+a.started)
 	a.sentTo.count(r.t, s.tokens)
 	l.push(&l.byAt, r, isAny, l.entries.Len())
@@ -154,6 +164,14 @@ func (l *Ledger) addr(addr string) *addrLedger {
 			a = &addrLedger{}
 		}
 		newCursors(a)
+		a.name = addr
+		if n := len(l.freeIDs); n > 0 {
+			a.id, l.freeIDs = l.freeIDs[n-1], l.freeIDs[:n-1]
+			l.byID[a.id] = a
+		} else {
+			a.id = int32(len(l.byID))
+			l.byID = append(l.byID, a)
+		}
 		l.addrs[addr] = a
 	}
 	return a
@@ -182,17 +200,17 @@ func (l *Ledger) ExpirePeers(cutoff time.Time) int {
 // at, which still counts the tokens, is corrected (Sums).
 func (l *Ledger) Started(id uint64, at time.Time) {
 	i, ok := l.entries.Get(id)
-	if !ok || !l.slots[i].started.IsZero() {
+	if !ok || l.slots[i].hasStart {
 		return
 	}
 	s := &l.slots[i]
-	a := l.addrs[s.addr]
+	a := l.byID[s.addr]
 	a.unqueue(s.tokens)
 	a.started++
 	a.startedTokens += s.tokens
 	l.starts++
-	s.started = at
-	r := ref{slot: i, seq: s.seq, t: at.UnixNano()}
+	s.started, s.hasStart = at.UnixNano(), true
+	r := ref{slot: i, seq: s.seq, t: s.started}
 	l.push(&l.byStart, r, isStarted, l.starts)
 	r.t = startedAt(s)
 	l.push(&a.starts, r, isStarted, a.started)
@@ -202,7 +220,7 @@ func (l *Ledger) Started(id uint64, at time.Time) {
 // Done ends request id's entry: its prefill started (without a time: nothing to correct)
 // or the request ended. A start recorded by Started stays until DropStarts.
 func (l *Ledger) Done(id uint64) {
-	if i, ok := l.entries.Get(id); ok && l.slots[i].started.IsZero() {
+	if i, ok := l.entries.Get(id); ok && !l.slots[i].hasStart {
 		l.remove(i)
 	}
 }
@@ -213,7 +231,7 @@ func (l *Ledger) DropStarts(cutoff time.Time) {
 	c := cutoff.UnixNano()
 	for r, ok := l.byStart.front(); ok && r.t < c; r, ok = l.byStart.front() {
 		l.byStart.pop()
-		if s, live := l.lookup(r); live && !s.started.IsZero() {
+		if s, live := l.lookup(r); live && s.hasStart {
 			l.remove(r.slot)
 		}
 	}
@@ -228,9 +246,9 @@ func (l *Ledger) remove(i int32) {
 	if s.peer {
 		l.peers--
 	}
-	a := l.addrs[s.addr]
-	a.sentTo.count(s.at.UnixNano(), -s.tokens)
-	if s.started.IsZero() {
+	a := l.byID[s.addr]
+	a.sentTo.count(s.at, -s.tokens)
+	if !s.hasStart {
 		a.unqueue(s.tokens)
 	} else {
 		a.started--
@@ -239,7 +257,10 @@ func (l *Ledger) remove(i int32) {
 		l.starts--
 	}
 	if a.queued == 0 && a.started == 0 { // its lists name no live entry
-		delete(l.addrs, s.addr)
+		delete(l.addrs, a.name)
+		l.byID[a.id] = nil
+		l.freeIDs = append(l.freeIDs, a.id)
+		a.name = ""
 		a.sent.reset()
 		a.starts.reset()
 		a.startedTokens = 0 // no rounding error left over
@@ -271,7 +292,7 @@ func (l *Ledger) Expire(cutoff time.Time) int {
 	for r, ok := l.byAt.front(); ok && r.t < c; r, ok = l.byAt.front() {
 		l.byAt.pop()
 		if s, live := l.lookup(r); live {
-			if s.started.IsZero() {
+			if !s.hasStart {
 				n++
 			}
 			l.remove(r.slot)
@@ -308,7 +329,7 @@ func (l *Ledger) Sums(addr string, since time.Time) (correction, pending float64
 // send (a host clock stepped back), so that what was sent after a snapshot is in the
 // list's part after it too, and cancels in Sums as the walk over every entry has it.
 func startedAt(s *sent) int64 {
-	return max(s.started.UnixNano(), s.at.UnixNano())
+	return max(s.started, s.at)
 }
 
 // through moves cur to time c in q (whose live entries, by want, have total tokens)
@@ -353,7 +374,7 @@ func (l *Ledger) sentAfter(a *addrLedger, c int64) float64 {
 	rs := a.sent.live()
 	for i := len(rs) - 1; i >= 0 && rs[i].t > c; i-- {
 		l.visits++
-		if s, ok := l.lookup(rs[i]); ok && s.started.IsZero() {
+		if s, ok := l.lookup(rs[i]); ok && !s.hasStart {
 			sum += s.tokens
 		}
 	}

@@ -72,7 +72,7 @@ func (l *Ledger) is(r ref, want refState) bool {
 	case !ok:
 		return false
 	case want == isStarted:
-		return !s.started.IsZero()
+		return s.hasStart
 	case want == isPeer:
 		return s.peer
 	}

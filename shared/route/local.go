@@ -25,6 +25,7 @@ type Local struct {
 	Settle  time.Duration
 
 	models map[string]*localModel
+	byID   []*localModel // placements name their model by its place here (localModel.id)
 	addrs  []string
 	addrID map[string]uint16
 	// The log and the arena are rings addressed by absolute numbers that only grow, so
@@ -81,6 +82,7 @@ const localWays = 4
 // 48-byte entry, each copying it (BenchmarkLocalAdd: 2.4 times as long under wasm, 2 times
 // natively).
 type localModel struct {
+	id      int32 // its place in Local.byID
 	entries keymap.Map[int32]
 	slots   []localEntry
 	free    []int32 // slots of dropped keys
@@ -105,12 +107,14 @@ type localEntry struct {
 	pos  [localWays]int64
 }
 
+// localPlacement holds no pointer (its model is named by id), so the collector does not
+// scan the log: a busy proxy's log holds thousands of placements.
 type localPlacement struct {
-	m    *localModel
-	off  int64 // the position of its first key
-	n    int
-	addr uint16
-	atMs int64
+	model int32 // Local.byID
+	off   int64 // the position of its first key
+	n     int
+	addr  uint16
+	atMs  int64
 }
 
 type localDepth struct {
@@ -139,12 +143,13 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 	}
 	m := l.models[model] // after a Clear, a new one
 	if m == nil {
-		m = &localModel{}
+		m = &localModel{id: int32(len(l.byID))}
 		l.models[model] = m
+		l.byID = append(l.byID, m)
 	}
 	l.reserve(len(keys))
 	start := l.hi
-	*l.placement(l.end) = localPlacement{m, start, len(keys), id, at.UnixMilli()}
+	*l.placement(l.end) = localPlacement{m.id, start, len(keys), id, at.UnixMilli()}
 	l.end++
 	l.hi += int64(len(keys))
 	amask := int64(len(l.arena) - 1)
@@ -211,6 +216,8 @@ func (l *Local) Prune(confirmed, now time.Time) {
 // Clear forgets every placement.
 func (l *Local) Clear() {
 	clear(l.models)
+	clear(l.byID)
+	l.byID = l.byID[:0]
 	clear(l.addrID)
 	l.addrs, l.keys = l.addrs[:0], 0
 	l.reset()
@@ -292,6 +299,7 @@ func (l *Local) unhold(pos int64) {
 func (l *Local) drop(upto, budget int) {
 	for l.head < upto {
 		p := l.placement(l.head)
+		m := l.byID[p.model]
 		i, end := max(l.scan, p.off), p.off+int64(p.n)
 		for i < end {
 			if budget <= 0 {
@@ -311,7 +319,7 @@ func (l *Local) drop(upto, budget int) {
 				}
 				budget--
 				t := int64(bits.TrailingZeros64(hw))
-				l.release(p.m, i+t)
+				l.release(m, i+t)
 				hw &= hw - 1
 			}
 			i = lim
