@@ -96,7 +96,11 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed
 	}
-	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms)", p.vmID, p.describeShards(), tick)
+	t0 := time.Now()
+	warmUp(cfg)
+	p.proxyName() // the name reports carry, read once now rather than in the first request's
+	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.describeShards(), tick,
+		time.Since(t0).Milliseconds())
 	return types.OnPluginStartStatusOK
 }
 

@@ -42,8 +42,8 @@ one JSON line on stdout.
 
 Output fields: requests, vms, traps (VM failures after start), first_trap_request,
 trap_messages, restricted_traps, fatal_errors (the Go runtime's), p50_us / p99_us / p999_us /
-mean_us / max_us (wall-clock guest time per request: request headers, body, response
-headers, body and stream end), cpu_p50_us / cpu_p99_us (the process's CPU time over the
+mean_us / max_us / first_us (wall-clock guest time per request: request headers, body, response
+headers, body and stream end; first_us the first request's, which V8 compiles for), cpu_p50_us / cpu_p99_us (the process's CPU time over the
 same calls: less sensitive to a busy machine's preemption), endpoint_header (requests
 whose upstream headers carry the endpoint header), after_table (requests sent after the
 leader received the table), after_table_with_header, failed_open (requests passed
@@ -275,6 +275,7 @@ try {
   const out = {
     error: e instanceof LoadError ? e.message : String(e?.stack ?? e), state: e.state ?? null,
     guest_logs: startLogs, logs: host.logCounts, restricted_traps: host.restrictedTraps.slice(0, 5),
+    fatal_errors: fatalErrors,
   };
   process.stdout.write(`${JSON.stringify(out)}\n`);
   process.exit(e instanceof LoadError ? 2 : 3);
@@ -373,6 +374,7 @@ const out = {
   cpu_p50_us: pctOf(cpuSorted, 0.5),
   cpu_p99_us: pctOf(cpuSorted, 0.99),
   max_us: sorted.length ? Math.round(sorted[sorted.length - 1] * 10) / 10 : 0,
+  first_us: REQUESTS ? Math.round(lat[0] * 10) / 10 : 0,
   endpoint_header: withHeader,
   after_table: afterTable,
   after_table_with_header: afterTableWithHeader,
