@@ -42,9 +42,10 @@ one JSON line on stdout.
 
 Output fields: requests, vms, traps (VM failures after start), first_trap_request,
 trap_messages, restricted_traps, fatal_errors (the Go runtime's), p50_us / p99_us / p999_us /
-mean_us / max_us / first_us (wall-clock guest time per request: request headers, body, response
-headers, body and stream end; first_us the first request's, which V8 compiles for), cpu_p50_us / cpu_p99_us (the process's CPU time over the
-same calls: less sensitive to a busy machine's preemption), endpoint_header (requests
+mean_us / max_us / first_us (wall-clock guest time per request: request headers, body,
+response headers, body and stream end; first_us the first request's, which V8 compiles
+for), cpu_p50_us / cpu_p99_us (the process's CPU time over the same calls: less sensitive
+to a busy machine's preemption), endpoint_header (requests
 whose upstream headers carry the endpoint header), after_table (requests sent after the
 leader received the table), after_table_with_header, failed_open (requests passed
 unfiltered by a failed VM), polls, reports, metrics, logs.
