@@ -2,7 +2,6 @@ package host_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +19,9 @@ import (
 // (metrics) or send (reports), and the first real request is the first of everything.
 func TestKvrouteWarmUpLeavesNoTrace(t *testing.T) {
 	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(t))}
-	srv := httptest.NewServer(cp)
-	defer srv.Close()
 	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
 	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(5),
-		Clusters: map[string]host.Cluster{kvCluster: {URL: srv.URL}}})
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
 
 	started := 0
 	for _, l := range h.Logs() {
