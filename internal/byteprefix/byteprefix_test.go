@@ -48,3 +48,38 @@ func FuzzLen(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkLen32KB compares two equal 32 KB prompts: what any memo of the filter's
+// request path pays at least once a request, since a prefix router must look at every
+// byte of the prompt to know which prefix it is. Beside it, bytes.Equal and a copy (in
+// Go's wasm code a copy is one memory.copy instruction, done by the host's memmove).
+// Under wazero, as the filter runs there:
+//
+//	GOOS=wasip1 GOARCH=wasm go test -c -o /tmp/byteprefix.wasm ./internal/byteprefix
+//	wazero run /tmp/byteprefix.wasm -test.run '^$' -test.bench Len32KB
+func BenchmarkLen32KB(b *testing.B) {
+	a := bytes.Repeat([]byte("You are the assistant of a parcel company; follow the policy.\n"), 530)[:32<<10]
+	c := bytes.Clone(a)
+	b.Run("Len", func(b *testing.B) {
+		b.SetBytes(int64(len(a)))
+		for b.Loop() {
+			if Len(a, c) != len(a) {
+				b.Fatal("not equal")
+			}
+		}
+	})
+	b.Run("bytes.Equal", func(b *testing.B) {
+		b.SetBytes(int64(len(a)))
+		for b.Loop() {
+			if !bytes.Equal(a, c) {
+				b.Fatal("not equal")
+			}
+		}
+	})
+	b.Run("copy", func(b *testing.B) {
+		b.SetBytes(int64(len(a)))
+		for b.Loop() {
+			copy(c, a)
+		}
+	})
+}
