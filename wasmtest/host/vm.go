@@ -92,7 +92,7 @@ func (h *Host) newVM(ctx context.Context, compiled wazero.CompiledModule, i int)
 	mc := wazero.NewModuleConfig().
 		WithName(fmt.Sprintf("vm-%d", i)).
 		WithStartFunctions() // _initialize runs below, under the VM lock, with failures reported
-	mod, err := h.runtime.InstantiateModule(ctx, compiled, mc)
+	mod, err := h.runtime.InstantiateModule(withReservedMemory(ctx), compiled, mc)
 	if err != nil {
 		return nil, fmt.Errorf("vm %d: instantiate: %w", i, err)
 	}
