@@ -70,6 +70,8 @@
 //   - A trap fails the VM for good (FAIL_OPEN): streams it holds continue unfiltered and so
 //     do later streams on it; Stats counts both.
 //   - An import the host does not provide, or no proxy_abi_version_* export, fails New.
+//   - A VM's linear memory grows in place, as V8 grows it (memory_linux.go): a guest's
+//     memory.grow costs a page-permission change, never a copy of the whole memory.
 //
 // # Time
 //
