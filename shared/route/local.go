@@ -23,6 +23,10 @@ type Local struct {
 	MaxKeys int
 	MaxAge  time.Duration
 	Settle  time.Duration
+	// RenewAfter: keys a placement on the same model and address at most this far apart
+	// in time already holds, from the same first key in the same order, are not renewed
+	// (Add). 0 renews every key of every placement.
+	RenewAfter time.Duration
 
 	models map[string]*localModel
 	byID   []*localModel // placements name their model by its place here (localModel.id)
@@ -55,11 +59,15 @@ type Local struct {
 
 // DefaultLocal bounds: 32,768 keys (about 260 prompts of 8,000 tokens at the default
 // geometry), 10 minutes (rule.DefaultParams' MaxCacheAge), a table built 1 s after a
-// placement knows it (reports every 100 ms, versions every 50 ms, with margin).
+// placement knows it (reports every 100 ms, versions every 50 ms, with margin). A key
+// is renewed at most every 100 ms by the placements of one prefix to one replica: a
+// key may then leave Local up to a tenth of Settle early, when a table that had the
+// chance to learn it does not list it.
 const (
-	DefaultLocalMaxKeys = 32768
-	DefaultLocalMaxAge  = 10 * time.Minute
-	DefaultLocalSettle  = time.Second
+	DefaultLocalMaxKeys    = 32768
+	DefaultLocalMaxAge     = 10 * time.Minute
+	DefaultLocalSettle     = time.Second
+	DefaultLocalRenewAfter = 100 * time.Millisecond
 )
 
 // localPruneBudget bounds one Prune's work, in units of one key dropped (a map lookup
@@ -71,7 +79,7 @@ const localPruneBudget = 2048
 // NewLocal returns an empty Local with the default bounds.
 func NewLocal() *Local {
 	return &Local{MaxKeys: DefaultLocalMaxKeys, MaxAge: DefaultLocalMaxAge, Settle: DefaultLocalSettle,
-		models: map[string]*localModel{}, addrID: map[string]uint16{}}
+		RenewAfter: DefaultLocalRenewAfter, models: map[string]*localModel{}, addrID: map[string]uint16{}}
 }
 
 const localWays = 4
@@ -86,6 +94,14 @@ type localModel struct {
 	entries keymap.Map[int32]
 	slots   []localEntry
 	free    []int32 // slots of dropped keys
+	// recent names, by first key and address (recentKey), the newest placement that
+	// renewed every key it was given: Add compares a placement with it (covered).
+	recent keymap.Map[int64]
+}
+
+// recentKey mixes a placement's first key with its address id.
+func recentKey(first uint64, addr uint16) uint64 {
+	return first ^ (uint64(addr)+1)*0x9E3779B97F4A7C15
 }
 
 // entry returns the entry of k, made if new (and whether it was).
@@ -147,9 +163,19 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 		l.models[model] = m
 		l.byID = append(l.byID, m)
 	}
+	atMs := at.UnixMilli()
+	skip := l.covered(m, id, keys, atMs)
+	if skip == len(keys) {
+		return
+	}
+	first := keys[0]
+	keys = keys[skip:]
 	l.reserve(len(keys))
 	start := l.hi
-	*l.placement(l.end) = localPlacement{m.id, start, len(keys), id, at.UnixMilli()}
+	if skip == 0 && l.RenewAfter > 0 {
+		m.recent.Set(recentKey(first, id), int64(l.end))
+	}
+	*l.placement(l.end) = localPlacement{m.id, start, len(keys), id, atMs}
 	l.end++
 	l.hi += int64(len(keys))
 	amask := int64(len(l.arena) - 1)
@@ -192,6 +218,39 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 			l.setCut()
 		}
 	}
+}
+
+// covered returns how many leading keys of a placement on model m, address id at atMs
+// need no renewal: the newest placement that renewed every key it was given from the same
+// first key to the same address, if it is live and at most RenewAfter apart, still holds
+// them, in the same order. Every request of a busy prefix places the same keys on the
+// same replica until a table lists them, and each sibling VM applies its copy of the
+// placement (filter/placed.go): under wazero a renewal cost 100-200 ns a key, 9-10 us
+// for the 34 keys of BenchmarkKvrouteRequestPath's placements, 8 of them a request at 8
+// worker VMs, and more where the table lists none of a prompt (-coldtable: a control
+// plane restarted or behind). Comparing costs a few ns a key.
+func (l *Local) covered(m *localModel, id uint16, keys []uint64, atMs int64) int {
+	if l.RenewAfter <= 0 {
+		return 0
+	}
+	q, ok := m.recent.Get(recentKey(keys[0], id))
+	if !ok || q < int64(l.live) || q >= int64(l.end) {
+		return 0
+	}
+	p := l.placement(int(q))
+	if p.model != m.id || p.addr != id || max(p.atMs-atMs, atMs-p.atMs) > l.RenewAfter.Milliseconds() {
+		return 0
+	}
+	amask := int64(len(l.arena) - 1)
+	n := min(len(keys), p.n)
+	i := 0
+	for ; i < n; i++ {
+		pos := p.off + int64(i)
+		if l.arena[pos&amask] != keys[i] || *l.heldWord(pos)&(1<<(pos&63)) == 0 {
+			break // renewed since by another placement, or its way was taken
+		}
+	}
+	return i
 }
 
 // Prune expires the placements a table confirmed current at confirmed has had the
@@ -323,6 +382,12 @@ func (l *Local) drop(upto, budget int) {
 				hw &= hw - 1
 			}
 			i = lim
+		}
+		if p.n > 0 { // Add compares with it no more
+			rk := recentKey(l.arena[p.off&int64(len(l.arena)-1)], p.addr)
+			if q, ok := m.recent.Get(rk); ok && q == int64(l.head) {
+				m.recent.Delete(rk)
+			}
 		}
 		*p = localPlacement{}
 		l.head++

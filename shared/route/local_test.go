@@ -79,6 +79,7 @@ func TestLocalPruneIsIncremental(t *testing.T) {
 // Placements whose keys later ones renewed cost a word scan, not a map operation each.
 func TestLocalPruneSkipsRenewedPlacements(t *testing.T) {
 	l := NewLocal()
+	l.RenewAfter = 0 // every placement renews every key
 	t0 := time.Unix(1000, 0)
 	keys := localKeys(0, 125)
 	for i := range 5000 {
@@ -112,10 +113,22 @@ func TestLocalMaxKeys(t *testing.T) {
 // expired that contain it, whatever Prune has dropped so far, and a walk of a chain
 // finds each address's depth. Two models place the same keys (chains are seeded by
 // model, so real keys never meet; here they do): each model's holds stay its own.
-func TestLocalMatchesReference(t *testing.T) {
+func TestLocalMatchesReference(t *testing.T) { checkLocalAgainstReference(t, 0) }
+
+// With RenewAfter, a key placed again within it may stay held by the earlier placement
+// and expire with it: what Local shows is between the plain model with every placement
+// RenewAfter older (it shows at least that) and the plain model (at most that). Half the
+// placements start at one of a few keys, so that a prefix comes back to an address
+// within RenewAfter, whole, longer or shorter.
+func TestLocalMatchesReferenceWithinRenewAfter(t *testing.T) {
+	checkLocalAgainstReference(t, 5*time.Millisecond)
+}
+
+func checkLocalAgainstReference(t *testing.T, renewAfter time.Duration) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	l := NewLocal()
 	l.Settle = 0
+	l.RenewAfter = renewAfter
 	type placement struct {
 		model string
 		keys  []uint64
@@ -127,6 +140,22 @@ func TestLocalMatchesReference(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	now, cutoff := t0, time.Time{}
 	addrs := []string{"a", "b", "c", "d"}
+	// visible is the plain model's addresses of each key, its placements counted as
+	// older by age.
+	visible := func(model string, age time.Duration) map[uint64]map[string]bool {
+		want := map[uint64]map[string]bool{}
+		for _, p := range ref {
+			if p.model == model && !p.at.Add(-age).Before(cutoff) {
+				for _, k := range p.keys {
+					if want[k] == nil {
+						want[k] = map[string]bool{}
+					}
+					want[k][p.addr] = true
+				}
+			}
+		}
+		return want
+	}
 	for step := range 3000 {
 		now = now.Add(time.Duration(rng.IntN(3)) * time.Millisecond)
 		if rng.IntN(10) == 0 {
@@ -137,6 +166,9 @@ func TestLocalMatchesReference(t *testing.T) {
 			}
 		} else {
 			from, n := rng.IntN(2000), 1+rng.IntN(300)
+			if renewAfter > 0 && rng.IntN(2) == 0 {
+				from = []int{0, 100, 1500}[rng.IntN(3)]
+			}
 			if rng.IntN(150) == 0 {
 				n = 2000 + rng.IntN(6000) // grows the rings, often while they have wrapped
 			}
@@ -148,35 +180,29 @@ func TestLocalMatchesReference(t *testing.T) {
 			continue
 		}
 		for _, model := range models {
-			want := map[uint64]map[string]bool{}
-			for _, p := range ref {
-				if p.model == model && !p.at.Before(cutoff) {
-					for _, k := range p.keys {
-						if want[k] == nil {
-							want[k] = map[string]bool{}
-						}
-						want[k][p.addr] = true
-					}
-				}
-			}
+			most, least := visible(model, 0), visible(model, renewAfter)
 			for i := range 2300 {
 				k := localKeys(i, 1)[0]
-				var w []string
-				for a := range want[k] {
-					w = append(w, a)
+				got := localVisible(l, model, k)
+				for _, a := range got {
+					require.True(t, most[k][a], "step %d %s key %d: %s holds it, no placement left does", step, model, i, a)
 				}
-				slices.Sort(w)
-				require.Equal(t, w, localVisible(l, model, k), "step %d %s key %d", step, model, i)
+				for a := range least[k] {
+					require.Contains(t, got, a, "step %d %s key %d: %s placed it RenewAfter before the cutoff or later", step, model, i, a)
+				}
 			}
 			// A walk from a random key goes while some address holds the key; each
 			// address's depth is the last key it holds on the way.
 			from := rng.IntN(2000)
 			c := &Chain{Keys: localKeys(from, 400)}
-			wantEnd, wantDepth := 0, map[string]int{}
-			for ; wantEnd < len(c.Keys) && len(want[c.Keys[wantEnd]]) > 0; wantEnd++ {
-				for a := range want[c.Keys[wantEnd]] {
-					wantDepth[a] = wantEnd + 1
+			walk := func(want map[uint64]map[string]bool) (int, map[string]int) {
+				end, depth := 0, map[string]int{}
+				for ; end < len(c.Keys) && len(want[c.Keys[end]]) > 0; end++ {
+					for a := range want[c.Keys[end]] {
+						depth[a] = end + 1
+					}
 				}
+				return end, depth
 			}
 			gotEnd, gotDepth := 0, map[string]int{}
 			if lm := l.models[model]; lm != nil {
@@ -186,18 +212,70 @@ func TestLocalMatchesReference(t *testing.T) {
 					gotDepth[l.addrs[d.addr]] = d.depth
 				}
 			}
-			require.Equal(t, wantEnd, gotEnd, "step %d %s walk from %d", step, model, from)
-			require.Equal(t, wantDepth, gotDepth, "step %d %s walk from %d", step, model, from)
+			mostEnd, _ := walk(most)
+			leastEnd, _ := walk(least)
+			require.True(t, leastEnd <= gotEnd && gotEnd <= mostEnd, "step %d %s walk from %d: end %d, want %d-%d", step, model, from, gotEnd, leastEnd, mostEnd)
+			if renewAfter == 0 {
+				_, wantDepth := walk(most)
+				require.Equal(t, wantDepth, gotDepth, "step %d %s walk from %d", step, model, from)
+			}
 		}
 	}
 	// Once everything has expired every key is dropped: a hold released by mistake (a
-	// stale way clearing the held bit of a reused ring slot) would leave its key behind.
+	// stale way clearing the held bit of a reused ring slot) would leave its key behind;
+	// and the placements Add compares with are forgotten with them.
 	for range 1000 {
 		l.Prune(now.Add(time.Hour), now.Add(time.Hour))
 	}
 	assert.Zero(t, l.Len())
-	assert.Zero(t, l.models["llama"].entries.Len())
-	assert.Zero(t, l.models["qwen"].entries.Len())
+	for _, model := range models {
+		assert.Zero(t, l.models[model].entries.Len(), model)
+		assert.Zero(t, l.models[model].recent.Len(), model)
+	}
+}
+
+// A placement of keys a placement to the same address made less than RenewAfter before
+// holds, from the same first key, renews none of them: the same 125 keys placed 1,000
+// times in 100 ms make one placement, and a longer chain adds only its tail. Past
+// RenewAfter they are renewed again, and a key whose way to the address another
+// address took (localWays) is placed again at once.
+func TestLocalRenewsAPrefixOncePerRenewAfter(t *testing.T) {
+	l := NewLocal()
+	t0 := time.Unix(1000, 0)
+	keys := localKeys(0, 125)
+	for i := range 1000 {
+		l.Add("llama", keys, "a", t0.Add(time.Duration(i)*l.RenewAfter/1000))
+	}
+	assert.Equal(t, 1, l.end-l.head, "one placement")
+	l.Add("llama", localKeys(0, 130), "a", t0.Add(time.Millisecond))
+	require.Equal(t, 2, l.end-l.head)
+	assert.Equal(t, 5, l.placement(l.end-1).n, "the tail only")
+	l.Add("llama", keys, "b", t0) // another address: its own placement
+	require.Equal(t, 3, l.end-l.head)
+	assert.Equal(t, []string{"a", "b"}, localVisible(l, "llama", keys[7]))
+
+	// Past RenewAfter the prefix is renewed, in a placement of its own that the next
+	// ones compare with: a table confirming the first placement leaves it held.
+	later := t0.Add(l.RenewAfter + time.Millisecond)
+	l.Add("llama", keys, "a", later)
+	require.Equal(t, 4, l.end-l.head)
+	assert.Equal(t, 125, l.placement(l.end-1).n)
+	l.Add("llama", keys, "a", later.Add(time.Millisecond))
+	assert.Equal(t, 4, l.end-l.head, "compared with the renewal")
+	l.Prune(t0.Add(l.Settle+2*time.Millisecond), later)
+	assert.Equal(t, []string{"a"}, localVisible(l, "llama", keys[7]), "the renewal holds it; b's placement expired")
+
+	// Four other addresses place key 7: the fifth takes a's way (the oldest). a's next
+	// placement of the chain, within RenewAfter, places key 7 and what follows again.
+	for _, addr := range []string{"b", "c", "d", "e"} {
+		l.Add("llama", keys[7:8], addr, later)
+	}
+	require.NotContains(t, localVisible(l, "llama", keys[7]), "a")
+	before := l.end
+	l.Add("llama", keys, "a", later.Add(2*time.Millisecond))
+	require.Equal(t, before+1, l.end)
+	assert.Equal(t, 125-7, l.placement(l.end-1).n, "from key 7 on")
+	assert.Contains(t, localVisible(l, "llama", keys[7]), "a")
 }
 
 // Past MaxKeys, Add drops the oldest placements whole. When the log was a slice compacted
