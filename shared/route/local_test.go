@@ -124,46 +124,122 @@ func TestLocalMatchesReferenceWithinRenewAfter(t *testing.T) {
 	checkLocalAgainstReference(t, 5*time.Millisecond)
 }
 
+// localRef is the plain model: for each model, key (by its localKeys number) and
+// address, when it was last placed there, and the cutoff the latest Prune set
+// (Settle 0). A key shows an address while that placement is not before the cutoff.
+type localRef struct {
+	last   map[localRefKey]time.Time
+	cutoff time.Time
+}
+
+type localRefKey struct {
+	model string
+	key   int
+	addr  string
+}
+
+func (r *localRef) add(l *Local, model string, from, n int, addr string, at time.Time) {
+	if r.last == nil {
+		r.last = map[localRefKey]time.Time{}
+	}
+	for i := from; i < from+n; i++ {
+		r.last[localRefKey{model, i, addr}] = at
+	}
+	l.Add(model, localKeys(from, n), addr, at)
+}
+
+func (r *localRef) prune(l *Local, confirmed, now time.Time) {
+	l.Prune(confirmed, now)
+	if confirmed.After(r.cutoff) {
+		r.cutoff = confirmed
+	}
+}
+
+// holds says whether addr holds key in the plain model with every placement age older.
+func (r *localRef) holds(model string, key int, addr string, age time.Duration) bool {
+	at, ok := r.last[localRefKey{model, key, addr}]
+	return ok && !at.Add(-age).Before(r.cutoff)
+}
+
+// between fails unless key shows in l every address that holds it in the plain model
+// with every placement renewAfter older, and no address that does not hold it in the
+// plain model: with renewAfter 0, exactly the plain model's.
+func (r *localRef) between(l *Local, model string, key int, addrs []string, renewAfter time.Duration) error {
+	got := localVisible(l, model, localKeys(key, 1)[0])
+	for _, a := range addrs {
+		switch held := slices.Contains(got, a); {
+		case held && !r.holds(model, key, a, 0):
+			return fmt.Errorf("%s key %d: %s holds it, no placement left does", model, key, a)
+		case !held && r.holds(model, key, a, renewAfter):
+			return fmt.Errorf("%s key %d: %s placed it RenewAfter before the cutoff or later, not held (%v)", model, key, a, got)
+		}
+	}
+	return nil
+}
+
+// FuzzLocal: placements and prunes from the input, four bytes an operation, on a few
+// dozen keys so that prefixes come back, to the same address and others, within
+// RenewAfter and past it; after each, Local is between the plain model and the plain
+// model RenewAfter older (exactly the plain model with RenewAfter 0). In the end
+// everything expires and nothing is left, the placements Add compares with included.
+func FuzzLocal(f *testing.F) {
+	// RenewAfter 5 ms: a prefix placed every 3 ms from 0 to 12 (renewed at 0, 6 and 12),
+	// then a cutoff at 6: held. A longer chain and another address, then one prune.
+	f.Add([]byte{2, 1, 0, 0, 9, 25, 0, 0, 9, 25, 0, 0, 9, 25, 0, 0, 9, 25, 0, 0, 9, 0, 6, 0, 0})
+	f.Add([]byte{1, 1, 0, 0, 9, 9, 0, 0, 20, 9, 1, 0, 20, 129, 2, 3, 5, 24, 2, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) == 0 || len(ops) > 4*64 {
+			return
+		}
+		renewAfter := []time.Duration{0, 2 * time.Millisecond, 5 * time.Millisecond}[int(ops[0])%3]
+		l := NewLocal()
+		l.Settle, l.RenewAfter = 0, renewAfter
+		var ref localRef
+		now := time.Unix(1000, 0)
+		models, addrs := []string{"llama", "qwen"}, []string{"a", "b", "c", "d"}
+		for i := 1; i+4 <= len(ops); i += 4 {
+			op := ops[i : i+4]
+			now = now.Add(time.Duration(op[0]>>3&3) * time.Millisecond)
+			if op[0]&7 == 0 {
+				ref.prune(l, now.Add(-time.Duration(op[1]%64)*time.Millisecond), now)
+			} else {
+				ref.add(l, models[op[0]>>7], int(op[2]%32), 1+int(op[3]%24), addrs[op[1]%4], now)
+			}
+			for _, model := range models {
+				for key := range 32 + 24 {
+					if err := ref.between(l, model, key, addrs, renewAfter); err != nil {
+						t.Fatalf("after operation %d: %v", i/4, err)
+					}
+				}
+			}
+		}
+		for range 100 {
+			l.Prune(now.Add(time.Hour), now.Add(time.Hour))
+		}
+		if l.Len() != 0 {
+			t.Fatalf("%d keys left", l.Len())
+		}
+		for name, m := range l.models {
+			if m.entries.Len() != 0 || m.recent.Len() != 0 {
+				t.Fatalf("%s: %d entries, %d placements to compare with left", name, m.entries.Len(), m.recent.Len())
+			}
+		}
+	})
+}
+
 func checkLocalAgainstReference(t *testing.T, renewAfter time.Duration) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	l := NewLocal()
 	l.Settle = 0
 	l.RenewAfter = renewAfter
-	type placement struct {
-		model string
-		keys  []uint64
-		addr  string
-		at    time.Time
-	}
 	models := []string{"llama", "qwen"}
-	var ref []placement
-	t0 := time.Unix(1000, 0)
-	now, cutoff := t0, time.Time{}
+	var ref localRef
+	now := time.Unix(1000, 0)
 	addrs := []string{"a", "b", "c", "d"}
-	// visible is the plain model's addresses of each key, its placements counted as
-	// older by age.
-	visible := func(model string, age time.Duration) map[uint64]map[string]bool {
-		want := map[uint64]map[string]bool{}
-		for _, p := range ref {
-			if p.model == model && !p.at.Add(-age).Before(cutoff) {
-				for _, k := range p.keys {
-					if want[k] == nil {
-						want[k] = map[string]bool{}
-					}
-					want[k][p.addr] = true
-				}
-			}
-		}
-		return want
-	}
 	for step := range 3000 {
 		now = now.Add(time.Duration(rng.IntN(3)) * time.Millisecond)
 		if rng.IntN(10) == 0 {
-			c := now.Add(-time.Duration(rng.IntN(200)) * time.Millisecond)
-			l.Prune(c, now)
-			if c.After(cutoff) {
-				cutoff = c
-			}
+			ref.prune(l, now.Add(-time.Duration(rng.IntN(200))*time.Millisecond), now)
 		} else {
 			from, n := rng.IntN(2000), 1+rng.IntN(300)
 			if renewAfter > 0 && rng.IntN(2) == 0 {
@@ -172,34 +248,32 @@ func checkLocalAgainstReference(t *testing.T, renewAfter time.Duration) {
 			if rng.IntN(150) == 0 {
 				n = 2000 + rng.IntN(6000) // grows the rings, often while they have wrapped
 			}
-			p := placement{models[rng.IntN(2)], localKeys(from, n), addrs[rng.IntN(len(addrs))], now}
-			ref = append(ref, p)
-			l.Add(p.model, p.keys, p.addr, p.at)
+			ref.add(l, models[rng.IntN(2)], from, n, addrs[rng.IntN(len(addrs))], now)
 		}
 		if step%50 != 0 {
 			continue
 		}
 		for _, model := range models {
-			most, least := visible(model, 0), visible(model, renewAfter)
-			for i := range 2300 {
-				k := localKeys(i, 1)[0]
-				got := localVisible(l, model, k)
-				for _, a := range got {
-					require.True(t, most[k][a], "step %d %s key %d: %s holds it, no placement left does", step, model, i, a)
-				}
-				for a := range least[k] {
-					require.Contains(t, got, a, "step %d %s key %d: %s placed it RenewAfter before the cutoff or later", step, model, i, a)
+			for key := range 2300 {
+				if err := ref.between(l, model, key, addrs, renewAfter); err != nil {
+					t.Fatalf("step %d: %v", step, err)
 				}
 			}
 			// A walk from a random key goes while some address holds the key; each
 			// address's depth is the last key it holds on the way.
 			from := rng.IntN(2000)
 			c := &Chain{Keys: localKeys(from, 400)}
-			walk := func(want map[uint64]map[string]bool) (int, map[string]int) {
+			walk := func(age time.Duration) (int, map[string]int) {
 				end, depth := 0, map[string]int{}
-				for ; end < len(c.Keys) && len(want[c.Keys[end]]) > 0; end++ {
-					for a := range want[c.Keys[end]] {
-						depth[a] = end + 1
+				for ; end < len(c.Keys); end++ {
+					held := false
+					for _, a := range addrs {
+						if ref.holds(model, from+end, a, age) {
+							depth[a], held = end+1, true
+						}
+					}
+					if !held {
+						break
 					}
 				}
 				return end, depth
@@ -212,11 +286,10 @@ func checkLocalAgainstReference(t *testing.T, renewAfter time.Duration) {
 					gotDepth[l.addrs[d.addr]] = d.depth
 				}
 			}
-			mostEnd, _ := walk(most)
-			leastEnd, _ := walk(least)
+			mostEnd, wantDepth := walk(0)
+			leastEnd, _ := walk(renewAfter)
 			require.True(t, leastEnd <= gotEnd && gotEnd <= mostEnd, "step %d %s walk from %d: end %d, want %d-%d", step, model, from, gotEnd, leastEnd, mostEnd)
 			if renewAfter == 0 {
-				_, wantDepth := walk(most)
 				require.Equal(t, wantDepth, gotDepth, "step %d %s walk from %d", step, model, from)
 			}
 		}
@@ -232,50 +305,6 @@ func checkLocalAgainstReference(t *testing.T, renewAfter time.Duration) {
 		assert.Zero(t, l.models[model].entries.Len(), model)
 		assert.Zero(t, l.models[model].recent.Len(), model)
 	}
-}
-
-// A placement of keys a placement to the same address made less than RenewAfter before
-// holds, from the same first key, renews none of them: the same 125 keys placed 1,000
-// times in 100 ms make one placement, and a longer chain adds only its tail. Past
-// RenewAfter they are renewed again, and a key whose way to the address another
-// address took (localWays) is placed again at once.
-func TestLocalRenewsAPrefixOncePerRenewAfter(t *testing.T) {
-	l := NewLocal()
-	t0 := time.Unix(1000, 0)
-	keys := localKeys(0, 125)
-	for i := range 1000 {
-		l.Add("llama", keys, "a", t0.Add(time.Duration(i)*l.RenewAfter/1000))
-	}
-	assert.Equal(t, 1, l.end-l.head, "one placement")
-	l.Add("llama", localKeys(0, 130), "a", t0.Add(time.Millisecond))
-	require.Equal(t, 2, l.end-l.head)
-	assert.Equal(t, 5, l.placement(l.end-1).n, "the tail only")
-	l.Add("llama", keys, "b", t0) // another address: its own placement
-	require.Equal(t, 3, l.end-l.head)
-	assert.Equal(t, []string{"a", "b"}, localVisible(l, "llama", keys[7]))
-
-	// Past RenewAfter the prefix is renewed, in a placement of its own that the next
-	// ones compare with: a table confirming the first placement leaves it held.
-	later := t0.Add(l.RenewAfter + time.Millisecond)
-	l.Add("llama", keys, "a", later)
-	require.Equal(t, 4, l.end-l.head)
-	assert.Equal(t, 125, l.placement(l.end-1).n)
-	l.Add("llama", keys, "a", later.Add(time.Millisecond))
-	assert.Equal(t, 4, l.end-l.head, "compared with the renewal")
-	l.Prune(t0.Add(l.Settle+2*time.Millisecond), later)
-	assert.Equal(t, []string{"a"}, localVisible(l, "llama", keys[7]), "the renewal holds it; b's placement expired")
-
-	// Four other addresses place key 7: the fifth takes a's way (the oldest). a's next
-	// placement of the chain, within RenewAfter, places key 7 and what follows again.
-	for _, addr := range []string{"b", "c", "d", "e"} {
-		l.Add("llama", keys[7:8], addr, later)
-	}
-	require.NotContains(t, localVisible(l, "llama", keys[7]), "a")
-	before := l.end
-	l.Add("llama", keys, "a", later.Add(2*time.Millisecond))
-	require.Equal(t, before+1, l.end)
-	assert.Equal(t, 125-7, l.placement(l.end-1).n, "from key 7 on")
-	assert.Contains(t, localVisible(l, "llama", keys[7]), "a")
 }
 
 // Past MaxKeys, Add drops the oldest placements whole. When the log was a slice compacted
