@@ -50,6 +50,8 @@ type plugin struct {
 	metrics metrics
 	nextReq uint64
 	name    string // proxyName, once known
+	// workload is this proxy's namespace: the tenant with tenants.source "workload".
+	workload string
 	// The control planes polled (shards.go): every shard, the one serving each model,
 	// the one serving every model (a configuration without shards), whether this VM
 	// holds the lease (leader.go), and the shard of the request being routed.
@@ -99,6 +101,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	t0 := time.Now()
 	warmUp(cfg)
 	p.proxyName() // the name reports carry, read once now rather than in the first request's
+	p.readWorkload()
 	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.describeShards(), tick,
 		time.Since(t0).Milliseconds())
 	return types.OnPluginStartStatusOK
@@ -142,6 +145,24 @@ func randomID() uint64 {
 		return uint64(time.Now().UnixNano())
 	}
 	return binary.LittleEndian.Uint64(b[:])
+}
+
+// readWorkload reads this proxy's namespace from Istio's node metadata (NAMESPACE), the
+// tenant of every request with tenants.source "workload". Without it (not an Istio
+// sidecar) every request has no tenant and gets tenants.default_policy.
+func (p *plugin) readWorkload() {
+	if p.cfg.Tenants.Source != api.SourceWorkload {
+		return
+	}
+	ns, err := proxywasm.GetProperty([]string{"node", "metadata", "NAMESPACE"})
+	if err != nil || len(ns) == 0 {
+		if len(p.cfg.Tenants.Policies) > 0 {
+			proxywasm.LogWarnf("kvroute: tenants.source is %q but the proxy's node metadata has no NAMESPACE: "+
+				"every request gets tenants.default_policy %q", api.SourceWorkload, p.cfg.Tenants.DefaultPolicy)
+		}
+		return
+	}
+	p.workload = string(ns)
 }
 
 // proxyName identifies this proxy in reports (Envoy's node id when the host has one).

@@ -1,6 +1,10 @@
 package main
 
-import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+import (
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+
+	"github.com/kvroute/kvroute/shared/route"
+)
 
 // metrics are proxy-wasm stats: Envoy shares one stat per name across the worker VMs and
 // exports them with its own (e.g. Prometheus) stats.
@@ -15,8 +19,14 @@ type metrics struct {
 	parseErrors    proxywasm.MetricCounter // bodies that could not be parsed
 	oversized      proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
 	saltInjected   proxywasm.MetricCounter // cache_salt set for isolated tenants
-	outcomes       proxywasm.MetricCounter // responses whose usage was read
-	ledgerExpired  proxywasm.MetricCounter // local queue entries dropped by timeout
+	// Isolated tenants' requests refused because their body could not be salted
+	// (route.Refusal), by reason.
+	refusedOversized  proxywasm.MetricCounter // body above max_body_bytes (413)
+	refusedUnparsable proxywasm.MetricCounter // body kvroute cannot parse (400)
+	refusedUnread     proxywasm.MetricCounter // host would not hand over or take back the body (503)
+	refusedPath       proxywasm.MetricCounter // body on a path kvroute does not salt (403)
+	outcomes          proxywasm.MetricCounter // responses whose usage was read
+	ledgerExpired     proxywasm.MetricCounter // local queue entries dropped by timeout
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -33,27 +43,44 @@ func defineMetrics() metrics {
 	c := proxywasm.DefineCounterMetric
 	g := proxywasm.DefineGaugeMetric
 	return metrics{
-		decisions:      c("kvroute_decisions_total"),
-		predictedHits:  c("kvroute_predicted_hits_total"),
-		spills:         c("kvroute_spills_total"),
-		staleDecisions: c("kvroute_stale_decisions_total"),
-		fallbacks:      c("kvroute_fallbacks_total"),
-		unrouted:       c("kvroute_unrouted_total"),
-		unservedModel:  c("kvroute_unserved_model_total"),
-		parseErrors:    c("kvroute_parse_errors_total"),
-		oversized:      c("kvroute_oversized_bodies_total"),
-		saltInjected:   c("kvroute_cache_salt_injected_total"),
-		outcomes:       c("kvroute_outcomes_total"),
-		ledgerExpired:  c("kvroute_ledger_expired_total"),
-		polls:          c("kvroute_table_polls_total"),
-		pollErrors:     c("kvroute_table_poll_errors_total"),
-		tableLoads:     c("kvroute_table_loads_total"),
-		tableErrors:    c("kvroute_table_load_errors_total"),
-		reportsSent:    c("kvroute_reports_sent_total"),
-		reportsDropped: c("kvroute_reports_dropped_total"),
-		tableVersion:   g("kvroute_table_version"),
-		tableAgeMs:     g("kvroute_table_age_ms"),
+		decisions:         c("kvroute_decisions_total"),
+		predictedHits:     c("kvroute_predicted_hits_total"),
+		spills:            c("kvroute_spills_total"),
+		staleDecisions:    c("kvroute_stale_decisions_total"),
+		fallbacks:         c("kvroute_fallbacks_total"),
+		unrouted:          c("kvroute_unrouted_total"),
+		unservedModel:     c("kvroute_unserved_model_total"),
+		parseErrors:       c("kvroute_parse_errors_total"),
+		oversized:         c("kvroute_oversized_bodies_total"),
+		saltInjected:      c("kvroute_cache_salt_injected_total"),
+		refusedOversized:  c("kvroute_unsalted_refused_oversized_total"),
+		refusedUnparsable: c("kvroute_unsalted_refused_unparsable_total"),
+		refusedUnread:     c("kvroute_unsalted_refused_unread_total"),
+		refusedPath:       c("kvroute_unsalted_refused_path_total"),
+		outcomes:          c("kvroute_outcomes_total"),
+		ledgerExpired:     c("kvroute_ledger_expired_total"),
+		polls:             c("kvroute_table_polls_total"),
+		pollErrors:        c("kvroute_table_poll_errors_total"),
+		tableLoads:        c("kvroute_table_loads_total"),
+		tableErrors:       c("kvroute_table_load_errors_total"),
+		reportsSent:       c("kvroute_reports_sent_total"),
+		reportsDropped:    c("kvroute_reports_dropped_total"),
+		tableVersion:      g("kvroute_table_version"),
+		tableAgeMs:        g("kvroute_table_age_ms"),
 	}
+}
+
+// refused is the counter of one refusal reason.
+func (m *metrics) refused(why route.Refusal) proxywasm.MetricCounter {
+	switch why {
+	case route.RefusedOversized:
+		return m.refusedOversized
+	case route.RefusedUnparsable:
+		return m.refusedUnparsable
+	case route.RefusedPath:
+		return m.refusedPath
+	}
+	return m.refusedUnread
 }
 
 // set gives a gauge an absolute value (the ABI only adds).

@@ -23,7 +23,7 @@ import (
 // equality so that the filter's random tie-break seed cannot make the two differ.
 const parityConfig = `{
 	"control_plane": {"cluster": "outbound|8080||cp.kvroute.svc.cluster.local", "authority": "cp.kvroute.svc.cluster.local", "poll_ms": 100, "report_ms": 100},
-	"tenants": {"header": "x-tenant", "secret": "s3cret", "policies": {"acme": "isolated"}, "inject_cache_salt": true},
+	"tenants": {"source": "header", "header": "x-tenant", "secret": "s3cret", "policies": {"acme": "isolated"}, "inject_cache_salt": true},
 	"adapters": {"llama-sql-lora": "llama"},
 	"model_header": "x-model",
 	"guards": {"tie_epsilon": 0.000001},

@@ -14,9 +14,10 @@ import (
 
 // httpContext follows one request. The request path: strip any client-sent endpoint
 // header, hold the headers (ActionPause) until the body has arrived, parse it, route it,
-// set the endpoint header and let Envoy continue. Nothing here rejects a request: when
-// routing is impossible the header is set by least-queued order or left unset, and
-// Envoy's fallback load balancer decides.
+// set the endpoint header and let Envoy continue. Nothing here rejects a request because
+// routing failed: the header is then set by least-queued order or left unset, and Envoy's
+// fallback load balancer decides. The one refusal is an isolated tenant's request that
+// cannot carry its cache_salt (route.Refusal).
 type httpContext struct {
 	types.DefaultHttpContext
 	p     *plugin
@@ -69,20 +70,24 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	post := method == "POST"
 	path, _ := v.requestHeader(":path")
 	a, ok := prompt.APIForPath(path)
+	h.tenant = h.p.tenant(v)
 	if !ok || !post {
+		// A body kvroute does not read is forwarded as it is, which an isolated tenant's
+		// may not be unless the operator says the engine caches nothing for that path.
+		if !endOfStream && cfg.MustSalt(h.tenant) && !cfg.MayPassUnsalted(path) {
+			return h.refuse(route.RefusedPath)
+		}
 		return types.ActionContinue
 	}
 	h.api, h.routable = a, true
-	if cfg.Tenants.Header != "" {
-		t, _ := v.requestHeader(cfg.Tenants.Header)
-		h.tenant = h.p.names.keep(t)
-	}
 	if cfg.ModelHeader != "" {
 		m, _ := v.requestHeader(cfg.ModelHeader)
 		h.modelHeader = h.p.names.keep(m)
 	}
 	if endOfStream {
-		h.decide(nil)
+		if h.decide(nil, nil) {
+			return types.ActionPause
+		}
 		return types.ActionContinue
 	}
 	h.contentLength = -1
@@ -94,6 +99,10 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	if h.contentLength > int64(cfg.MaxBodyBytes) {
 		// Known to be oversized: never held, so Envoy never buffers it, and with no
 		// routing header Envoy's fallback load balancer picks the replica.
+		if cfg.MustSalt(h.tenant) {
+			h.p.metrics.oversized.Increment(1)
+			return h.refuse(route.RefusedOversized)
+		}
 		h.decided = true
 		h.p.metrics.oversized.Increment(1)
 		proxywasm.LogDebugf("kvroute: content-length %d above max_body_bytes %d, not held", h.contentLength, cfg.MaxBodyBytes)
@@ -143,7 +152,9 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	h.seen = bodySize
 	if bodySize > limit || (!endOfStream && bodySize+h.nextChunk(bodySize) > limit) {
 		// Route on what is known without the prompt, and let the body stream on.
-		h.route(&route.Request{Oversized: true, Size: bodySize})
+		if h.route(&route.Request{Oversized: true, Size: bodySize}) {
+			return types.ActionPause
+		}
 		return types.ActionContinue
 	}
 	if !endOfStream {
@@ -151,10 +162,9 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	// The body lives in p.mem.body until the next request's: routing copies what it keeps.
 	body, err := h.p.mem.body.requestBody(bodySize)
-	if err != nil {
-		body = nil
+	if h.decide(body, err) {
+		return types.ActionPause
 	}
-	h.decide(body)
 	return types.ActionContinue
 }
 
@@ -178,22 +188,56 @@ func (h *httpContext) nextChunk(bodySize int) int {
 func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
 	if h.routable && !h.decided {
 		body, err := h.p.mem.body.requestBody(h.p.cfg.MaxBodyBytes + 1)
-		if err != nil {
-			body = nil
+		if h.decide(body, err) {
+			return types.ActionPause
 		}
-		h.decide(body)
 	}
 	return types.ActionContinue
 }
 
-func (h *httpContext) decide(body []byte) {
-	h.route(&route.Request{Body: body})
+// decide routes a request on its whole body (nil: none, or readErr when the host would
+// not hand it over); true when the request was refused (a local reply is on its way).
+func (h *httpContext) decide(body []byte, readErr error) bool {
+	if readErr != nil {
+		return h.route(&route.Request{Unread: true, Size: len(body)})
+	}
+	return h.route(&route.Request{Body: body})
+}
+
+// tenant is who the request belongs to, from where tenants.source says (api.Tenants):
+// the proxy's workload, the downstream's mTLS identity, or a header the mesh trusts.
+func (p *plugin) tenant(v *hostBuf) string {
+	switch p.cfg.Tenants.Source {
+	case api.SourceHeader:
+		t, _ := v.requestHeader(p.cfg.Tenants.Header)
+		return p.names.keep(t)
+	case api.SourcePeer:
+		id, err := proxywasm.GetProperty([]string{"connection", "uri_san_peer_certificate"})
+		if err != nil {
+			return ""
+		}
+		return p.names.keep(string(id))
+	}
+	return p.workload
+}
+
+// refuse answers the request locally instead of forwarding it (route.Refusal), and
+// counts it; the caller returns ActionPause.
+func (h *httpContext) refuse(why route.Refusal) types.Action {
+	h.decided = true
+	h.p.metrics.refused(why).Increment(1)
+	if err := proxywasm.SendHttpResponse(uint32(why.Status()), [][2]string{{"content-type", "text/plain"}},
+		[]byte(why.Message()), -1); err != nil {
+		proxywasm.LogCriticalf("kvroute: cannot refuse an unsalted request of an isolated tenant (%s): %v", why, err)
+	}
+	return types.ActionPause
 }
 
 // route runs the routing sequence (route.Router.Route, the same function the fleet
 // simulator runs) and carries out its result: the endpoint header, the body with the
-// tenant's cache_salt, the counters and the placement report.
-func (h *httpContext) route(req *route.Request) {
+// tenant's cache_salt, the counters and the placement report; or, for an isolated
+// tenant's body that cannot be salted, a local reply (then it returns true).
+func (h *httpContext) route(req *route.Request) (refused bool) {
 	h.decided = true
 	p := h.p
 	now := p.now()
@@ -211,13 +255,21 @@ func (h *httpContext) route(req *route.Request) {
 		m.parseErrors.Increment(1)
 		proxywasm.LogDebugf("kvroute: request body not parsed (%d bytes): %v", len(req.Body), res.ParseError)
 	}
-	if res.Body != nil {
+	if res.Refused == route.NotRefused && res.Body != nil {
 		if err := proxywasm.ReplaceHttpRequestBody(res.Body); err != nil {
 			proxywasm.LogWarnf("kvroute: cannot set cache_salt: %v", err)
+			res.Refused = route.RefusedUnread
 		} else {
 			_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(res.Body)))
 			m.saltInjected.Increment(1)
 		}
+	}
+	if res.Refused != route.NotRefused {
+		if d.Addrs != nil {
+			p.router.Ledger.Done(h.reqID)
+		}
+		h.refuse(res.Refused)
+		return true
 	}
 	if res.Action == route.Unrouted {
 		// No table yet, or a model the control plane does not know, or a model no shard
@@ -257,6 +309,7 @@ func (h *httpContext) route(req *route.Request) {
 	h.report.Keys = h.keys
 	p.enqueue(h.shard, &h.report)
 	h.shared = p.placed.share(p, &h.report, res.LocalKeys, d.Uncached)
+	return false
 }
 
 // header joins addrs as the endpoint header's value, d.Header() without allocating when

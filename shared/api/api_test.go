@@ -44,6 +44,22 @@ func TestParseConfigErrors(t *testing.T) {
 			`{"control_plane":{"cluster":"c","authority":"a"},"endpoint_header":"bad header","tenants":{"default_policy":"private"}}`,
 			[]string{"endpoint_header", "tenant policy \"private\""},
 		},
+		"a tenant header without the header source": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"tenants":{"header":"x-tenant"}}`,
+			[]string{`tenants.header "x-tenant" is read only with tenants.source "header"`},
+		},
+		"the header source without a header": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"tenants":{"source":"header"}}`,
+			[]string{`tenants.source "header" needs tenants.header`},
+		},
+		"an unknown tenant source": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"tenants":{"source":"cookie"}}`,
+			[]string{`tenants.source "cookie"`},
+		},
+		"an unsalted path that is not a path": {
+			`{"control_plane":{"cluster":"c","authority":"a"},"tenants":{"unsalted_paths":["v1/embeddings"]}}`,
+			[]string{"tenants.unsalted_paths"},
+		},
 		"guards out of range": {
 			`{"control_plane":{"cluster":"c","authority":"a"},"guards":{"max_kv_usage":1.5}}`,
 			[]string{"max_kv_usage"},
@@ -63,7 +79,7 @@ func TestParseConfigErrors(t *testing.T) {
 
 func TestTenantSaltFollowsPolicy(t *testing.T) {
 	c, err := ParseConfig([]byte(`{"control_plane":{"cluster":"c","authority":"a"},
-		"tenants":{"header":"X-Tenant","secret":"s3cret","policies":{"acme":"isolated","globex":"shared"}}}`))
+		"tenants":{"source":"header","header":"X-Tenant","secret":"s3cret","policies":{"acme":"isolated","globex":"shared"}}}`))
 	require.NoError(t, err)
 	assert.Equal(t, "x-tenant", c.Tenants.Header, "header names are lower-cased as Envoy stores them")
 	s, isolated := c.TenantSalt("acme")

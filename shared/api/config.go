@@ -132,11 +132,29 @@ func (cp *ControlPlane) validate(path string, bad func(string, ...any)) {
 	}
 }
 
+// Tenant sources: where a request's tenant comes from (Tenants.Source).
+const (
+	// SourceWorkload: the proxy's own workload, its Kubernetes namespace as Istio puts it
+	// in Envoy's node metadata (NAMESPACE). The filter runs in the client's sidecar, so
+	// the tenant is the client's namespace, which the client cannot change. The default.
+	SourceWorkload = "workload"
+	// SourcePeer: the downstream's mTLS identity (the first URI SAN of its certificate,
+	// e.g. spiffe://cluster.local/ns/team-a/sa/app), for a filter in a gateway or a
+	// waypoint that mesh clients reach over mTLS. A plaintext downstream has none.
+	SourcePeer = "peer"
+	// SourceHeader: a request header (Tenants.Header), trusted as it arrives. Only
+	// where something the mesh trusts sets it after authenticating the caller (e.g. an
+	// ingress gateway's RequestAuthentication outputClaimToHeaders) and outside traffic
+	// cannot: the header stripped from client requests first (docs/threat-model.md).
+	SourceHeader = "header"
+)
+
 // Tenants says who a request belongs to and whether it may share cache.
 type Tenants struct {
-	// Header carries the tenant. It must be set by something the mesh trusts (an
-	// authenticating gateway, or a header the sidecar sets from the peer identity), and
-	// never taken from an unauthenticated client.
+	// Source is where the tenant comes from: SourceWorkload (the default), SourcePeer or
+	// SourceHeader. Never a header a client can set unless chosen explicitly.
+	Source string `json:"source,omitempty"`
+	// Header carries the tenant with Source "header", and only then.
 	Header string `json:"header,omitempty"`
 	// DefaultPolicy applies to tenants not in Policies and to requests without a tenant.
 	DefaultPolicy string `json:"default_policy,omitempty"`
@@ -145,8 +163,36 @@ type Tenants struct {
 	// Secret derives isolated tenants' salts (HMAC-SHA256); required when any tenant
 	// can be isolated.
 	Secret string `json:"secret,omitempty"`
-	// InjectCacheSalt sets vLLM's cache_salt on isolated tenants' requests.
+	// InjectCacheSalt sets vLLM's cache_salt on isolated tenants' requests. A request of
+	// an isolated tenant that the filter cannot salt is then refused, never forwarded
+	// unsalted (docs/threat-model.md, "Tenant isolation").
 	InjectCacheSalt bool `json:"inject_cache_salt,omitempty"`
+	// UnsaltedPaths lists request paths (exact, without the query) whose bodies kvroute
+	// does not parse but which an isolated tenant may still send unsalted, because the
+	// engine keeps no prefix cache for them (e.g. "/v1/embeddings" on a pooling model).
+	// Any other request with a body on a path kvroute does not salt is refused for an
+	// isolated tenant while InjectCacheSalt is on.
+	UnsaltedPaths []string `json:"unsalted_paths,omitempty"`
+}
+
+// MustSalt reports whether a request of tenant may reach an engine only with its
+// cache_salt set: the tenant is isolated and InjectCacheSalt is on.
+func (c *Config) MustSalt(tenant string) bool {
+	_, isolated := c.TenantSalt(tenant)
+	return isolated && c.Tenants.InjectCacheSalt
+}
+
+// MayPassUnsalted reports whether path is one of Tenants.UnsaltedPaths.
+func (c *Config) MayPassUnsalted(path string) bool {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	for _, p := range c.Tenants.UnsaltedPaths {
+		if p == path {
+			return true
+		}
+	}
+	return false
 }
 
 // Guards are the rule's guards (see package rule).
@@ -191,6 +237,9 @@ func (c *Config) fillDefaults() {
 	c.EndpointHeader = strings.ToLower(c.EndpointHeader)
 	c.ModelHeader = strings.ToLower(c.ModelHeader)
 	c.Tenants.Header = strings.ToLower(c.Tenants.Header)
+	if c.Tenants.Source == "" {
+		c.Tenants.Source = SourceWorkload
+	}
 	if c.Tenants.DefaultPolicy == "" {
 		c.Tenants.DefaultPolicy = PolicyShared
 	}
@@ -232,9 +281,7 @@ func (c *Config) Validate() error {
 	if c.ModelHeader != "" && !validHeaderName(c.ModelHeader) {
 		bad("model_header %q is not a valid header name", c.ModelHeader)
 	}
-	if c.Tenants.Header != "" && !validHeaderName(c.Tenants.Header) {
-		bad("tenants.header %q is not a valid header name", c.Tenants.Header)
-	}
+	c.Tenants.validateSource(bad)
 	isolated := c.Tenants.DefaultPolicy == PolicyIsolated
 	for _, p := range append([]string{c.Tenants.DefaultPolicy}, mapValues(c.Tenants.Policies)...) {
 		switch p {
@@ -248,8 +295,10 @@ func (c *Config) Validate() error {
 	if isolated && c.Tenants.Secret == "" {
 		bad("tenants.secret is required when a tenant is isolated")
 	}
-	if len(c.Tenants.Policies) > 0 && c.Tenants.Header == "" {
-		bad("tenants.policies needs tenants.header")
+	for _, p := range c.Tenants.UnsaltedPaths {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#") {
+			bad("tenants.unsalted_paths: %q is not a path (exact, starting with /, no query)", p)
+		}
 	}
 	if c.BlockBytes < 1 || c.BlockBytes > 1<<16 || c.BlockTokens < 1 || c.BlockTokens > 1<<12 {
 		bad("block_bytes (1..65536) and block_tokens (1..4096) out of range: %d, %d", c.BlockBytes, c.BlockTokens)
@@ -279,6 +328,27 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateSource checks that the tenant comes from where the configuration says, and
+// that a header is read only when the header source was chosen explicitly.
+func (t *Tenants) validateSource(bad func(string, ...any)) {
+	switch t.Source {
+	case SourceWorkload, SourcePeer:
+		if t.Header != "" {
+			bad("tenants.header %q is read only with tenants.source %q (it trusts whoever sets the header: "+
+				"set it only where the mesh strips it from client traffic; docs/threat-model.md), not with source %q",
+				t.Header, SourceHeader, t.Source)
+		}
+	case SourceHeader:
+		if t.Header == "" {
+			bad("tenants.source %q needs tenants.header", SourceHeader)
+		} else if !validHeaderName(t.Header) {
+			bad("tenants.header %q is not a valid header name", t.Header)
+		}
+	default:
+		bad("tenants.source %q: want %q, %q or %q", t.Source, SourceWorkload, SourcePeer, SourceHeader)
+	}
 }
 
 // RuleParams converts the guards for package rule.

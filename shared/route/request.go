@@ -23,10 +23,12 @@ type Request struct {
 	// larger than max_body_bytes; Size is how many bytes of it had arrived.
 	Oversized bool
 	Size      int
+	// Unread: the body arrived but the host would not hand it over.
+	Unread bool
 	// ModelHeader is the configured model header's value ("" for none or unset); it
 	// wins over the body's "model".
 	ModelHeader string
-	// Tenant is the configured tenant header's value.
+	// Tenant is who the request belongs to (api.Tenants.Source says where it came from).
 	Tenant string
 }
 
@@ -44,10 +46,80 @@ const (
 	NoPrompt
 )
 
+// Refusal says why a request must not be forwarded: its tenant is isolated with
+// inject_cache_salt and its body cannot carry the tenant's cache_salt, so the engine
+// would cache its prompt where other tenants can hit it.
+type Refusal uint8
+
+const (
+	NotRefused Refusal = iota
+	// RefusedOversized: the body is larger than max_body_bytes, so it is never read
+	// whole and cannot be salted (HTTP 413).
+	RefusedOversized
+	// RefusedUnparsable: the body is not a request kvroute can parse (HTTP 400).
+	RefusedUnparsable
+	// RefusedUnread: the host did not hand over the body, or would not take the salted
+	// one back (HTTP 503: a retry may succeed).
+	RefusedUnread
+	// RefusedPath: a body on a path kvroute does not parse, not listed in
+	// tenants.unsalted_paths (HTTP 403).
+	RefusedPath
+)
+
+// Status is the HTTP status a refusal is answered with.
+func (r Refusal) Status() int {
+	switch r {
+	case RefusedOversized:
+		return 413
+	case RefusedUnparsable:
+		return 400
+	case RefusedUnread:
+		return 503
+	case RefusedPath:
+		return 403
+	}
+	return 0
+}
+
+// String names the refusal in the reply's body and the metric's reason.
+func (r Refusal) String() string {
+	switch r {
+	case RefusedOversized:
+		return "oversized"
+	case RefusedUnparsable:
+		return "unparsable"
+	case RefusedUnread:
+		return "unread"
+	case RefusedPath:
+		return "path"
+	}
+	return "none"
+}
+
+// Message is the local reply's body: why, and what the operator can change. It names no
+// tenant and no prompt text.
+func (r Refusal) Message() string {
+	const lead = "kvroute: this tenant's prompts are isolated (cache_salt), and "
+	switch r {
+	case RefusedOversized:
+		return lead + "this body is larger than max_body_bytes, so kvroute cannot salt it; send a smaller body or raise max_body_bytes\n"
+	case RefusedUnparsable:
+		return lead + "this body is not a JSON request kvroute can parse (syntax, or nesting above max_json_depth), so kvroute cannot salt it\n"
+	case RefusedUnread:
+		return lead + "kvroute could not read or rewrite this body to salt it; retry\n"
+	case RefusedPath:
+		return lead + "kvroute does not salt requests on this path; an operator may list it in tenants.unsalted_paths if the engine caches nothing for it\n"
+	}
+	return ""
+}
+
 // Result is what a proxy needs besides the decision: what to count, and what to change
 // in the request.
 type Result struct {
 	Action Action
+	// Refused, when set, means the request must be answered with Refused.Status() and
+	// not forwarded; nothing else in the Result applies.
+	Refused Refusal
 	// ParseError is set when the body did not parse (not for oversized bodies or bodies
 	// without a prompt). It names no prompt text.
 	ParseError error
@@ -80,11 +152,22 @@ type Result struct {
 // cannot set the header it calls r.Ledger.Done(req.ID).
 func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now time.Time) (Decision, Result) {
 	var res Result
-	if req.Oversized {
-		res.Oversized = true
+	cfg := &r.Config
+	// An isolated tenant's body is salted before anything else can fail, and one that
+	// cannot be salted is refused: forwarded unsalted, its prompt would be cached where
+	// another tenant can hit it (docs/threat-model.md).
+	mustSalt := cfg.MustSalt(req.Tenant)
+	if req.Oversized || req.Unread {
+		res.Oversized = req.Oversized
+		if mustSalt {
+			res.Refused = RefusedUnread
+			if req.Oversized {
+				res.Refused = RefusedOversized
+			}
+			return Decision{}, res
+		}
 		return r.routeWithoutPrompt(t, req, req.ModelHeader, float64(req.Size)/4, tableAge, now, res)
 	}
-	cfg := &r.Config
 	// The parser's memory of earlier bodies (shared/prompt's strmemo.go) serves an
 	// isolated tenant's requests only, and shared tenants' only each other's.
 	tenantSalt, isolated := cfg.TenantSalt(req.Tenant)
@@ -95,13 +178,26 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		model = req.ModelHeader
 	}
 	if err != nil {
-		if errors.Is(err, prompt.ErrTooLarge) {
+		switch {
+		case errors.Is(err, prompt.ErrTooLarge):
 			res.Oversized = true
-		} else if !errors.Is(err, prompt.ErrNoPrompt) {
+			res.Refused = RefusedOversized
+		case errors.Is(err, prompt.ErrNoPrompt):
+			// A request object without a prompt: salted all the same, in case the
+			// engine finds something to cache in it.
+			r.salt(tenantSalt, isolated, &pr, req.Body, &res)
+		default:
 			res.ParseError = err
+			res.Refused = RefusedUnparsable
+		}
+		if !mustSalt {
+			res.Refused = NotRefused
+		} else if res.Refused != NotRefused {
+			return Decision{}, res
 		}
 		return r.routeWithoutPrompt(t, req, model, float64(len(req.Body))/4, tableAge, now, res)
 	}
+	salt := r.salt(tenantSalt, isolated, &pr, req.Body, &res)
 	base, lora := r.resolveModel(model)
 	if t, tableAge = r.tableFor(t, tableAge, base); t == nil {
 		return Decision{}, res
@@ -110,7 +206,6 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	if m == nil || len(m.Replicas) == 0 {
 		return Decision{}, res
 	}
-	salt := r.salt(tenantSalt, isolated, &pr, req.Body, &res)
 	chain := newChain(m.Config, Identity{Model: base, LoRA: lora, Salt: salt}, &pr, r.keys, &r.memo)
 	r.keys = chain.Keys
 	d := r.Decide(m, &chain, tableAge, now)

@@ -95,7 +95,7 @@ func TestTenantsWithDifferentSaltsDoNotShare(t *testing.T) {
 // whether another sent a prompt. Shared tenants share them.
 func TestRouteMemosKeepIsolatedTenantsApart(t *testing.T) {
 	r := exactRouter()
-	r.Config.Tenants = api.Tenants{Header: "x-tenant", Secret: "k", Policies: map[string]string{"acme": api.PolicyIsolated, "globex": api.PolicyIsolated}}
+	r.Config.Tenants = api.Tenants{Source: api.SourceHeader, Header: "x-tenant", Secret: "k", Policies: map[string]string{"acme": api.PolicyIsolated, "globex": api.PolicyIsolated}}
 	tb := table.New()
 	tb.Models["llama"] = model(t, 2)
 	body := chatBody(strings.Repeat("Shared instructions. ", 500), "q")

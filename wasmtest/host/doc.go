@@ -89,10 +89,14 @@
 // request.referer, request.useragent, request.id, request.protocol, request.query,
 // request.time, request.size; response.code, response.headers (map),
 // response.headers.<name>, response.trailers; source.address, source.port,
-// destination.address, destination.port, connection.id; upstream.address, upstream.port
-// (Stream.SetUpstreamAddress); plugin_name, plugin_root_id, plugin_vm_id; node.id,
-// node.cluster, node.metadata, node.metadata.<key>; any key of Config.Properties (dotted
-// path); and, per stream, whatever proxy_set_property stored. Strings are raw bytes,
+// destination.address, destination.port, connection.id,
+// connection.uri_san_peer_certificate (StreamInfo.PeerURISAN; NotFound without one, as
+// Envoy's ConnectionWrapper in source/extensions/filters/common/expr/context.cc);
+// upstream.address, upstream.port (Stream.SetUpstreamAddress); plugin_name,
+// plugin_root_id, plugin_vm_id; node.id, node.cluster, node.metadata, node.metadata.<key>
+// (Envoy's Node proto navigated field by field, metadata a Struct: Context::findValue and
+// getProperty in source/extensions/common/wasm/context.cc at 031fa2b); any key of
+// Config.Properties (dotted path); and, per stream, whatever proxy_set_property stored. Strings are raw bytes,
 // numbers 8-byte little-endian, maps proxy-wasm pairs. Header-derived values come from the
 // latest headers of the stream, even after Envoy would have released the map.
 //

@@ -16,7 +16,7 @@ var supportedProperties = []string{
 	"request.id", "request.protocol", "request.query", "request.time", "request.size",
 	"response.code", "response.headers", "response.headers.<name>", "response.trailers",
 	"source.address", "source.port", "destination.address", "destination.port",
-	"connection.id", "upstream.address", "upstream.port",
+	"connection.id", "connection.uri_san_peer_certificate", "upstream.address", "upstream.port",
 	"plugin_name", "plugin_root_id", "plugin_vm_id",
 	"node.id", "node.cluster", "node.metadata", "node.metadata.<key>",
 	"<path set by proxy_set_property on the stream>", "<Config.Properties key>",
@@ -183,6 +183,10 @@ func (s *Stream) property(path []string) ([]byte, status) {
 		return port(s.upstream)
 	case "connection.id":
 		return int64Bytes(int64(s.info.ConnectionID)), statusOK
+	case "connection.uri_san_peer_certificate":
+		// Envoy's ConnectionWrapper (source/extensions/filters/common/expr/context.cc)
+		// answers the first URI SAN, and nothing without a peer certificate.
+		return str(s.info.PeerURISAN, s.info.PeerURISAN != "")
 	}
 	return nil, statusNotFound
 }

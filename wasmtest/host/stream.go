@@ -41,6 +41,10 @@ type StreamInfo struct {
 	DestinationAddress string // local "ip:port" the request arrived on (destination.*)
 	Protocol           string // request.protocol, default "HTTP/1.1"
 	ConnectionID       uint64 // connection.id
+	// PeerURISAN is the first URI SAN of the downstream's TLS certificate
+	// (connection.uri_san_peer_certificate; "" for a plaintext downstream, which Envoy
+	// answers NotFound).
+	PeerURISAN string
 	// BufferLimit caps what the filter may hold while it pauses (Envoy's
 	// per_connection_buffer_limit_bytes, 1 MiB by default there); 0 means no limit. Above
 	// it the request gets a local 413, a response whose headers are not sent yet a 500.

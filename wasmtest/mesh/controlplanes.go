@@ -56,7 +56,7 @@ func (s *cpShard) release() {
 // shardEngines are the engines control plane s watches: with Models, only its model's
 // (a control plane per model is given only that model's engines, docs/controlplane.md).
 func (m *Mesh) shardEngines(s *cpShard) []discovery.Engine {
-	es := m.engineList()
+	es := m.EngineList()
 	if s.model == "" {
 		return es
 	}

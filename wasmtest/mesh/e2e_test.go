@@ -175,7 +175,7 @@ func metric(m *mesh.Mesh, name string) int64 {
 // tenant's blocks, and its cache_salt reaches the engine.
 func TestAffinityAndTenantIsolation(t *testing.T) {
 	m := start(t, mesh.Options{Filter: api.Config{Tenants: api.Tenants{
-		Header: "x-tenant", Secret: "s3cret", Policies: map[string]string{"acme": api.PolicyIsolated}, InjectCacheSalt: true}}})
+		Source: api.SourceHeader, Header: "x-tenant", Secret: "s3cret", Policies: map[string]string{"acme": api.PolicyIsolated}, InjectCacheSalt: true}}})
 	salt := prefix.TenantSalt([]byte("s3cret"), "acme").CacheSalt()
 	var mu sync.Mutex
 	var salts []string

@@ -66,6 +66,9 @@ type Options struct {
 	ControlPlaneAddr string
 	// VMs is the number of proxy worker VMs (2).
 	VMs int
+	// Namespace is the proxy's Kubernetes namespace in its node metadata (NAMESPACE, as
+	// Istio's sidecars carry it): the tenant with tenants.source "workload".
+	Namespace string
 	// WasmPath is the filter module (default: built from this checkout's filter/).
 	WasmPath string
 	// Filter is the plugin configuration; Cluster and an authority are filled in (with
@@ -270,7 +273,7 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 		}
 	}
 	h, err := host.Load(ctx, wasm, host.Config{
-		VMs: o.VMs, PluginConfig: cfg, PluginName: "kvroute", Node: host.Node{ID: "kvroute-mesh"},
+		VMs: o.VMs, PluginConfig: cfg, PluginName: "kvroute", Node: m.node(),
 		Clusters: clusters,
 		Logger:   o.Logger.With("part", "filter"),
 	})
@@ -279,7 +282,7 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	}
 	m.Host = h
 	var addrs []string
-	for _, e := range m.engineList() {
+	for _, e := range m.EngineList() {
 		addrs = append(addrs, e.Addr)
 	}
 	p, err := proxy.Serve(proxyLn, proxy.Config{Host: m.Host, Endpoints: addrs})
@@ -299,9 +302,18 @@ func (m *Mesh) engineModel(i int) string {
 	return m.opts.Models[i/m.opts.Replicas]
 }
 
-// engineList is the control plane's static engine list: the engines given in Options, or
+// node is the proxy's Envoy node: its id, and Istio's NAMESPACE metadata when set.
+func (m *Mesh) node() host.Node {
+	n := host.Node{ID: "kvroute-mesh"}
+	if m.opts.Namespace != "" {
+		n.Metadata = map[string]string{"NAMESPACE": m.opts.Namespace}
+	}
+	return n
+}
+
+// EngineList is the control plane's static engine list: the engines given in Options, or
 // every simulated replica with its KV-event and replay endpoints.
-func (m *Mesh) engineList() []discovery.Engine {
+func (m *Mesh) EngineList() []discovery.Engine {
 	if len(m.opts.Engines) > 0 {
 		return m.opts.Engines
 	}
