@@ -35,8 +35,9 @@ const parityConfig = `{
 // the same table and the same requests, and requires the same endpoints, forwarded
 // bodies, placement reports and counters. The sequence covers parse errors, a body
 // without a prompt, oversized bodies, unknown models, LoRA adapters (by body and by model
-// header), isolated tenants (cache_salt injected), a client's cache_salt, token prompts,
-// and a burst whose ledger makes the owner spill.
+// header), isolated tenants (cache_salt injected), a client's cache_salt, prompts with
+// bytes that are not UTF-8 (an isolated tenant's among them), token prompts, and a burst
+// whose ledger makes the owner spill.
 //
 // Before issue 16 (the simulator's own copy of the sequence) it failed on the first
 // difference: the unparsable body was routed least-queued by the filter and left
@@ -67,6 +68,8 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 		{name: "isolated tenant again", headers: [][2]string{{"x-tenant", "acme"}}, body: chat(system, "Refund order 4.")},
 		{name: "shared tenant", headers: [][2]string{{"x-tenant", "globex"}}, body: chat(system, "Where is order 5?")},
 		{name: "client cache_salt", body: strings.Replace(chat(system, "Order 6?"), `"stream":false`, `"stream":false,"cache_salt":"c-1"`, 1)},
+		{name: "not UTF-8", body: strings.Replace(chat(system, "Order 7?"), "Order 7?", "Order 7\xff\xc0\xed\xa0\x80?", 1)},
+		{name: "not UTF-8, isolated tenant", headers: [][2]string{{"x-tenant", "acme"}}, body: strings.Replace(chat(system, "Order 8?"), "Order 8?", "Order 8\xff\xe2\x82?", 1)},
 		{name: "oversized", body: chat(strings.Repeat("Long attachment text. ", 4000), "Summarise.")},
 		{name: "token prompt", path: "/v1/completions", body: `{"model":"llama","prompt":[` + strings.Join(tokens, ",") + `]}`},
 	}

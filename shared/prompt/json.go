@@ -11,8 +11,8 @@ import (
 
 // scanner is a minimal JSON reader over a whole body: one pass, no reflection, no
 // allocation beyond the caller's buffers, with a nesting bound. It reads strings
-// decoded (escapes resolved, invalid UTF-8 replaced by U+FFFD as encoding/json does)
-// and can copy any value in compact form. Errors name an offset, never content.
+// decoded (escapes resolved; raw bytes, UTF-8 or not, kept as sent: see str) and can
+// copy any value in compact form. Errors name an offset, never content.
 type scanner struct {
 	b        []byte
 	i        int
@@ -77,10 +77,10 @@ const (
 )
 
 // strStop marks the bytes that end a run of plain string bytes: the closing quote, an
-// escape, a control character (invalid raw) and the start of a multi-byte rune.
+// escape and a control character (invalid raw). Every other byte is copied as it is.
 var strStop = func() (t [256]bool) {
 	for c := range t {
-		t[c] = c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf
+		t[c] = c == '"' || c == '\\' || c < 0x20
 	}
 	return t
 }()
@@ -91,20 +91,22 @@ const (
 )
 
 // stopMask has the top bit set of each of the eight bytes of v (little endian: the
-// first byte lowest) that ends a plain run of a string: a byte below 0x20, '"', '\\' or
-// one with the top bit set; and maybe of some bytes after such a byte, never before
-// one. (v - 0x20 each) has a byte's top bit set when the byte is below 0x20, and a
-// borrow can only mark bytes above a true one (likewise for the '"' and '\\' tests);
-// or-ing v itself adds the bytes at 0x80 and above. So the lowest set bit is the first
-// byte that ends the run.
+// first byte lowest) that ends a plain run of a string: a byte below 0x20, '"' or '\\';
+// and maybe of some bytes after such a byte, never before one. For a byte below 0x80,
+// (b - 0x20) has the top bit set when b is below 0x20, and (b ^ '"') - 1 when b is '"'
+// (likewise '\\'); &^ v leaves out the bytes at 0x80 and above, which never end a run;
+// a borrow can only mark bytes above a true one. So the lowest set bit is the first byte
+// that ends the run.
 func stopMask(v uint64) uint64 {
 	q, bs := v^(lo*'"'), v^(lo*'\\')
-	return ((v - lo*0x20) | v | (q-lo)&^q | (bs-lo)&^bs) & hi
+	return ((v - lo*0x20) | (q - lo) | (bs - lo)) &^ v & hi
 }
 
 // str reads a string value and appends its decoded bytes to dst according to mode.
 // Raw bytes 0x1B..0x1F cannot occur in a valid JSON string, so in canonical mode only
-// bytes produced by escapes (\u001b...) need escaping; plain runs are copied as they are.
+// bytes produced by escapes (\u001b...) need escaping; plain runs are copied as they are,
+// bytes that are not UTF-8 too: one output byte per input byte, and no decoding of
+// runes (docs/hashing.md, "Bytes that are not UTF-8", says why).
 // With a memo, a canonical string that begins as a remembered one does is decoded
 // from where their bytes part (strmemo.go), and is remembered in turn.
 func (s *scanner) str(dst []byte, mode int) ([]byte, error) {
@@ -202,19 +204,6 @@ func (s *scanner) decode(dst []byte, mode int, rec *strMemo, raw, base int) ([]b
 			return dst, nil
 		case c < 0x20:
 			return dst, s.fail("control character in string")
-		case c >= utf8.RuneSelf:
-			r, n := utf8.DecodeRune(s.b[s.i:])
-			if mode != discard {
-				if r == utf8.RuneError && n == 1 {
-					dst = append(dst, "\uFFFD"...)
-					if rec != nil {
-						rec.changed = true
-					}
-				} else {
-					dst = append(dst, s.b[s.i:s.i+n]...)
-				}
-			}
-			s.i += n
 		default: // backslash
 			if rec != nil {
 				rec.changed = true

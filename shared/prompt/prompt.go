@@ -12,7 +12,9 @@
 //
 // where GS, US, RS are the bytes 0x1D, 0x1F, 0x1E, tools are written as
 // GS "tools" US <compact JSON> RS, and every byte 0x1B..0x1F inside text is escaped as
-// 0x1B followed by '0'..'4', so text can never forge a separator. Message content may be
+// 0x1B followed by '0'..'4', so text can never forge a separator. Text is each string as
+// sent with its escapes decoded: bytes that are not UTF-8 are kept, one for one
+// (docs/hashing.md says why). Message content may be
 // a string or an array of parts: text parts are joined with "\n" (as vLLM renders them,
 // so a one-part array equals the plain string); other parts are FS type US <compact JSON>.
 //

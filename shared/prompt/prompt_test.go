@@ -2,12 +2,16 @@ package prompt
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,6 +48,7 @@ func TestCompletionsPromptForms(t *testing.T) {
 		{"empty token list", `{"model":"m","prompt":[[]]}`, "", []uint32{}},
 		{"escapes decoded", `{"model":"m","prompt":"a\nb\u00e9\ud83d\ude00\"\\"}`, "a\nbé😀\"\\", nil},
 		{"separator bytes escaped", "{\"model\":\"m\",\"prompt\":\"x\\u001ey\\u001bz\"}", "x\x1b3y\x1b0z", nil},
+		{"UTF-8 as sent", `{"model":"m","prompt":"é漢😀 \u00e9"}`, "é漢😀 é", nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,6 +63,35 @@ func TestCompletionsPromptForms(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Bytes that are not UTF-8 are kept as sent, one for one (docs/hashing.md, "Bytes that
+// are not UTF-8"): a prompt's text is never longer than the prompt as sent, where one
+// U+FFFD each tripled it. Escapes beside them decode as anywhere else.
+func TestBytesThatAreNotUTF8AreKeptAsSent(t *testing.T) {
+	cases := []struct{ name, raw, text string }{
+		{"a byte no UTF-8 has", "a\xffb", "a\xffb"},
+		{"a continuation byte alone", "\x80", "\x80"},
+		{"a sequence cut short", "\xe2\x82", "\xe2\x82"},
+		{"a sequence cut short by an escape", "\xe2\x82" + `\u00ac`, "\xe2\x82\u00ac"},
+		{"an overlong encoding", "\xc0\xaf", "\xc0\xaf"},
+		{"an encoded surrogate", "\xed\xa0\x80", "\xed\xa0\x80"},
+		{"beside a separator's escape", "\xff" + `\u001e` + "\xfe", "\xff\x1b3\xfe"},
+		{"after a lone surrogate's escape", `\ud800` + "\xff", "\ufffd\xff"},
+		{"between valid characters", "é\xff漢", "é\xff漢"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := parse(t, Completions, `{"model":"m","prompt":"`+c.raw+`"}`)
+			assert.Equal(t, c.text, string(r.Text))
+			r = parse(t, Chat, `{"model":"m`+"\xff"+`","messages":[{"role":"user","content":[{"type":"text","text":"`+c.raw+`"}]}]}`)
+			assert.Equal(t, "\x1duser\x1f"+c.text+"\x1e", string(r.Text))
+			assert.Equal(t, "m\xff", r.Model)
+		})
+	}
+	content := strings.Repeat("\xff", 64<<10)
+	r := parse(t, Chat, `{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`)
+	assert.Equal(t, len("\x1duser\x1f")+len(content)+1, len(r.Text), "the text of a prompt of bytes that are not UTF-8")
 }
 
 func TestChatCanonicalForm(t *testing.T) {
@@ -160,12 +194,14 @@ func TestWithCacheSalt(t *testing.T) {
 		"added with spaces": "{\"model\":\"m\",\"messages\":[] \n}",
 		"replaced":          `{"model":"m","cache_salt":"client-value","messages":[]}`,
 		"last one replaced": `{"cache_salt":"a","model":"m","cache_salt":"b","messages":[]}`,
+		"not UTF-8":         "{\"model\":\"m\",\"cache_salt\":\"\xfe\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xc0\"}]}",
 	}
 	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
 			var p Parser
 			r, err := p.Parse(Chat, []byte(body), lim)
 			require.NoError(t, err)
+			text := bytes.Clone(r.Text)
 			out := WithCacheSalt([]byte(body), &r, "abc\"123")
 			var m map[string]any
 			require.NoError(t, json.Unmarshal(out, &m), string(out))
@@ -174,6 +210,7 @@ func TestWithCacheSalt(t *testing.T) {
 			r2, err := p.Parse(Chat, out, lim)
 			require.NoError(t, err)
 			assert.Equal(t, "abc\"123", r2.CacheSalt)
+			assert.Equal(t, string(text), string(r2.Text), "the prompt as it was")
 		})
 	}
 	var p Parser
@@ -213,6 +250,35 @@ func escape(dst, run []byte) []byte {
 	return dst
 }
 
+// refString decodes a JSON string token with encoding/json, except that bytes that are
+// not UTF-8 are kept as they are (encoding/json replaces each with U+FFFD): the valid
+// stretches between them are decoded apart. No escape can span an invalid byte in JSON
+// that json.Valid accepts, and a surrogate's escape cut off by one is lone either way.
+func refString(raw json.RawMessage) ([]byte, error) {
+	in, out := raw[1:len(raw)-1], []byte{}
+	for len(in) > 0 {
+		n := 0
+		for n < len(in) {
+			r, size := utf8.DecodeRune(in[n:])
+			if r == utf8.RuneError && size == 1 {
+				break
+			}
+			n += size
+		}
+		var s string
+		if err := json.Unmarshal(append(append([]byte{'"'}, in[:n]...), '"'), &s); err != nil {
+			return nil, errSyntax
+		}
+		out = append(out, s...)
+		if n < len(in) {
+			out = append(out, in[n]) // the byte that is not UTF-8, as sent
+			n++
+		}
+		in = in[n:]
+	}
+	return out, nil
+}
+
 // reference is a second, independent implementation of the canonical serialization on
 // top of encoding/json, for differential fuzzing.
 func reference(api API, body []byte) (Request, error) {
@@ -225,11 +291,14 @@ func reference(api API, body []byte) (Request, error) {
 	if err := json.Unmarshal(body, &top); err != nil {
 		return r, errSyntax
 	}
-	_ = json.Unmarshal(top["model"], &r.Model)
+	if raw, ok := top["model"]; ok && raw[0] == '"' {
+		m, _ := refString(raw)
+		r.Model = string(m)
+	}
 	_ = json.Unmarshal(top["stream"], &r.Stream)
 	if raw, ok := top["cache_salt"]; ok && raw[0] == '"' {
-		_ = json.Unmarshal(raw, &r.CacheSalt)
-		r.HasCacheSalt = true
+		salt, _ := refString(raw)
+		r.CacheSalt, r.HasCacheSalt = string(salt), true
 	}
 	esc := func(b []byte) []byte { return escape(nil, b) }
 	compact := func(raw []byte) []byte {
@@ -242,11 +311,11 @@ func reference(api API, body []byte) (Request, error) {
 		return v, ok && string(v) != "null"
 	}
 	str := func(raw json.RawMessage) ([]byte, error) {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
+		if raw[0] != '"' {
 			return nil, errSyntax
 		}
-		return esc([]byte(s)), nil
+		s, err := refString(raw)
+		return esc(s), err
 	}
 	switch api {
 	case Completions:
@@ -359,19 +428,19 @@ func reference(api API, body []byte) (Request, error) {
 						if i > 0 {
 							content = append(content, '\n')
 						}
-						var typ string
-						_ = json.Unmarshal(part["type"], &typ)
-						var text *string
-						if tr, ok := part["text"]; ok && tr[0] == '"' {
-							text = new(string)
-							_ = json.Unmarshal(tr, text)
+						var typ, text []byte
+						if tr, ok := part["type"]; ok && tr[0] == '"' {
+							typ, _ = refString(tr)
 						}
-						if typ == "text" && text != nil {
-							content = append(content, esc([]byte(*text))...)
+						if tr, ok := part["text"]; ok && tr[0] == '"' {
+							text, _ = refString(tr)
+						}
+						if string(typ) == "text" && text != nil {
+							content = append(content, esc(text)...)
 							continue
 						}
 						content = append(content, fs)
-						content = append(content, esc([]byte(typ))...)
+						content = append(content, esc(typ)...)
 						content = append(content, us)
 						content = append(content, esc(compact(praw))...)
 					}
@@ -417,6 +486,8 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"model":"m","prompt":["a","b"]}`,
 		"{\"prompt\":\"\\ud83d\\ude00\\ud800x\\u001e\"}",
+		"{\"model\":\"m\xff\",\"prompt\":\"a\xffb\xed\xa0\x80\xe2\x82\\ud800\xfe\",\"cache_salt\":\"\xc0\"}",
+		"{\"messages\":[{\"role\":\"\xff\",\"content\":[{\"type\":\"t\xffext\",\"text\":\"\xfe\"},{\"type\":\"text\",\"text\":\"\x80\"}]}]}",
 		`{"messages":[{"role":"user","content":"a","content":"b","name":"n"}]}`,
 	}
 	for _, s := range seeds {
@@ -455,6 +526,10 @@ func FuzzParse(f *testing.F) {
 		}
 		if !bytes.Equal(got.Text, want.Text) {
 			t.Fatalf("%q: text\n%q\nvs\n%q", body, got.Text, want.Text)
+		}
+		// What a body costs to hash is bounded by its size (docs/threat-model.md).
+		if len(got.Text) > 2*len(body) {
+			t.Fatalf("%q: %d bytes of text from a body of %d", body, len(got.Text), len(body))
 		}
 		if got.HasCacheSalt || got.closeBrace >= 0 {
 			out := WithCacheSalt([]byte(body), &got, "kv")
@@ -509,6 +584,23 @@ func benchUnseen(b *testing.B, body []byte) {
 	}
 }
 
+// BenchmarkParse900KB: a chat body with one 900 KB message of plain text, or of bytes
+// that are not UTF-8 (0xff, what a hostile client sends), or of CJK characters (three
+// bytes each): reading one costs what reading the others does, as one output byte is
+// kept per input byte. BenchmarkKvrouteBodyNotUTF8 in wasmtest/host does the same
+// through the compiled filter.
+func BenchmarkParse900KB(b *testing.B) {
+	for _, c := range []struct{ name, fill string }{
+		{"plain", "You are a careful assistant for ACME support. Follow the policy. "},
+		{"not-utf8", "\xff"},
+		{"cjk", "漢字"},
+	} {
+		content := strings.Repeat(c.fill, 900<<10/len(c.fill))
+		body := []byte(`{"model":"llama","messages":[{"role":"user","content":"` + content + `"}]}`)
+		b.Run(c.name, func(b *testing.B) { benchUnseen(b, body) })
+	}
+}
+
 // BenchmarkParseChat32KBLines: the same system prompt in lines (benchSystem).
 func BenchmarkParseChat32KBLines(b *testing.B) {
 	sys := benchSystem(true)
@@ -528,11 +620,12 @@ func BenchmarkParseChat32KBEncodingJSON(b *testing.B) {
 }
 
 // TestStringRunsStopAtEveryOffset: the string scanner skips plain bytes 16 and 8 at a
-// time (stops in json.go); whatever ends a run (a quote, an escape, a control byte, a
-// multi-byte character) is found at every offset of a word and of the two-word step,
-// as the reference decoder finds it.
+// time (stops in json.go); whatever ends a run (a quote, an escape, a control byte) is
+// found at every offset of a word and of the two-word step, and whatever does not (a
+// multi-byte character, a byte that is not UTF-8) is copied, as the reference decoder
+// does.
 func TestStringRunsStopAtEveryOffset(t *testing.T) {
-	for _, special := range []string{`\"`, `\\`, `\n`, `\u0001`, "é", "\x1f", "\x7f", " ", "!", "#", "[", "]"} {
+	for _, special := range []string{`\"`, `\\`, `\n`, `\u0001`, "é", "\xff", "\xe2\x82", "\x80", "\x1f", "\x7f", " ", "!", "#", "[", "]"} {
 		for at := 0; at <= 40; at++ {
 			s := strings.Repeat("a", at) + special + strings.Repeat("b", 40-at)
 			body := []byte(`{"model":"m","prompt":"` + s + `"}`)
@@ -547,13 +640,53 @@ func TestStringRunsStopAtEveryOffset(t *testing.T) {
 	}
 }
 
+// TestStopMaskFindsTheFirstStop: stopMask's lowest set bit is the first of eight bytes
+// that strStop marks, for every byte value at every position, whatever comes before it
+// (plain bytes of every value, 0x80 and above among them) and after it.
+func TestStopMaskFindsTheFirstStop(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var plain []byte
+	for c := range 256 {
+		if !strStop[c] {
+			plain = append(plain, byte(c))
+		}
+	}
+	first := func(w [8]byte) int {
+		for i, c := range w {
+			if strStop[c] {
+				return i
+			}
+		}
+		return 8
+	}
+	for c := range 256 {
+		for k := range 8 {
+			for range 64 {
+				var w [8]byte
+				for i := range w {
+					switch {
+					case i < k:
+						w[i] = plain[rng.IntN(len(plain))]
+					case i == k:
+						w[i] = byte(c)
+					default:
+						w[i] = byte(rng.Uint32())
+					}
+				}
+				got := bits.TrailingZeros64(stopMask(binary.LittleEndian.Uint64(w[:]))) >> 3
+				require.Equal(t, first(w), got, "% x", w)
+			}
+		}
+	}
+}
+
 // TestShortStringsStopAtEveryOffset: a string whose closing quote is within sixteen
 // bytes is taken whole when nothing before the quote ends a plain run (json.go's str);
-// anything that does (an escape, a control byte, a multi-byte character) sends it down
-// the general path. Keys, the model's name and the prompt, short and at the body's end
-// (fewer than sixteen bytes left), decode as the reference decoder decodes them.
+// anything that does (an escape, a control byte) sends it down the general path. Keys,
+// the model's name and the prompt, short and at the body's end (fewer than sixteen bytes
+// left), decode as the reference decoder decodes them, UTF-8 or not.
 func TestShortStringsStopAtEveryOffset(t *testing.T) {
-	for _, special := range []string{"", `\"`, `\\`, `\n`, `\u0041`, "é", "\x1f", "\x7f", " ", `"`} {
+	for _, special := range []string{"", `\"`, `\\`, `\n`, `\u0041`, "é", "\xff", "\x1f", "\x7f", " ", `"`} {
 		for n := 0; n <= 18; n++ {
 			for at := 0; at <= n; at++ {
 				s := strings.Repeat("a", at) + special + strings.Repeat("b", n-at)

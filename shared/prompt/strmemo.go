@@ -4,8 +4,8 @@ import "github.com/kvroute/kvroute/internal/byteprefix"
 
 // strMemo remembers the long strings a Parser decoded in canonical mode (a prompt's
 // system prompt, its earlier turns), raw and decoded, with checkpoints every 512 bytes
-// or so: offsets outside any escape or multi-byte character, where the decoder's whole
-// state is the raw offset and the decoded length. A string whose raw bytes begin as a
+// or so: offsets outside any escape, where the decoder's whole state is the raw offset
+// and the decoded length. A string whose raw bytes begin as a
 // remembered one's do is decoded from the last checkpoint inside the shared part on, the
 // part before it copied: comparing bytes costs a fraction of decoding them, above all in
 // Go's wasm code, where a 32 KB system prompt in lines (an escaped newline every 65
@@ -15,7 +15,7 @@ import "github.com/kvroute/kvroute/internal/byteprefix"
 // The output is exactly what decoding gives (TestParseMemoDecodesAsAFreshParser,
 // FuzzParseMemo): only raw bytes are compared, and a checkpoint is used only if the
 // raw bytes are shared strLookahead bytes past it (the decoder looks that far past an
-// escape or an invalid byte to decide it).
+// escape to decide it).
 //
 // Who may benefit: a parse compares only with strings of its own partition
 // (Parser.Partition: the router gives an isolated tenant's requests its salt), so
@@ -30,8 +30,8 @@ type strMemo struct {
 	// The string being decoded: the checkpoints recorded so far (after the resumed one's
 	// predecessors, which stay in the entry).
 	cps []strCheckpoint
-	// changed: the string being decoded had an escape or an invalid byte, so its decoded
-	// form is not its raw bytes.
+	// changed: the string being decoded had an escape, so its decoded form is not its
+	// raw bytes.
 	changed bool
 	// reused counts the raw bytes not decoded again (tests, benchmarks).
 	reused int
@@ -58,11 +58,11 @@ const (
 	// a VM keeps at most strMemoEntries of them, twice (raw and decoded).
 	StrMemoMaxBytes = 128 << 10
 	// strLookahead: how far past a checkpoint the decoding before it may have looked (a
-	// high surrogate's escape looks for a low one's: 6 bytes; an invalid byte, 3).
+	// high surrogate's escape looks for a low one's: 6 bytes).
 	strLookahead = 6
 	// strCheckpointGap thins the checkpoints to one per 512 raw bytes at most: a resumed
 	// string decodes again up to that much of what it shares, and a string with a stop
-	// every few bytes (non-ASCII text) keeps two checkpoints a kilobyte.
+	// every few bytes (text full of escapes) keeps two checkpoints a kilobyte.
 	strCheckpointGap = 512
 	// strResumeMin: a shared part shorter than this is decoded again.
 	strResumeMin = 256

@@ -144,6 +144,11 @@ func (f *fakeControlPlane) reports() []api.Report {
 func loadKvroute(t testing.TB, cfg host.Config) *host.Host {
 	path, err := wasmbuild.Filter()
 	require.NoError(t, err)
+	return loadModule(t, path, cfg)
+}
+
+// loadModule is loadKvroute with the module at path (a baseline's, say).
+func loadModule(t testing.TB, path string, cfg host.Config) *host.Host {
 	cfg.PluginConfig = kvConfig
 	h, err := host.Load(context.Background(), path, cfg)
 	require.NoError(t, err)
@@ -156,11 +161,18 @@ func loadKvroute(t testing.TB, cfg host.Config) *host.Host {
 // 304 and keeps no report, and advances the clock until the leader has polled and the
 // table has arrived.
 func loadQuiet(t testing.TB, cfg host.Config) (*host.Host, *clock.Virtual) {
+	path, err := wasmbuild.Filter()
+	require.NoError(t, err)
+	return loadQuietModule(t, path, cfg)
+}
+
+// loadQuietModule is loadQuiet with the module at path.
+func loadQuietModule(t testing.TB, path string, cfg host.Config) (*host.Host, *clock.Virtual) {
 	cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t))}
 	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
 	cfg.Clock = clk
 	cfg.Clusters = map[string]host.Cluster{kvCluster: {Handler: cp}}
-	h := loadKvroute(t, cfg)
+	h := loadModule(t, path, cfg)
 	clk.Advance(200 * time.Millisecond)
 	return h, clk
 }
