@@ -111,6 +111,7 @@ type ControlPlane struct {
 	publishTime prometheus.Observer
 	unknownTop  prometheus.Counter
 	handOffs    *prometheus.CounterVec // by front.HandOff
+	events      countedEvents          // the index's KV-event handler, drops counted
 	impostors   prometheus.Counter
 	peers       peerCache
 }
@@ -178,6 +179,7 @@ func New(o Options) (*ControlPlane, error) {
 		Help: "Connections the lean HTTP loop gave to net/http, by reason: elsewhere (another endpoint), odd_head (a table poll or report it does not read), long_head (a head above 8 KiB), full (too many connections). Polls and reports served by net/http cost several times more CPU."},
 		[]string{"reason"})
 	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs)
+	c.events = newCountedEvents(ix.Events(), reg)
 	return c, nil
 }
 
@@ -210,7 +212,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 				var addr net.Addr
 				rank := r
 				addr, _, err = kvevents.Listen(ctx, ep, func(topic string) (kvevents.Source, bool) { return c.resolveTopic(topic, rank) },
-					c.Index.Events(), func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log,
+					c.events, func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log,
 						PeerCheck: func(topic []byte, remote net.Addr) bool { return c.peerAllowed(topic, rank, remote) }})
 				c.kvAddrs = append(c.kvAddrs, addr)
 			}
@@ -310,7 +312,7 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 			}
 			src := kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: s.Rank}, Endpoint: s.Endpoint, Topic: s.Topic, Replay: s.Replay}
 			want[fmt.Sprintf("kv|%s|%d|%s|%s|%s", r.ID, s.Rank, s.Endpoint, s.Replay, s.Topic)] = func(ctx context.Context) {
-				kvevents.Subscribe(ctx, src, c.Index.Events(), kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
+				kvevents.Subscribe(ctx, src, c.events, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
 			}
 		}
 	}
