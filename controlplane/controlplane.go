@@ -72,6 +72,8 @@ type Options struct {
 	// MaxReportBytesInFlight bounds the report bodies being read and applied at once
 	// (default 2 x MaxBodyBytes); a batch beyond it is refused with 429 and counted.
 	MaxReportBytesInFlight int64
+	// BodyTimeout bounds reading a report batch's body (default 10 s).
+	BodyTimeout time.Duration
 	// ReplayTimeout bounds one KV-event replay request (default 2 s).
 	ReplayTimeout time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
@@ -226,8 +228,8 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 
 	srv := &server.Server{
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
-		MaxBytesInFlight: c.o.MaxReportBytesInFlight,
-		Gatherer:         c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
+		MaxBytesInFlight: c.o.MaxReportBytesInFlight, BodyTimeout: c.o.BodyTimeout,
+		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
