@@ -72,8 +72,12 @@ type Options struct {
 	// MaxReportBytesInFlight bounds the report bodies being read and applied at once
 	// (default 2 x MaxBodyBytes); a batch beyond it is refused with 429 and counted.
 	MaxReportBytesInFlight int64
-	// BodyTimeout bounds reading a report batch's body (default 10 s).
+	// BodyTimeout bounds reading a request's body (default 10 s).
 	BodyTimeout time.Duration
+	// MaxConnections bounds the HTTP connections held at once (default 20,480): four
+	// fifths in the lean loop, the rest in net/http (front.DefaultMaxConns and
+	// DefaultMaxFallbackConns). Past it a connection is answered 503, closed and counted.
+	MaxConnections int
 	// ReplayTimeout bounds one KV-event replay request (default 2 s).
 	ReplayTimeout time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
@@ -113,6 +117,7 @@ type ControlPlane struct {
 	publishTime prometheus.Observer
 	unknownTop  prometheus.Counter
 	handOffs    *prometheus.CounterVec // by front.HandOff
+	refused     prometheus.Counter     // connections past MaxConnections
 	events      countedEvents          // the index's KV-event handler, drops counted
 	impostors   prometheus.Counter
 	peers       peerCache
@@ -140,6 +145,12 @@ func New(o Options) (*ControlPlane, error) {
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = 5 * time.Second
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = front.DefaultMaxConns + front.DefaultMaxFallbackConns
+	}
+	if o.MaxConnections < 2 {
+		return nil, fmt.Errorf("max connections %d: want at least 2 (one lean, one net/http)", o.MaxConnections)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -180,7 +191,9 @@ func New(o Options) (*ControlPlane, error) {
 	c.handOffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_controlplane_http_handoffs_total",
 		Help: "Connections the lean HTTP loop gave to net/http, by reason: elsewhere (another endpoint), odd_head (a table poll or report it does not read), long_head (a head above 8 KiB), full (too many connections). Polls and reports served by net/http cost several times more CPU."},
 		[]string{"reason"})
-	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs)
+	c.refused = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_http_connections_refused_total",
+		Help: "HTTP connections refused (503, closed unread) because --max-connections were open."})
+	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs, c.refused)
 	c.events = newCountedEvents(ix.Events(), reg)
 	return c, nil
 }
@@ -235,7 +248,9 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
 	// through the lean front, everything else through net/http.
 	h := srv.Handler()
+	fallback := max(c.o.MaxConnections/5, 1)
 	c.srv = &front.Front{Handler: h, Routes: server.FrontRoutes, Headers: server.FrontHeaders, BaseContext: ctx,
+		MaxConns: c.o.MaxConnections - fallback, MaxFallbackConns: fallback, Refused: c.refused.Inc,
 		HandedOff: func(why front.HandOff) { c.handOffs.WithLabelValues(why.String()).Inc() },
 		Fallback: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 			BaseContext: func(net.Listener) context.Context { return ctx }}}

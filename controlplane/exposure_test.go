@@ -7,12 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/shared/api"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Listening where other hosts reach the API needs a token or an explicit opt-out.
@@ -183,4 +185,88 @@ func TestStalledBodiesAreCut(t *testing.T) {
 			t.Errorf("%s %q: the connection is still open after the answer: %v", tc.path, tc.head, err)
 		}
 	}
+}
+
+// Past MaxConnections every connection is refused at once (a 503 unread, then closed)
+// and counted, and holds nothing: neither memory nor a goroutine grows with them, while
+// the connections within the cap stay served. Before, connections past the lean loop's
+// went to net/http without a bound, about 13 KB and a goroutine each.
+func TestConnectionsPastTheCapAreRefused(t *testing.T) {
+	const capacity, flood = 10, 400
+	cp, base := startControlPlane(t, Options{Engines: []discovery.Engine{{ID: "e1", Model: "m", Addr: "10.0.0.1:8000"}}, MaxConnections: capacity})
+	refused := func() float64 { // not from /metrics: its connection would be refused
+		var m dto.Metric
+		cp.refused.Write(&m)
+		return m.GetCounter().GetValue()
+	}
+	addr := strings.TrimPrefix(base, "http://")
+	poll := "GET " + api.TablePath + " HTTP/1.1\r\nHost: cp\r\n\r\n"
+	// Within the cap: kept-alive connections that polled once (lean, then net/http's).
+	var held []*bufio.ReadWriter
+	for range capacity {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+		rw.WriteString(poll)
+		rw.Flush()
+		resp, err := http.ReadResponse(rw.Reader, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		held = append(held, rw)
+	}
+	before, goroutines := liveMemory(), runtime.NumGoroutine()
+
+	over := make([]net.Conn, flood)
+	for i := range over {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		over[i] = c
+	}
+	for deadline := time.Now().Add(5 * time.Second); refused() < flood && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	}
+	grew, moreGoroutines := int64(liveMemory())-int64(before), runtime.NumGoroutine()-goroutines
+	t.Logf("%d connections past a cap of %d: %v refused; live memory %+d bytes, goroutines %+d", flood, capacity, refused(), grew, moreGoroutines)
+	if refused() != flood {
+		t.Errorf("kvroute_controlplane_http_connections_refused_total = %v, want %d", refused(), flood)
+	}
+	// This process is both ends: the client side of each connection is a few hundred
+	// bytes; net/http's side was 13 KB and a goroutine.
+	if grew > flood*2<<10 || moreGoroutines > 10 {
+		t.Errorf("the refused connections hold %d bytes and %d goroutines", grew, moreGoroutines)
+	}
+	for i, c := range over {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var head [12]byte
+		n, err := io.ReadFull(c, head[:])
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() || err == nil && string(head[:n]) != "HTTP/1.1 503" {
+			t.Fatalf("connection %d past the cap: %q, %v: want a 503 or the connection closed", i, head[:n], err)
+		}
+	}
+	for _, rw := range held {
+		rw.WriteString(poll)
+		rw.Flush()
+		resp, err := http.ReadResponse(rw.Reader, nil)
+		if err != nil {
+			t.Fatalf("a connection within the cap: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+	}
+}
+
+// liveMemory is the heap and the goroutine stacks in use after a collection.
+func liveMemory() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc + ms.StackInuse
 }
