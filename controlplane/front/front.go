@@ -258,12 +258,12 @@ const refuseWrite = 100 * time.Millisecond
 // refuse answers nc 503 and closes it without reading it. (A request already received
 // makes the close a reset, which a client may see instead of the answer.)
 func (f *Front) refuse(nc net.Conn) {
+	if f.Refused != nil {
+		f.Refused() // first: whoever reads the answer finds it counted
+	}
 	nc.SetWriteDeadline(time.Now().Add(refuseWrite))
 	nc.Write(refusal)
 	nc.Close()
-	if f.Refused != nil {
-		f.Refused()
-	}
 }
 
 func (f *Front) handedOff(why HandOff) {
