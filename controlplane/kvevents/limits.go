@@ -19,7 +19,7 @@ import (
 // _record_store_event). The bounds cover a step of 1M tokens in 16-token blocks (every
 // block evicted and stored: 131,072 hashes, 65,536 removals plus the stores) and an
 // SGLang batch of 131,072 one-token pages, with room for each request's partial block.
-// At the bounds a batch decodes into about 36 MB (208-byte Events, 8-byte hashes,
+// At the bounds a batch decodes into about 37 MB (208-byte Events, 8-byte hashes,
 // 4-byte token ids), whatever its size on the wire.
 const (
 	MaxBatchEvents = 1 << 17 // events in one batch
@@ -97,9 +97,10 @@ func (b *Batch) release() {
 // retained is the memory b's events keep for reuse: the array, and every slot's slices
 // (slots past len keep theirs from earlier batches).
 func (b *Batch) retained() int {
-	n := cap(b.Events) * eventSize
-	for i := range b.Events[:cap(b.Events)] {
-		e := &b.Events[:cap(b.Events)][i]
+	all := b.Events[:cap(b.Events)]
+	n := len(all) * eventSize
+	for i := range all {
+		e := &all[i]
 		n += cap(e.Hashes)*8 + cap(e.Tokens)*4 + cap(e.FirstExtra)*stringSize
 	}
 	return n
