@@ -72,6 +72,12 @@ type Options struct {
 	// MaxReportBytesInFlight bounds the report bodies being read and applied at once
 	// (default 2 x MaxBodyBytes); a batch beyond it is refused with 429 and counted.
 	MaxReportBytesInFlight int64
+	// BodyTimeout bounds reading a request's body (default 10 s).
+	BodyTimeout time.Duration
+	// MaxConnections bounds the HTTP connections held at once (default 20,480): four
+	// fifths in the lean loop, the rest in net/http (front.DefaultMaxConns and
+	// DefaultMaxFallbackConns). Past it a connection is answered 503, closed and counted.
+	MaxConnections int
 	// ReplayTimeout bounds one KV-event replay request (default 2 s).
 	ReplayTimeout time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
@@ -111,6 +117,8 @@ type ControlPlane struct {
 	publishTime prometheus.Observer
 	unknownTop  prometheus.Counter
 	handOffs    *prometheus.CounterVec // by front.HandOff
+	refused     prometheus.Counter     // connections past MaxConnections
+	events      countedEvents          // the index's KV-event handler, drops counted
 	impostors   prometheus.Counter
 	peers       peerCache
 }
@@ -137,6 +145,12 @@ func New(o Options) (*ControlPlane, error) {
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = 5 * time.Second
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = front.DefaultMaxConns + front.DefaultMaxFallbackConns
+	}
+	if o.MaxConnections < 2 {
+		return nil, fmt.Errorf("max connections %d: want at least 2 (one lean, one net/http)", o.MaxConnections)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -177,7 +191,10 @@ func New(o Options) (*ControlPlane, error) {
 	c.handOffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_controlplane_http_handoffs_total",
 		Help: "Connections the lean HTTP loop gave to net/http, by reason: elsewhere (another endpoint), odd_head (a table poll or report it does not read), long_head (a head above 8 KiB), full (too many connections). Polls and reports served by net/http cost several times more CPU."},
 		[]string{"reason"})
-	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs)
+	c.refused = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_http_connections_refused_total",
+		Help: "HTTP connections refused (503, closed unread) because --max-connections were open."})
+	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs, c.refused)
+	c.events = newCountedEvents(ix.Events(), reg)
 	return c, nil
 }
 
@@ -210,7 +227,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 				var addr net.Addr
 				rank := r
 				addr, _, err = kvevents.Listen(ctx, ep, func(topic string) (kvevents.Source, bool) { return c.resolveTopic(topic, rank) },
-					c.Index.Events(), func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log,
+					c.events, func(string) { c.unknownTop.Inc() }, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log,
 						PeerCheck: func(topic []byte, remote net.Addr) bool { return c.peerAllowed(topic, rank, remote) }})
 				c.kvAddrs = append(c.kvAddrs, addr)
 			}
@@ -224,14 +241,16 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 
 	srv := &server.Server{
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
-		MaxBytesInFlight: c.o.MaxReportBytesInFlight,
-		Gatherer:         c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
+		MaxBytesInFlight: c.o.MaxReportBytesInFlight, BodyTimeout: c.o.BodyTimeout,
+		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
 	// through the lean front, everything else through net/http.
 	h := srv.Handler()
+	fallback := max(c.o.MaxConnections/5, 1)
 	c.srv = &front.Front{Handler: h, Routes: server.FrontRoutes, Headers: server.FrontHeaders, BaseContext: ctx,
+		MaxConns: c.o.MaxConnections - fallback, MaxFallbackConns: fallback, Refused: c.refused.Inc,
 		HandedOff: func(why front.HandOff) { c.handOffs.WithLabelValues(why.String()).Inc() },
 		Fallback: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 			BaseContext: func(net.Listener) context.Context { return ctx }}}
@@ -310,7 +329,7 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 			}
 			src := kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: s.Rank}, Endpoint: s.Endpoint, Topic: s.Topic, Replay: s.Replay}
 			want[fmt.Sprintf("kv|%s|%d|%s|%s|%s", r.ID, s.Rank, s.Endpoint, s.Replay, s.Topic)] = func(ctx context.Context) {
-				kvevents.Subscribe(ctx, src, c.Index.Events(), kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
+				kvevents.Subscribe(ctx, src, c.events, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
 			}
 		}
 	}

@@ -41,6 +41,26 @@ func fakeMetrics(t *testing.T, queued *atomic.Int64) *httptest.Server {
 	return srv
 }
 
+// startControlPlane starts a control plane with o (on loopback: o.Listen is set) and
+// stops it at the test's end; it returns the control plane and its base URL.
+func startControlPlane(t *testing.T, o Options) (*ControlPlane, string) {
+	t.Helper()
+	o.Listen = "127.0.0.1:0"
+	if o.Logger == nil {
+		o.Logger = quiet()
+	}
+	cp, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); cp.Wait() })
+	if err := cp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return cp, "http://" + cp.Addr()
+}
+
 // poller follows the table like a filter does: full first, then deltas.
 type poller struct {
 	t     *testing.T

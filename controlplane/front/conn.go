@@ -72,12 +72,11 @@ func (c *conn) serve() {
 			return
 		case handOff:
 			c.f.drop(c) // before the report: whoever hears it sees the connection gone
-			c.f.handedOff(c.why)
 			c.handed = true
 			// net/http sets its read deadlines, but a write deadline only with a
 			// WriteTimeout: the lean answers' one must not stay.
 			c.nc.SetDeadline(time.Time{})
-			c.f.handoff.give(&replayConn{Conn: c.nc, pending: c.buf[c.off:]})
+			c.f.toFallback(c.nc, c.buf[c.off:], c.why)
 			return
 		}
 		if !c.serveOne() || c.f.closing.Load() {
@@ -259,17 +258,27 @@ func (b *body) Read(p []byte) (int, error) {
 
 func (b *body) Close() error { return nil }
 
-// replayConn is a connection handed to net/http with the bytes the lean loop had read.
-type replayConn struct {
+// handedConn is a connection handed to net/http: the bytes the lean loop had read come
+// first, and closing it frees its place under MaxFallbackConns.
+type handedConn struct {
 	net.Conn
 	pending []byte
+	f       *Front
+	closed  atomic.Bool
 }
 
-func (r *replayConn) Read(p []byte) (int, error) {
-	if len(r.pending) > 0 {
-		n := copy(p, r.pending)
-		r.pending = r.pending[n:]
+func (h *handedConn) Read(p []byte) (int, error) {
+	if len(h.pending) > 0 {
+		n := copy(p, h.pending)
+		h.pending = h.pending[n:]
 		return n, nil
 	}
-	return r.Conn.Read(p)
+	return h.Conn.Read(p)
+}
+
+func (h *handedConn) Close() error {
+	if h.closed.CompareAndSwap(false, true) {
+		h.f.fallbackN.Add(-1)
+	}
+	return h.Conn.Close()
 }

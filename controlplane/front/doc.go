@@ -27,5 +27,7 @@
 // What the lean loop does not do that net/http does: it does not read the connection
 // while the handler runs, so a long poll whose client has gone away is noticed when its
 // answer is written (at the next table version or its wait_ms); MaxConns bounds how many
-// connections the lean loop holds, and connections past it go to net/http.
+// connections the lean loop holds, and connections past it go to net/http, which holds
+// at most MaxFallbackConns: past both, a connection is answered 503 at once, unread, and
+// closed (net/http would keep each, idle, for about 13 KB and a goroutine).
 package front

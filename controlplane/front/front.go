@@ -6,6 +6,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,8 +31,9 @@ func (h HandOff) String() string {
 
 // Defaults.
 const (
-	DefaultMaxConns   = 16384
-	DefaultBufferSize = 8 << 10
+	DefaultMaxConns         = 16384
+	DefaultMaxFallbackConns = 4096
+	DefaultBufferSize       = 8 << 10
 )
 
 // Front serves a listener: Routes in the lean loop, through Handler, every other
@@ -45,6 +47,12 @@ type Front struct {
 	Headers []string
 	// MaxConns bounds the lean loop's connections (DefaultMaxConns); more go to Fallback.
 	MaxConns int
+	// MaxFallbackConns bounds the connections Fallback holds (DefaultMaxFallbackConns).
+	// A connection neither may take is answered 503 at once and closed, unread, and
+	// reported to Refused: a flood of connections costs nothing held.
+	MaxFallbackConns int
+	// Refused, when set, is told each connection refused past both bounds.
+	Refused func()
 	// BufferSize is each lean connection's buffer, the longest head it reads
 	// (DefaultBufferSize); a longer one is handed to Fallback.
 	BufferSize int
@@ -72,6 +80,7 @@ type Front struct {
 	mu           sync.Mutex
 	ln           net.Listener
 	conns        map[*conn]struct{}
+	fallbackN    atomic.Int64 // connections Fallback holds (handedConn)
 }
 
 func (f *Front) bufferSize() int {
@@ -96,6 +105,9 @@ func (f *Front) init(ln net.Listener) error {
 	f.ln = ln
 	if f.MaxConns <= 0 {
 		f.MaxConns = DefaultMaxConns
+	}
+	if f.MaxFallbackConns <= 0 {
+		f.MaxFallbackConns = DefaultMaxFallbackConns
 	}
 	f.IdleTimeout = orDefault(f.IdleTimeout, f.Fallback.IdleTimeout, 2*time.Minute)
 	f.ReadHeaderTimeout = orDefault(f.ReadHeaderTimeout, f.Fallback.ReadHeaderTimeout, 10*time.Second)
@@ -148,8 +160,7 @@ func (f *Front) Serve(ln net.Listener) error {
 		if c := f.admit(nc); c != nil {
 			go c.serve()
 		} else {
-			f.handedOff(Full)
-			f.handoff.give(nc)
+			f.toFallback(nc, nil, Full)
 		}
 	}
 }
@@ -219,6 +230,40 @@ func (f *Front) closeConns(all bool) {
 			c.nc.Close()
 		}
 	}
+}
+
+// toFallback gives nc, with the bytes already read from it, to Fallback, or refuses it
+// when Fallback holds MaxFallbackConns.
+func (f *Front) toFallback(nc net.Conn, pending []byte, why HandOff) {
+	if f.fallbackN.Add(1) > int64(f.MaxFallbackConns) {
+		f.fallbackN.Add(-1)
+		f.refuse(nc)
+		return
+	}
+	f.handedOff(why)
+	f.handoff.give(&handedConn{Conn: nc, pending: pending, f: f})
+}
+
+// refusal is the answer to a connection past both bounds, in the API's error format.
+var refusal = func() []byte {
+	body := `{"error":"too many connections: retry later","status":503}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n" +
+		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
+// refuseWrite bounds writing the refusal: a new connection's send buffer takes it at
+// once, so the accept loop never waits on it.
+const refuseWrite = 100 * time.Millisecond
+
+// refuse answers nc 503 and closes it without reading it. (A request already received
+// makes the close a reset, which a client may see instead of the answer.)
+func (f *Front) refuse(nc net.Conn) {
+	if f.Refused != nil {
+		f.Refused() // first: whoever reads the answer finds it counted
+	}
+	nc.SetWriteDeadline(time.Now().Add(refuseWrite))
+	nc.Write(refusal)
+	nc.Close()
 }
 
 func (f *Front) handedOff(why HandOff) {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,6 +312,44 @@ func TestMaxConnsSendsTheRestToNetHTTP(t *testing.T) {
 	b.send(get("/v1/table"))
 	_, byB, _, _ := b.answer()
 	assert.Equal(t, []string{"lean", "net/http"}, []string{byA, byB})
+}
+
+// Past MaxConns (lean) and MaxFallbackConns (net/http) a connection is answered 503 at
+// once, unread, and closed, and reported; a place net/http frees is taken again, and a
+// lean connection handed over while net/http is full is refused the same way.
+func TestConnectionsPastBothBoundsAreRefused(t *testing.T) {
+	var refused atomic.Int64
+	f := startFront(t, echo, func(f *Front) { f.MaxConns, f.MaxFallbackConns, f.Refused = 1, 1, func() { refused.Add(1) } })
+	lean, slow := dial(t, f), dial(t, f)
+	lean.send(get("/v1/table"))
+	slow.send(get("/v1/table"))
+	_, byLean, _, _ := lean.answer()
+	_, bySlow, _, _ := slow.answer()
+	assert.Equal(t, []string{"lean", "net/http"}, []string{byLean, bySlow})
+
+	over := dial(t, f) // sends nothing: the refusal does not wait for a request
+	status, _, body, resp := over.answer()
+	assert.Equal(t, http.StatusServiceUnavailable, status)
+	assert.Contains(t, body, "too many connections")
+	assert.True(t, resp.Close, "the refusal says the connection closes")
+	_, err := over.r.ReadByte()
+	assert.ErrorIs(t, err, io.EOF)
+	assert.EqualValues(t, 1, refused.Load())
+
+	lean.send(get("/metrics")) // the lean connection goes to net/http, which is full
+	status, _, _, _ = lean.answer()
+	assert.Equal(t, http.StatusServiceUnavailable, status)
+	assert.EqualValues(t, 2, refused.Load())
+
+	slow.c.Close() // net/http's place is free again
+	require.Eventually(t, func() bool { return f.fallbackN.Load() == 0 }, 5*time.Second, time.Millisecond)
+	lean = dial(t, f)
+	lean.send(get("/v1/table"))
+	_, byLean, _, _ = lean.answer()
+	again := dial(t, f)
+	again.send(get("/v1/table"))
+	status, by, _, _ := again.answer()
+	assert.Equal(t, []any{"lean", 200, "net/http"}, []any{byLean, status, by})
 }
 
 func TestSlowPeersAreCut(t *testing.T) {

@@ -37,6 +37,12 @@ func (w *response) reset() {
 
 func (w *response) Header() http.Header { return w.header }
 
+// SetReadDeadline sets the connection's read deadline, for the rest of the request's
+// body (http.ResponseController); the loop sets its own again before the next request.
+func (w *response) SetReadDeadline(deadline time.Time) error {
+	return w.c.nc.SetReadDeadline(deadline)
+}
+
 func (w *response) WriteHeader(code int) {
 	if code < 100 || code > 999 {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http

@@ -48,6 +48,9 @@ func (dc *Decoder) hashes(dst []uint64) ([]uint64, error) {
 	if err != nil {
 		return dst, err
 	}
+	if dc.nBlocks += max(n, 0); dc.nBlocks > MaxBatchBlocks {
+		return dst, overLimit("blocks", dc.nBlocks, MaxBatchBlocks)
+	}
 	for i := 0; i < n; i++ {
 		// vLLM's int hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) inline.
 		if b := dc.buf[dc.off:]; len(b) >= 9 && b[0] == codeUint64 {
@@ -69,7 +72,10 @@ func (dc *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	if err != nil || n <= 0 {
 		return dst, err
 	}
-	// n is at most the bytes left (count), so this is bounded by the payload.
+	if dc.nTokens += n; dc.nTokens > MaxBatchTokens {
+		return dst, overLimit("tokens", dc.nTokens, MaxBatchTokens)
+	}
+	// n is at most the bytes left (count) and within the batch's bound.
 	base := len(dst)
 	dst = slices.Grow(dst, n)[:base+n]
 	out := dst[base:]

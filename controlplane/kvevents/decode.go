@@ -24,6 +24,8 @@ var ErrMalformed = errors.New("malformed KV event batch")
 type Decoder struct {
 	buf []byte
 	off int
+	// The batch's block hashes, token ids and extra-key strings so far (limits.go).
+	nBlocks, nTokens, nExtras int
 }
 
 // NewDecoder returns a Decoder.
@@ -36,10 +38,15 @@ func (dc *Decoder) Decode(payload []byte, b *Batch) (err error) {
 		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(payload))
 	}
 	dc.buf, dc.off = payload, 0
+	dc.nBlocks, dc.nTokens, dc.nExtras = 0, 0, 0
 	defer func() { dc.buf = nil }()
 	b.TS, b.DPRank, b.HasDPRank = 0, 0, false
+	b.release()
 	b.Events = b.Events[:0] // each is reset as it is reused (batchField)
 	if err := dc.batch(b); err != nil {
+		if errors.Is(err, ErrOverLimit) {
+			return fmt.Errorf("KV event batch: %w", err)
+		}
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if dc.left() != 0 {
@@ -167,6 +174,9 @@ func (dc *Decoder) batchField(f fieldID, k []byte, b *Batch) error {
 		n, err := dc.arrayLen()
 		if err != nil {
 			return fmt.Errorf("events: %w", err)
+		}
+		if len(b.Events)+n > MaxBatchEvents { // before any is allocated
+			return overLimit("events", len(b.Events)+n, MaxBatchEvents)
 		}
 		for i := 0; i < n; i++ {
 			if len(b.Events) < cap(b.Events) {

@@ -79,9 +79,10 @@ func (dc *Decoder) removedFast(e *Event) bool {
 	default: // v0.9: tag and hashes only
 		n = 0
 	}
-	if n < 0 {
+	if n < 0 || dc.nBlocks >= MaxBatchBlocks { // the walk reports the bound
 		return false
 	}
+	dc.nBlocks++
 	e.Kind, e.Tag, e.Medium = BlockRemoved, "BlockRemoved", medium
 	e.Hashes = append(e.Hashes, binary.BigEndian.Uint64(b[h:h+8]))
 	dc.off += h + 8 + n
@@ -288,6 +289,9 @@ func (dc *Decoder) extraKeys(e *Event) error {
 		m, err := dc.arrayLen()
 		if err != nil {
 			return err
+		}
+		if dc.nExtras += max(m, 0); dc.nExtras > MaxBatchExtraKeys { // each may be a string kept
+			return overLimit("extra_keys", dc.nExtras, MaxBatchExtraKeys)
 		}
 		for j := 0; j < m; j++ {
 			c, err := dc.peek()

@@ -20,7 +20,9 @@ type Replayed struct {
 // Replay sends ["", start_seq] over a DEALER (a REQ socket would only read the first
 // reply, docs/kv-events.md, "Replay") and collects replies until the END marker, accepting
 // both [seq, payload] and [topic, seq, payload]. It returns what arrived, with an error
-// when the END marker did not arrive before ctx ended.
+// when the END marker did not arrive before ctx ended, or when the reply grew past
+// MaxReplayBytes (ErrOverLimit: the rest is not read; over tcp:// the transport refuses
+// the frame that would cross it before it is allocated).
 func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, error) {
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second), zmq4.WithLogger(discardLogger()))
 	defer d.Close()
@@ -38,6 +40,7 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 	}
 	ch := make(chan recv, 1)
 	var out []Replayed
+	spent := 0
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer d.Close()
@@ -65,6 +68,12 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 				return out, fmt.Errorf("replay: recv: %w", r.err)
 			}
 			frames := r.m.Frames
+			for _, f := range frames {
+				spent += len(f) + replayFrameCost
+			}
+			if spent > MaxReplayBytes {
+				return out, fmt.Errorf("replay: %w", overLimit("replay_bytes", spent, MaxReplayBytes))
+			}
 			if len(frames) > 0 && len(frames[0]) == 0 {
 				frames = frames[1:] // the empty delimiter
 			}

@@ -37,7 +37,9 @@ type Handler interface {
 	// Gap: batches [from, to) were lost; replayed says whether a replay recovered them.
 	// When it did not, the stream's token-domain state is uncertain.
 	Gap(id StreamID, from, to uint64, replayed bool)
-	// DecodeError counts a message that could not be decoded (it is skipped).
+	// DecodeError counts a message that could not be decoded (it is skipped): malformed,
+	// or over one of the bounds of limits.go (ErrOverLimit; DropReason names it), which
+	// a replay's reply can be too.
 	DecodeError(id StreamID, err error)
 	// Connected reports the stream's own state: true once a subscription's ZMTP
 	// handshake completed (or, on a bound socket, a peer's first message arrived),
@@ -188,11 +190,11 @@ func (st *stream) catchUp(ctx context.Context, h Handler, o Options) {
 	if st.src.Replay == "" {
 		return
 	}
-	got := st.replay(ctx, st.applied, o)
+	got := st.replay(ctx, st.applied, h, o)
 	if len(got) > 0 && got[0].Err == nil && int64(got[0].Seq) == st.applied && xxhash.Sum64(got[0].Payload) != st.lastSum {
 		h.Restart(st.src.ID)
 		st.applied, st.live = -1, -1
-		got = st.replay(ctx, 0, o)
+		got = st.replay(ctx, 0, h, o)
 	}
 	from := st.applied + 1
 	first := -1
@@ -225,12 +227,17 @@ func (st *stream) catchUp(ctx context.Context, h Handler, o Options) {
 	}
 }
 
-func (st *stream) replay(ctx context.Context, from int64, o Options) []Replayed {
+// replay asks st's replay endpoint for the batches from from on. A reply that grew past
+// MaxReplayBytes is counted as a dropped message; what came before is returned.
+func (st *stream) replay(ctx context.Context, from int64, h Handler, o Options) []Replayed {
 	rctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
 	defer cancel()
 	got, err := Replay(rctx, st.src.Replay, uint64(max(from, 0)))
 	if err != nil {
-		o.Logger.Warn("kv events: catch-up replay failed", "stream", st.src.ID, "from", from, "err", err)
+		o.Logger.Warn("kv events: replay failed", "stream", st.src.ID, "from", from, "err", err)
+		if errors.Is(err, ErrOverLimit) {
+			h.DecodeError(st.src.ID, err)
+		}
 	}
 	return got
 }
@@ -275,13 +282,7 @@ func (st *stream) handleLive(ctx context.Context, frames [][]byte, h Handler, o 
 	if from := st.applied + 1; s > from {
 		var got []Replayed
 		if st.src.Replay != "" {
-			rctx, cancel := context.WithTimeout(ctx, o.ReplayTimeout)
-			var err error
-			got, err = Replay(rctx, st.src.Replay, uint64(from))
-			cancel()
-			if err != nil {
-				o.Logger.Warn("kv events: replay failed", "stream", st.src.ID, "from", from, "err", err)
-			}
+			got = st.replay(ctx, from, h, o)
 		}
 		// Recovered when the replay holds every batch from `from` up to the live one.
 		next := from
@@ -318,8 +319,13 @@ func (st *stream) apply(seq uint64, payload []byte, h Handler) {
 		// sixth of ingest's CPU (issue 15); xxhash is an order of magnitude faster.
 		st.lastSum = xxhash.Sum64(payload)
 	}
+	defer st.batch.release() // a big batch's memory goes as soon as it is applied
 	if err := st.dec.Decode(payload, &st.batch); err != nil {
 		h.DecodeError(st.src.ID, err)
+		if errors.Is(err, ErrOverLimit) {
+			// A batch no engine step makes: its events are lost, as in a gap.
+			h.Gap(st.src.ID, seq, seq+1, false)
+		}
 		return
 	}
 	h.Batch(st.src.ID, seq, &st.batch)

@@ -16,11 +16,13 @@ import (
 // handshake would make the control plane allocate terabytes and die. The go-zeromq
 // socket left here (Replay's DEALER; subscriptions, dialled or bound, read with zsub)
 // therefore runs over "kvtcp", TCP whose reader follows ZMTP 3 framing and fails the
-// connection on a frame larger than MaxMessageBytes before zmq4 sees its length.
+// connection on a frame larger than MaxMessageBytes before zmq4 sees its length. A
+// replay dials a connection of its own, so the transport's bound on all a connection
+// carries is a replay's: MaxReplayBytes.
 const cappedScheme = "kvtcp"
 
 func init() {
-	if err := zmq4.RegisterTransport(cappedScheme, cappedTCP{max: MaxMessageBytes}); err != nil {
+	if err := zmq4.RegisterTransport(cappedScheme, cappedTCP{max: MaxMessageBytes, total: MaxReplayBytes}); err != nil {
 		panic(err) // only a second registration of the name can fail
 	}
 }
@@ -33,7 +35,9 @@ func capped(endpoint string) string {
 	return endpoint
 }
 
-type cappedTCP struct{ max uint64 }
+// cappedTCP's connections carry frames of at most max bytes, and at most total bytes
+// of frames in all (each counted replayFrameCost more than its body).
+type cappedTCP struct{ max, total uint64 }
 
 // PeerCheck says whether a message with this topic may come from remote.
 type PeerCheck func(topic []byte, remote net.Addr) bool
@@ -47,7 +51,7 @@ func (t cappedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (n
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, t.max), nil
+	return newFrameCap(c, t.max, t.total), nil
 }
 
 // Listen is not used (a bound socket reads with zsub, Listen in subscriber.go); it
@@ -57,14 +61,14 @@ func (t cappedTCP) Listen(ctx context.Context, addr string) (net.Listener, error
 	if err != nil {
 		return nil, err
 	}
-	return cappedListener{l, t.max}, nil
+	return cappedListener{l, t.max, t.total}, nil
 }
 
 func (cappedTCP) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
 
 type cappedListener struct {
 	net.Listener
-	max uint64
+	max, total uint64
 }
 
 func (l cappedListener) Accept() (net.Conn, error) {
@@ -72,7 +76,7 @@ func (l cappedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFrameCap(c, l.max), nil
+	return newFrameCap(c, l.max, l.total), nil
 }
 
 // ZMTP 3: a 64-byte greeting, then frames of a flags byte, a 1-byte length (or 8 bytes,
@@ -93,6 +97,9 @@ const (
 type frameCap struct {
 	net.Conn
 	max uint64
+	// total bounds the frames' bytes over the connection (0: none); spent is what has
+	// passed, each frame counted replayFrameCost more than its body.
+	total, spent uint64
 
 	buf  []byte // checked bytes not yet delivered: buf[r:w]
 	r, w int
@@ -106,8 +113,8 @@ type frameCap struct {
 	err      error // sticky: the connection is bad
 }
 
-func newFrameCap(c net.Conn, max uint64) *frameCap {
-	return &frameCap{Conn: c, max: max, greeting: zmtpGreeting}
+func newFrameCap(c net.Conn, max, total uint64) *frameCap {
+	return &frameCap{Conn: c, max: max, total: total, greeting: zmtpGreeting}
 }
 
 // capBuffer is a connection's read buffer: a few engine steps' messages.
@@ -213,6 +220,10 @@ func (f *frameCap) scan(b []byte) (int, error) {
 			}
 			if size > f.max {
 				return start, fmt.Errorf("kv events: ZMTP frame of %d bytes from %s exceeds %d", size, f.RemoteAddr(), f.max)
+			}
+			if f.spent += size + replayFrameCost; f.total > 0 && f.spent > f.total {
+				return start, fmt.Errorf("kv events: %s sent too much on one connection: %w", f.RemoteAddr(),
+					&LimitError{Limit: "replay_bytes", N: int64(f.spent), Max: int64(f.total)})
 			}
 			f.body, f.hdrN = size, 0
 		}

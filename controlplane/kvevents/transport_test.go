@@ -38,7 +38,7 @@ func longHeader(size uint64) []byte {
 func TestFrameCapRefusesAnOversizedFrame(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()
-	fc := newFrameCap(server, 1000)
+	fc := newFrameCap(server, 1000, 0)
 	go func() {
 		client.Write(zmtpGreetingBytes())
 		client.Write([]byte{0x01, 3, 'a', 'b', 'c'})                  // short frame, MORE
@@ -68,7 +68,7 @@ func TestFrameCapRefusesAnOversizedFrame(t *testing.T) {
 func TestFrameCapBuffersReads(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()
-	fc := newFrameCap(server, 1<<20)
+	fc := newFrameCap(server, 1<<20, 0)
 	big := make([]byte, 3*capBuffer/2)
 	for i := range big {
 		big[i] = byte(i * 7)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 // Defaults.
 const (
 	DefaultMaxBodyBytes = 8 << 20
+	DefaultBodyTimeout  = 10 * time.Second
 	MaxWait             = 30 * time.Second
 )
 
@@ -40,12 +42,19 @@ type Server struct {
 	Token string
 	// MaxBodyBytes bounds a report batch (default 8 MiB).
 	MaxBodyBytes int64
-	// MaxBytesInFlight bounds the report bodies read and applied at once (default
-	// 2 x MaxBodyBytes): a batch that would exceed it is refused with 429 and counted,
-	// so concurrent large posts cannot multiply the memory one batch takes.
+	// MaxBytesInFlight bounds the report body bytes read and not yet applied (default
+	// 2 x MaxBodyBytes): each chunk is charged as it is read, and a batch whose chunk
+	// would exceed it is refused with 429 and counted, so concurrent large posts cannot
+	// multiply the memory one batch takes, and a body that stalls holds only what it
+	// sent.
 	MaxBytesInFlight int64
-	Gatherer         prometheus.Gatherer
-	Metrics          *Metrics
+	// BodyTimeout bounds reading a request's body, on every endpoint and either
+	// listener (default DefaultBodyTimeout; a filter posts a report batch within its
+	// call timeout, wait_ms + 1 s by default). Requests without a body (polls, long
+	// ones included) keep the listener's deadlines.
+	BodyTimeout time.Duration
+	Gatherer    prometheus.Gatherer
+	Metrics     *Metrics
 	// Ready, when set, is an extra readiness condition (e.g. discovery synced).
 	Ready func() bool
 	Now   func() time.Time
@@ -81,6 +90,7 @@ type Metrics struct {
 	TableFrames   *prometheus.CounterVec // by kind (full, delta, not_modified)
 	TableBytes    prometheus.Counter
 	ReportBatches *prometheus.CounterVec // by result
+	ReportBytes   prometheus.Gauge       // report body bytes held in flight
 	Report        index.ReportMetrics
 }
 
@@ -95,6 +105,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_table_bytes_total", Help: "Bytes of table frames served."}),
 		ReportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
+		ReportBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_controlplane_report_bytes_in_flight", Help: "Report body bytes read and not yet applied (a batch past --max-report-bytes-in-flight gets 429)."}),
 		Report: index.ReportMetrics{
 			Reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "kvroute_controlplane_reports_total", Help: "Reports by kind and result (accepted, unknown_model, unknown_replica, config_mismatch, oversized, over_budget)."}, []string{"kind", "result"}),
@@ -108,7 +120,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{-8192, -2048, -512, -128, -16, 0, 16, 128, 512, 2048, 8192},
 	})
 	m.Report.CachedError = hist
-	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.Report.Reports, m.Report.FalseHits, hist)
+	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.Report.Reports, m.Report.FalseHits, hist)
 	return m
 }
 
@@ -128,6 +140,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.MaxBytesInFlight <= 0 {
 		s.MaxBytesInFlight = 2 * s.MaxBodyBytes
+	}
+	if s.BodyTimeout <= 0 {
+		s.BodyTimeout = DefaultBodyTimeout
 	}
 	if s.Now == nil {
 		s.Now = time.Now
@@ -152,7 +167,22 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s", r.URL.Path)
 	})
-	return mux
+	return s.bodyDeadline(mux)
+}
+
+// bodyDeadline gives a request with a body (a declared length, or chunked) BodyTimeout
+// to send it: a stalled body is cut there, whether its handler reads it or net/http
+// discards it after the answer (before, net/http waited on a stalled chunked body for
+// as long as its client did).
+func (s *Server) bodyDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// Not supported only by a ResponseWriter no listener of ours gives (tests'
+			// recorders).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.BodyTimeout))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 type statusWriter struct {
@@ -161,6 +191,9 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
+
+// Unwrap lets http.ResponseController reach the connection (reports' read deadline).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (s *Server) count(name string, h http.HandlerFunc) http.HandlerFunc {
 	var byCode sync.Map // status code -> prometheus.Counter
@@ -373,30 +406,23 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnsupportedMediaType, "content type %q: want %s or application/json", ct, api.ReportsContentType)
 		return
 	}
-	// Reserve the body's size (its declared length, else the largest accepted) against
-	// the bytes in flight; refuse rather than queue.
-	need := s.MaxBodyBytes
-	if r.ContentLength >= 0 && r.ContentLength < need {
-		need = r.ContentLength
-	}
-	if !s.reserve(need) {
-		result = "busy"
-		s.busy.Add(1)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, "report batches of %d bytes already in flight: retry later", s.MaxBytesInFlight)
-		return
-	}
-	defer s.reserve(-need)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.MaxBodyBytes))
+	body, held, err := s.readBody(w, r)
+	defer s.reserve(-held)
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		switch {
+		case errors.Is(err, errBusy):
+			result = "busy"
+			s.busy.Add(1)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, "report batches of %d bytes already in flight: retry later", s.MaxBytesInFlight)
+		case errors.As(err, &tooBig):
 			result = "too_large"
 			writeError(w, http.StatusRequestEntityTooLarge, "report batch larger than %d bytes", s.MaxBodyBytes)
-			return
+		default:
+			result = "read_error"
+			writeError(w, http.StatusBadRequest, "reading body: %v", err)
 		}
-		result = "read_error"
-		writeError(w, http.StatusBadRequest, "reading body: %v", err)
 		return
 	}
 	b, rejected, err := api.ParseReportBatch(body)
@@ -433,6 +459,38 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 	}{len(b.Reports) + len(rejected), applied, len(rejected), reasons})
 }
 
+// errBusy: the report bodies in flight hold MaxBytesInFlight already.
+var errBusy = errors.New("report bytes in flight at their limit")
+
+// readBody reads a report batch's body (within BodyTimeout: bodyDeadline), charging
+// each chunk against the bytes in flight as it is read (errBusy past MaxBytesInFlight:
+// refuse rather than queue); held is what it charged, to release once the batch is
+// applied. The buffer grows as bytes come, never to a declared length: it is at most
+// twice held.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, held int64, err error) {
+	src := http.MaxBytesReader(w, r.Body, s.MaxBodyBytes)
+	body = make([]byte, 0, 4<<10)
+	for {
+		if len(body) == cap(body) {
+			body = slices.Grow(body, 1) // as append grows it (and io.ReadAll)
+		}
+		n, err := src.Read(body[len(body):cap(body)])
+		if n > 0 {
+			if !s.reserve(int64(n)) {
+				return nil, held, errBusy
+			}
+			held += int64(n)
+			body = body[:len(body)+n]
+		}
+		if err == io.EOF {
+			return body, held, nil
+		}
+		if err != nil {
+			return nil, held, err
+		}
+	}
+}
+
 // reserve adds n bytes in flight if they fit (n < 0 releases).
 func (s *Server) reserve(n int64) bool {
 	s.inflightMu.Lock()
@@ -441,6 +499,9 @@ func (s *Server) reserve(n int64) bool {
 		return false
 	}
 	s.inflight += n
+	if s.Metrics != nil {
+		s.Metrics.ReportBytes.Set(float64(s.inflight))
+	}
 	return true
 }
 

@@ -32,6 +32,7 @@ type env struct {
 	url     string
 	handler http.Handler
 	now     time.Time
+	server  *Server
 }
 
 func newEnv(t testing.TB, token string, history int) *env {
@@ -39,7 +40,7 @@ func newEnv(t testing.TB, token string, history int) *env {
 	e := &env{ix: index.New(index.Config{}), pub: publish.New(publish.Options{MaxHistory: history, FirstVersion: 100}), now: time.Unix(1_800_000_000, 0)}
 	reg := prometheus.NewRegistry()
 	s := &Server{Index: e.ix, Publisher: e.pub, Token: token, MaxBodyBytes: 4096, Gatherer: reg, Metrics: NewMetrics(reg), Now: func() time.Time { return e.now }}
-	e.handler = s.Handler()
+	e.handler, e.server = s.Handler(), s
 	e.url = serveFront(t, e.handler)
 	e.ix.SetReplicas([]index.Spec{
 		{ID: "a", Model: "m", Addr: "10.0.0.1:8000"},
@@ -415,6 +416,50 @@ func TestReportsAPI(t *testing.T) {
 	}
 	if r := e.get(t, "?version=1&wait_ms=-5", ""); r.code != 400 {
 		t.Fatalf("bad wait_ms: %d", r.code)
+	}
+}
+
+// Report bodies are charged against the bytes in flight (2 x MaxBodyBytes here: 8192)
+// as they are read: two bodies stalled after 3,000 of their 4,000 bytes hold 6,000, so
+// a small batch is accepted and one that sends 4,000 bytes is refused with 429 when its
+// reading crosses the limit; once the stalled ones are gone, it is accepted.
+func TestReportBytesAreChargedAsRead(t *testing.T) {
+	e := newEnv(t, "", 10)
+	addr := strings.TrimPrefix(e.url, "http://")
+	good := []byte(`{"proxy":"p1","reports":[]}`)
+	pad := func(n int) []byte { return append(bytes.Repeat([]byte(" "), n-len(good)), good...) } // JSON, n bytes
+	var stalled []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: cp\r\nContent-Length: 4000\r\n\r\n%s", api.ReportsPath, pad(4000)[:3000])
+		stalled = append(stalled, c)
+	}
+	inFlight := func() int64 { e.server.inflightMu.Lock(); defer e.server.inflightMu.Unlock(); return e.server.inflight }
+	for deadline := time.Now().Add(10 * time.Second); inFlight() < 6000; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled bodies were not read: %d bytes in flight", inFlight())
+		}
+	}
+	if code, m := post(t, e.url+api.ReportsPath, "application/json", "", pad(1000)); code != 200 {
+		t.Errorf("a 1,000-byte batch beside 6,000 bytes in flight: %d %v", code, m)
+	}
+	if code, m := post(t, e.url+api.ReportsPath, "application/json", "", pad(4000)); code != http.StatusTooManyRequests {
+		t.Errorf("a 4,000-byte batch beside 6,000 bytes in flight: %d %v, want 429", code, m)
+	}
+	for _, c := range stalled {
+		c.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); inFlight() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled bodies' bytes were not released: %d in flight", inFlight())
+		}
+	}
+	if code, m := post(t, e.url+api.ReportsPath, "application/json", "", pad(4000)); code != 200 {
+		t.Errorf("a 4,000-byte batch alone: %d %v", code, m)
 	}
 }
 

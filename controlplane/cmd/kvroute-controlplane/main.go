@@ -14,7 +14,9 @@ import (
 
 	"github.com/kvroute/kvroute/controlplane"
 	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/controlplane/server"
 	"github.com/kvroute/kvroute/internal/cli"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -110,7 +112,9 @@ func run(args []string) error {
 	token := fs.String("token", "", "bearer token required on /v1/table, /v1/reports and /debug/state (prefer --token-file or $KVROUTE_CONTROLPLANE_TOKEN)")
 	tokenFile := fs.String("token-file", "", "file holding the bearer token")
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", 8<<20, "largest report batch accepted")
-	fs.Int64Var(&o.MaxReportBytesInFlight, "max-report-bytes-in-flight", 16<<20, "report bodies read and applied at once; a batch beyond it gets 429 and is counted")
+	fs.Int64Var(&o.MaxReportBytesInFlight, "max-report-bytes-in-flight", 16<<20, "report body bytes read and not yet applied, charged as they arrive; a batch whose bytes would pass it gets 429 and is counted")
+	fs.DurationVar(&o.BodyTimeout, "body-timeout", server.DefaultBodyTimeout, "time a request's body may take to arrive; past it the request gets 400 and its connection is closed")
+	fs.IntVar(&o.MaxConnections, "max-connections", front.DefaultMaxConns+front.DefaultMaxFallbackConns, "HTTP connections held at once (four fifths for filters' polls and reports, the rest for other requests); past it a connection is answered 503, closed and counted")
 	fs.BoolVar(&o.InsecureNoToken, "insecure-no-token", false, "allow --listen on a non-loopback address without a token (anyone reaching the port can then post reports)")
 	fs.DurationVar(&o.ReplayTimeout, "replay-timeout", 2*time.Second, "timeout of one KV-event replay request")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 5*time.Second, "time to drain HTTP requests on SIGTERM/SIGINT")
