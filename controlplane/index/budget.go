@@ -62,6 +62,7 @@ const (
 	reasonOversized              = "oversized"
 	reasonReplica                = "replica_budget"
 	reasonGlobal                 = "global_budget"
+	reasonShare                  = "model_share" // past the model's share, the others active (shares.go)
 	reasonMaxReplicas            = "max_replicas"
 	noKeyLimit                   = 1 << 50 // MaxKeys when only MaxBytes is given
 )
@@ -87,20 +88,20 @@ func (b Budget) withDefaults() Budget {
 }
 
 // budgetState is the index's accounting. The KV-event path admits without Index.mu:
-// used, bytes, countedN, extra and spec are safe for concurrent use, and mu (taken last,
-// after any replica or model lock) guards counted, dropped and hwm; reclaims is
+// usage, spec and weight are safe for concurrent use, and mu (taken last, after any
+// replica or model lock) guards counted, dropped, hwm and shareReclaimed; reclaims is
 // guarded by Index.mu.
 type budgetState struct {
-	used     atomic.Int64 // entries at the last recount plus those admitted since
-	bytes    atomic.Int64 // bytes at the last recount (bytes.go)
-	countedN atomic.Int64 // entries at the last recount
-	extra    atomic.Int64 // bytes of expiry items, the queue's growth (admitSpec) and keymap growth admitted since
-	spec     atomic.Int64 // the speculative queue's bytes (measured under Index.mu: meterSpec)
-	mu       sync.Mutex
-	counted  time.Time
-	dropped  map[dropKey]uint64
-	hwm      map[hwmKey]int
-	reclaims uint64
+	usage               // the whole index's (shares.go); each model has its own
+	spec   atomic.Int64 // the speculative queue's bytes (measured under Index.mu: meterSpec)
+	weight atomic.Int64 // all models' replicas: the shares' denominator (shares.go)
+	mu     sync.Mutex
+	// counted is when the last recount was.
+	counted        time.Time
+	dropped        map[dropKey]uint64
+	hwm            map[hwmKey]int
+	reclaims       uint64
+	shareReclaimed uint64 // entries taken back from models past their share (shares.go)
 }
 
 type dropKey struct{ input, reason string }
@@ -119,25 +120,11 @@ func (ix *Index) drop(input, reason string, n int) {
 
 // recount sums the entries the budget covers, every replica's size as of its last
 // unlock (unlockReplica: holdings plus engine blocks and pages tracked), and prices
-// them (bytes.go). Caller holds budget.mu.
+// them (bytes.go), for the whole index and each model. Caller holds budget.mu.
 func (ix *Index) recount(now time.Time) {
 	n, b := ix.count(*ix.byID.Load())
-	ix.budget.used.Store(n)
-	ix.budget.countedN.Store(n)
-	ix.budget.bytes.Store(b)
-	ix.budget.extra.Store(0)
+	ix.budget.set(n, b)
 	ix.budget.counted = now
-}
-
-// globalRoom is how many new entries the global limits admit when admitting them also
-// allocates grow bytes at once (keymaps that double: bytes.go keymapGrowth). The
-// running counts only grow between recounts (removals are not tracked), so a shortfall
-// triggers a recount, at most every recountEvery.
-func (ix *Index) globalRoom(want int, grow int64) int {
-	if ix.room(grow) < int64(want) {
-		ix.recountSoon()
-	}
-	return int(ix.room(grow))
 }
 
 // recountSoon recounts unless the last recount is less than recountEvery old.
@@ -147,23 +134,6 @@ func (ix *Index) recountSoon() {
 		ix.recount(now)
 	}
 	ix.budget.mu.Unlock()
-}
-
-// room is how many new entries both limits admit now: MaxKeys less the entries, and
-// the bytes MaxBytes leaves, less grow, at worstEntry an entry.
-func (ix *Index) room(grow int64) int64 {
-	used := ix.budget.used.Load()
-	room := int64(ix.cfg.Budget.MaxKeys) - used
-	if maxB := ix.cfg.Budget.MaxBytes; maxB > 0 {
-		room = min(room, (maxB-ix.bytesNow(used)-grow)/worstEntry)
-	}
-	return room
-}
-
-// bytesNow is the bytes at the last recount plus worstEntry for each entry admitted
-// since, plus the expiry items, the queue's growth and keymap growth admitted since.
-func (ix *Index) bytesNow(used int64) int64 {
-	return ix.budget.bytes.Load() + max(used-ix.budget.countedN.Load(), 0)*worstEntry + ix.budget.extra.Load()
 }
 
 func (ix *Index) capacityTokens(r *replica) int64 {
@@ -187,8 +157,9 @@ func (ix *Index) blockLimit(r *replica, rk *rank) int {
 
 // admitKeys returns the prefix of a report's keys that the budget lets replica r hold,
 // counting the rest as dropped (why says for what reason, "" when nothing was).
-// evict, for confirmed keys, may make room in the replica's own LRU of reported keys.
-func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint64, why string) {
+// ev, for confirmed keys, may make room in the replica's own LRU of reported keys
+// (confirmed.go: whose keys go); nil for placements.
+func (ix *Index) admitKeys(r *replica, rep *api.Report, ev *evictor) (kept []uint64, why string) {
 	keys := rep.Keys
 	fp := ix.tokenFootprint()
 	if rep.Domain == prefix.Text {
@@ -205,14 +176,17 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 		}
 	}
 	limit := ix.keyLimit(r)
-	for evict && r.hold.Len()+fresh > limit && r.tail >= 0 {
-		ix.evictTail(r)
+	for ev != nil && r.hold.Len()+fresh > limit {
+		if !ev.evict(ix) {
+			break
+		}
 	}
 	room := limit - r.hold.Len()
 	reason := reasonReplica
 	grow := keymapGrowth(&r.hold, fresh)
-	if g := ix.globalRoom(fresh, grow); g < room {
-		room, reason = g, reasonGlobal
+	now := time.Now()
+	if g, why := ix.roomFor(r.m, fresh, grow, now); g < room {
+		room, reason = g, why
 	}
 	if fresh > room {
 		n := 0
@@ -229,26 +203,26 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, evict bool) (kept []uint
 		}
 		fresh = n
 	}
-	ix.budget.used.Add(int64(fresh))
-	ix.budget.extra.Add(keymapGrowth(&r.hold, fresh))
-	if !evict {
-		keys, why = ix.admitSpec(keys, why)
+	ix.charge(r.m, int64(fresh), keymapGrowth(&r.hold, fresh))
+	if ev == nil {
+		keys, why = ix.admitSpec(r.m, keys, why, now)
 		ix.meterSpec(len(keys)) // bytes.go
 	}
 	ix.meterReplica(r, fresh, nil, 0)
 	ix.noteHWM(hwmKey{r: r, what: hwmHold}, r.hold.Len()+fresh)
 	r.m.mu.Lock()
 	mk := r.m.keys.Len()
-	ix.meterModel(r.m, fresh, time.Now())
+	ix.meterModel(r.m, fresh, now)
 	r.m.mu.Unlock()
 	ix.noteHWM(hwmKey{m: r.m, what: hwmKeys}, mk+fresh)
 	return keys, why
 }
 
-// admitSpec cuts a placement's chain to the expiry items the byte budget has room for:
-// a placement queues one for each of its keys (speculative.go), held already or not, so
-// placements that refresh held keys grow the queue without adding entries.
-func (ix *Index) admitSpec(keys []uint64, why string) ([]uint64, string) {
+// admitSpec cuts a placement's chain to the expiry items the byte budget (and model
+// m's share of it: shares.go) has room for: a placement queues one for each of its keys
+// (speculative.go), held already or not, so placements that refresh held keys grow the
+// queue without adding entries.
+func (ix *Index) admitSpec(m *model, keys []uint64, why string, now time.Time) ([]uint64, string) {
 	maxB := ix.cfg.Budget.MaxBytes
 	if maxB <= 0 {
 		return keys, why
@@ -257,18 +231,23 @@ func (ix *Index) admitSpec(keys []uint64, why string) ([]uint64, string) {
 	// queue's items are charged twice each, but that covers a growth only on average).
 	free := int64(cap(ix.specQ) - len(ix.specQ))
 	grow := ix.specGrowth(len(keys))
-	room := func() int64 {
-		left := maxB - ix.bytesNow(ix.budget.used.Load())
-		return max((left-grow)/specCharge, min(left/specCharge, free))
+	room := func() (int64, string) {
+		left := maxB - ix.budget.bytesNow()
+		n := max((left-grow)/specCharge, min(left/specCharge, free))
+		if l, limited := ix.modelLeft(m, now.UnixNano()); limited && (l.bytes-grow)/specCharge < n {
+			return (l.bytes - grow) / specCharge, reasonShare
+		}
+		return n, reasonGlobal
 	}
-	if room() < int64(len(keys)) {
+	if n, _ := room(); n < int64(len(keys)) {
 		ix.recountSoon()
 	}
-	if n := int(max(room(), 0)); n < len(keys) {
-		ix.drop(inputReportKeys, reasonGlobal, len(keys)-n)
-		keys, why = keys[:n], reasonGlobal
+	if n, reason := room(); n < int64(len(keys)) {
+		n = max(n, 0)
+		ix.drop(inputReportKeys, reason, len(keys)-int(n))
+		keys, why = keys[:n], reason
 	}
-	ix.budget.extra.Add(int64(len(keys))*specCharge + ix.specGrowth(len(keys)))
+	ix.charge(m, 0, int64(len(keys))*specCharge+ix.specGrowth(len(keys)))
 	return keys, why
 }
 
@@ -279,16 +258,15 @@ func (ix *Index) admitBlocks(r *replica, rk *rank, ev *kvevents.Event) bool {
 	bt := max(ix.cfg.BlockTokens, 1)
 	keys := (n*max(ev.BlockSize, bt)/bt)/max(ix.cfg.Stride, 1) + 1 // checkpoint keys it can add
 	grow := keymapGrowth(&rk.blocks, n) + keymapGrowth(&r.hold, keys)
-	switch {
-	case rk.blocks.Len()+n > ix.blockLimit(r, rk) || r.hold.Len()+keys > ix.keyLimit(r):
+	if rk.blocks.Len()+n > ix.blockLimit(r, rk) || r.hold.Len()+keys > ix.keyLimit(r) {
 		ix.drop(inputBlocks, reasonReplica, n)
 		return false
-	case ix.globalRoom(n+keys, grow) < n+keys:
-		ix.drop(inputBlocks, reasonGlobal, n)
+	}
+	if room, why := ix.roomFor(r.m, n+keys, grow, rk.lastEvent); room < n+keys {
+		ix.drop(inputBlocks, why, n)
 		return false
 	}
-	ix.budget.used.Add(int64(n + keys))
-	ix.budget.extra.Add(grow)
+	ix.charge(r.m, int64(n+keys), grow)
 	ix.meterReplica(r, keys, rk, n)                   // bytes.go
 	ix.meterModelSoon(r.m, keys, rk.lastEvent)        // the batch's arrival: no clock read per event
 	if nb := rk.blocks.Len() + n; nb > rk.peakNoted { // noteHWM takes budget.mu
@@ -329,6 +307,22 @@ type BudgetState struct {
 	MaxReplicas int                          `json:"max_replicas"`
 	Reclaims    uint64                       `json:"reclaims"`
 	Dropped     map[string]map[string]uint64 `json:"dropped"`
+	// Models: each model's part (shares.go); ShareReclaimed: entries taken back from
+	// models past their share for active ones. Exported as metrics, not in /debug/state
+	// (whose fields controlplane/server's tests pin).
+	Models         map[string]ModelBudget `json:"-"`
+	ShareReclaimed uint64                 `json:"-"`
+}
+
+// ModelBudget is one model's use of the budget and its share of the limits.
+type ModelBudget struct {
+	Keys       int   `json:"keys"`
+	ShareKeys  int64 `json:"share_keys"` // 0: no entry limit
+	Bytes      int64 `json:"bytes"`
+	ShareBytes int64 `json:"share_bytes"` // 0: no byte limit
+	// Active: it asked for room within the last minute, so what it does not use of its
+	// share is kept for it rather than lent.
+	Active bool `json:"active"`
 }
 
 // BudgetState returns the budget's limits, use and drops (input -> reason -> count),
@@ -346,7 +340,17 @@ func (ix *Index) BudgetState() BudgetState {
 	}
 	st := BudgetState{MaxKeys: maxKeys, Keys: int(ix.budget.used.Load()), MaxReplicas: ix.cfg.Budget.MaxReplicas,
 		MaxBytes: ix.cfg.Budget.MaxBytes, Bytes: ix.budget.bytes.Load(),
-		Reclaims: ix.budget.reclaims, Dropped: map[string]map[string]uint64{}}
+		Reclaims: ix.budget.reclaims, Dropped: map[string]map[string]uint64{},
+		Models: map[string]ModelBudget{}, ShareReclaimed: ix.budget.shareReclaimed}
+	nowNs := time.Now().UnixNano()
+	for name, m := range ix.models {
+		share := ix.shareOf(m)
+		if maxKeys == 0 {
+			share.keys = 0
+		}
+		st.Models[name] = ModelBudget{Keys: int(m.use.used.Load()), ShareKeys: share.keys, Bytes: m.use.bytes.Load(),
+			ShareBytes: share.bytes, Active: m.active(nowNs)}
+	}
 	for k, n := range ix.budget.dropped {
 		if st.Dropped[k.input] == nil {
 			st.Dropped[k.input] = map[string]uint64{}
@@ -368,7 +372,7 @@ type budgetCollector Index
 
 var (
 	dBudgetDropped = prometheus.NewDesc("kvroute_controlplane_budget_dropped_total",
-		"Inputs dropped by the memory budget, never stored: input report_keys|kv_blocks|replicas, reason oversized|replica_budget|global_budget|max_replicas.",
+		"Inputs dropped by the memory budget, never stored: input report_keys|kv_blocks|replicas|outcome_samples, reason oversized|replica_budget|global_budget|model_share|max_replicas|max_reporters.",
 		[]string{"input", "reason"}, nil)
 	dBudgetKeys = prometheus.NewDesc("kvroute_controlplane_budget_keys",
 		"Entries the budget covers (keys held by replicas plus engine blocks tracked).", nil, nil)
@@ -376,6 +380,11 @@ var (
 	dBudgetBytes = prometheus.NewDesc("kvroute_controlplane_budget_bytes",
 		"The index's structures in bytes, priced by kind of entry (keys held, engine blocks, pages, speculative entries, replicas).", nil, nil)
 	dBudgetMaxBytes = prometheus.NewDesc("kvroute_controlplane_budget_max_bytes", "The global limit on those bytes (--max-index-bytes; 0: none).", nil, nil)
+	dModelKeys      = prometheus.NewDesc("kvroute_controlplane_budget_model_keys", "Entries the budget covers, per model.", []string{"model"}, nil)
+	dModelShare     = prometheus.NewDesc("kvroute_controlplane_budget_model_share_keys",
+		"The model's share of --max-keys (its replicas' part of all replicas'; 0: no entry limit): past it, it borrows only what idle models do not use.", []string{"model"}, nil)
+	dShareReclaimed = prometheus.NewDesc("kvroute_controlplane_budget_share_reclaimed_total",
+		"Entries (reported keys) taken back from models past their share for models that need theirs.", nil, nil)
 )
 
 func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -384,13 +393,16 @@ func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- dBudgetMax
 	ch <- dBudgetBytes
 	ch <- dBudgetMaxBytes
+	ch <- dModelKeys
+	ch <- dModelShare
+	ch <- dShareReclaimed
 }
 
 func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 	st := (*Index)(c).BudgetState()
 	// Every reason is exported from the start, so rates work before the first drop.
 	for _, in := range []string{inputReportKeys, inputBlocks} {
-		for _, why := range []string{reasonOversized, reasonReplica, reasonGlobal} {
+		for _, why := range []string{reasonOversized, reasonReplica, reasonGlobal, reasonShare} {
 			if in == inputBlocks && why == reasonOversized {
 				continue
 			}
@@ -398,6 +410,12 @@ func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(dBudgetDropped, prometheus.CounterValue, float64(st.Dropped[inputReplicas][reasonMaxReplicas]), inputReplicas, reasonMaxReplicas)
+	ch <- prometheus.MustNewConstMetric(dBudgetDropped, prometheus.CounterValue, float64(st.Dropped[inputSamples][reasonMaxReporters]), inputSamples, reasonMaxReporters)
+	for name, mb := range st.Models {
+		ch <- prometheus.MustNewConstMetric(dModelKeys, prometheus.GaugeValue, float64(mb.Keys), name)
+		ch <- prometheus.MustNewConstMetric(dModelShare, prometheus.GaugeValue, float64(mb.ShareKeys), name)
+	}
+	ch <- prometheus.MustNewConstMetric(dShareReclaimed, prometheus.CounterValue, float64(st.ShareReclaimed))
 	ch <- prometheus.MustNewConstMetric(dBudgetKeys, prometheus.GaugeValue, float64(st.Keys))
 	ch <- prometheus.MustNewConstMetric(dBudgetMax, prometheus.GaugeValue, float64(st.MaxKeys))
 	ch <- prometheus.MustNewConstMetric(dBudgetBytes, prometheus.GaugeValue, float64(st.Bytes))

@@ -163,7 +163,8 @@ func (ix *Index) meterReplica(r *replica, hold int, rk *rank, blocks int) {
 		int64(cap(r.freeIdx))*4 + int64(nh)*2 // its slot in the key's holder list
 	entries := nh
 	fixed := int64(unsafe.Sizeof(replica{})) + replicaOverhead + mapBytes(len(r.seeds), seedSlot) +
-		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{}))
+		int64(cap(r.scratch)) + int64(cap(r.flips))*int64(unsafe.Sizeof(flip{})) +
+		int64(cap(r.owners.ids))*8 + int64(cap(r.owners.counts))*4
 	for _, x := range r.ranks {
 		fixed += int64(unsafe.Sizeof(rank{}))
 		nb := x.blocks.Len()
@@ -260,18 +261,28 @@ func (ix *Index) meterAll() {
 
 // count is the recount's sum of entries (every replica's size as of its last unlock)
 // and their price: every replica at its last measurement scaled to its current
-// entries, every model, the speculative queue. Caller holds budget.mu.
+// entries, every model, the speculative queue. It records each model's part in its
+// usage (shares.go: the speculative queue's items by their model). Caller holds
+// budget.mu.
 func (ix *Index) count(byID map[string]*replica) (entries, bytes int64) {
 	total := ix.budget.spec.Load()
-	models := make(map[*model]struct{}, 1)
+	type part struct{ entries, bytes int64 }
+	models := make(map[*model]part, 1)
 	for _, r := range byID {
 		n := r.size.Load()
+		b := r.meter.estimate(n)
 		entries += n
-		total += r.meter.estimate(n)
-		if _, ok := models[r.m]; !ok {
-			models[r.m] = struct{}{}
-			total += r.m.meter.bytes.Load()
+		total += b
+		p, ok := models[r.m]
+		if !ok {
+			p.bytes = r.m.meter.bytes.Load()
+			total += p.bytes
+			p.bytes += r.m.specItems.Load() * specItemBytes
 		}
+		models[r.m] = part{p.entries + n, p.bytes + b}
+	}
+	for m, p := range models {
+		m.use.set(p.entries, p.bytes)
 	}
 	return entries, total
 }

@@ -384,7 +384,7 @@ func (ix *Index) ageText(r *replica, tokens float64) {
 		tail := r.slab[r.tail]
 		r.evictDebt -= ix.evictTail(r)
 		if r.offTier > 0 {
-			ix.offload(r, tail.key, tail.flags&lruToken != 0) // tiers.go: it is in CPU memory now
+			ix.offload(r, tail.key, tail.flags&lruToken != 0, tail.confirmed) // tiers.go: it is in CPU memory now
 		}
 	}
 	if r.tail < 0 {

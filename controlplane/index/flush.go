@@ -30,6 +30,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	defer ix.mu.Unlock()
 	nowMs := now.UnixMilli()
 	ix.expire(nowMs)
+	ix.expireConfirmed(now) // confirmed.go
 
 	changed := force || len(ix.goneModels) > 0
 	names := make([]string, 0, len(ix.models))

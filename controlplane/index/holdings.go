@@ -11,6 +11,10 @@ type holding struct {
 	specUntil  int64 // Unix ms; 0 = not speculative
 	tokRefs    int32
 	flags      uint8
+	// In the LRU: the owner slot of the reporter that confirmed the key last, and when
+	// (confirmed.go); both fit the struct's padding.
+	owner     uint8
+	confirmed stamp
 }
 
 const (
@@ -93,14 +97,19 @@ func (r *replica) lruUnlink(i int32) {
 	} else {
 		r.lruText--
 	}
-	h.prev, h.next = -1, -1
+	r.owners.add(h.owner, -1)
+	h.prev, h.next, h.owner = -1, -1, 0
 	h.flags &^= inLRU | lruToken
 }
 
-func (r *replica) lruPushFront(i int32, token bool) {
+// lruPushFront makes holding i the most recently used reported key, confirmed by owner
+// slot owner at at.
+func (r *replica) lruPushFront(i int32, token bool, owner uint8, at stamp) {
 	r.lruUnlink(i)
 	h := &r.slab[i]
 	h.flags |= inLRU
+	h.owner, h.confirmed = owner, at
+	r.owners.add(owner, 1)
 	if token {
 		h.flags |= lruToken
 		r.lruTok++
@@ -130,10 +139,14 @@ func (ix *Index) lruTokens(r *replica) float64 {
 
 // evictTail drops the least recently used reported key; it returns its footprint.
 func (ix *Index) evictTail(r *replica) float64 {
-	i := r.tail
-	if i < 0 {
+	if r.tail < 0 {
 		return 0
 	}
+	return ix.evictAt(r, r.tail)
+}
+
+// evictAt drops reported key i from the LRU; it returns its footprint.
+func (ix *Index) evictAt(r *replica, i int32) float64 {
 	fp := ix.textFootprint(r.m)
 	if r.slab[i].flags&lruToken != 0 {
 		fp = ix.tokenFootprint()
@@ -146,11 +159,16 @@ func (ix *Index) evictTail(r *replica) float64 {
 
 // fitCapacity keeps the reported keys' estimated tokens within the engine's KV capacity
 // (num_gpu_blocks x block_size): an engine cannot hold more than that, so the oldest
-// reported prefixes must have been evicted by now.
-func (ix *Index) fitCapacity(r *replica) {
+// reported prefixes must have been evicted by now. ev, when a reporter's confirmation
+// made the room needed, picks which go (confirmed.go); nil: the least recently used.
+func (ix *Index) fitCapacity(r *replica, ev *evictor) {
 	capTok := float64(r.sample.CapacityTokens)
 	for r.tail >= 0 && ((capTok > 0 && ix.lruTokens(r) > capTok) || r.lruText+r.lruTok > ix.cfg.MaxKeysPerReplica) {
-		ix.evictTail(r)
+		if ev == nil {
+			ix.evictTail(r)
+		} else if !ev.evict(ix) {
+			return
+		}
 	}
 }
 

@@ -19,18 +19,21 @@
 //   - sglang.go: SGLang's KV events (pages instead of blocks).
 //   - tiers.go: blocks held in slower media (vLLM's CPU offloading, LMCache), per
 //     replica and medium.
-//   - reports.go: the filters' reports (placements, outcomes) and what outcomes teach.
+//   - reports.go: the filters' reports (placements, outcomes); learn.go: what outcomes
+//     teach (bytes per token, uncached tokens), a median over the reporting proxies;
+//     confirmed.go: confirmed keys' expiry and the proxies' fair shares of a replica's LRU.
 //   - scrape.go: metrics scrapes and replica health.
 //   - flush.go: what the next table version carries (Flush) and each replica's state.
-//   - budget.go: the memory budget (admission, drops); bytes.go: what each kind of
-//     entry costs in bytes, for --max-index-bytes; reclaim.go: giving memory back after
-//     a flood.
+//   - budget.go: the memory budget (admission, drops); shares.go: each model's share of
+//     it; bytes.go: what each kind of entry costs in bytes, for --max-index-bytes;
+//     reclaim.go: giving memory back after a flood.
 //   - debug.go: GET /debug/state and Prometheus.
 //
 // Not an API: kvroute's own, free to change in any release (README, "What is an API").
 package index
 
 import (
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +56,11 @@ type Config struct {
 	// run: at 10 s the fleet simulation lost its entries under load and went cache-blind
 	// (wasmtest/fleet/README.md); 60 s holds.
 	SpecTTL time.Duration
+	// ConfirmedTTL: a confirmed key vanishes this long after the last outcome that
+	// confirmed it (confirmed.go), so keys nobody confirms again give their budget back
+	// even where no engine eviction ages them. A hot prefix is confirmed every few
+	// seconds, and a busy engine evicts a prefix unused for minutes; at most 8 h.
+	ConfirmedTTL time.Duration
 	// UnhealthyAfter consecutive failed scrapes mark a replica unhealthy.
 	UnhealthyAfter int
 	// DefaultUncachedTokens is the mean uncached prompt assumed per waiting request
@@ -85,6 +93,10 @@ func (c Config) withDefaults() Config {
 	if c.SpecTTL <= 0 {
 		c.SpecTTL = 60 * time.Second
 	}
+	if c.ConfirmedTTL <= 0 {
+		c.ConfirmedTTL = 10 * time.Minute
+	}
+	c.ConfirmedTTL = min(c.ConfirmedTTL, maxConfirmedTTL)
 	if c.DefaultUncachedTokens <= 0 {
 		c.DefaultUncachedTokens = 512
 	}
@@ -134,6 +146,12 @@ type Index struct {
 	lastFlush time.Time
 	scraped   bool
 	budget    budgetState // budget.go
+	// modelList is models for the KV-event path's admissions (shares.go).
+	modelList atomic.Pointer[[]*model]
+	// seed names reporters (confirmed.go reporterID); swept is the Unix second of the
+	// last expiry of confirmed keys.
+	seed  maphash.Seed
+	swept int64
 	// byID is replicas for the KV-event path's lookup (it takes no mu); counters it
 	// updates.
 	byID                       atomic.Pointer[map[string]*replica]
@@ -145,7 +163,7 @@ type Stats struct {
 	ReportsAccepted, ReportsSkipped uint64
 	Placements, Confirms, Refutes   uint64
 	FalseHits                       uint64
-	SpecExpired                     uint64
+	SpecExpired, ConfirmedExpired   uint64
 	UnknownStreams                  uint64
 	LRUEvicted                      uint64
 }
@@ -156,8 +174,10 @@ func New(cfg Config) *Index {
 		cfg:      cfg.withDefaults(),
 		models:   map[string]*model{},
 		replicas: map[string]*replica{},
+		seed:     maphash.MakeSeed(),
 	}
 	ix.byID.Store(&map[string]*replica{})
+	ix.modelList.Store(&[]*model{})
 	return ix
 }
 

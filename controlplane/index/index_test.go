@@ -246,9 +246,10 @@ func TestSpeculativeConfirmRefute(t *testing.T) {
 	if !all(w.held("m", 0, confirmed)) {
 		t.Fatal("a successful outcome confirms the whole chain")
 	}
-	// A later failure on the same chain does not remove confirmed keys.
+	// A later failure on the same chain does not remove confirmed keys (within their
+	// TTL, ConfirmedTTL).
 	ix.ApplyReports(reports(outcome("10.0.0.1:8000", confirmed, 500, 0, 0)), t2, nil)
-	w.apply(t, ix.Flush(t2.Add(time.Hour), false), t2.Add(time.Hour))
+	w.apply(t, ix.Flush(t2.Add(time.Minute), false), t2.Add(time.Minute))
 	if !all(w.held("m", 0, confirmed)) {
 		t.Fatal("confirmed keys survive a refute")
 	}
@@ -278,6 +279,37 @@ func TestReportsSkippedAndLearning(t *testing.T) {
 	}
 	if got := ix.meanUncached(ix.replicas["a"]); got != 600 {
 		t.Fatalf("mean uncached %v", got)
+	}
+}
+
+// What outcomes teach (bytes per token, the mean uncached prompt) cannot be moved by one
+// reporter's volume: three proxies report 3 bytes a token and 600 uncached tokens, then
+// a fourth sends 400 small outcomes claiming 64 bytes a token and nothing uncached (the
+// most learning accepts). Each proxy is one voice, the model's value their median: it
+// stays at 3 and 600. Before, one running mean over all outcomes went to 64 and 0, and
+// with it every replica's ceiling of confirmed keys (64 bytes a token makes a key 4
+// tokens) and every replica's queue estimate.
+func TestLearningResistsOneReporter(t *testing.T) {
+	ix := fixture(t, Config{})
+	out := func(keys uint64, bytes, tokens, cached int) api.Report {
+		r := outcome("10.0.0.1:8000", seqHashes(1, keys), 200, 0, cached)
+		r.PromptBytes, r.PromptTokens = bytes, tokens
+		return r
+	}
+	for i := range 10 {
+		for _, p := range []string{"p1", "p2", "p3"} {
+			ix.ApplyReports(&api.ReportBatch{Proxy: p, Reports: []api.Report{out(uint64(i), 3000, 1000, 400)}}, t0, nil)
+		}
+	}
+	for i := range 400 {
+		ix.ApplyReports(&api.ReportBatch{Proxy: "flood", Reports: []api.Report{out(uint64(1000+i), 64*16, 16, 16)}}, t0, nil)
+	}
+	ups := ix.Flush(t0, false)
+	if got := ups[0].Config.BytesPerToken; got != 3 {
+		t.Errorf("bytes per token %v after one proxy's 400 outcomes at 64, want 3", got)
+	}
+	if got := ix.meanUncached(ix.replicas["a"]); got != 600 {
+		t.Errorf("mean uncached %v after one proxy's 400 outcomes at 0, want 600", got)
 	}
 }
 

@@ -42,7 +42,8 @@ func (ix *Index) noteHWM(k hwmKey, n int) {
 	}
 }
 
-// Reclaim recounts the budget and gives memory back: every map that shrank to a
+// Reclaim recounts the budget, takes back from models past their share what active
+// models are owed of theirs (shares.go), and gives memory back: every map that shrank to a
 // quarter of its high-water mark is moved to the array its entries need (a replica's
 // holdings together with their slab), and the speculative queue's array is cut to what it holds. The control plane
 // calls it after each Flush (which is where speculative entries expire).
@@ -52,6 +53,7 @@ func (ix *Index) Reclaim(now time.Time) {
 	ix.budget.mu.Lock()
 	ix.recount(now)
 	ix.budget.mu.Unlock()
+	ix.reclaimShares(time.Now()) // shares.go: active models get their shares back
 	// Record the current sizes first: the maps grow between calls.
 	for _, m := range ix.models {
 		m.mu.Lock()

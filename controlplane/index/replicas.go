@@ -19,10 +19,17 @@ type model struct {
 	// bits: read by the KV-event path, which does not hold Index.mu).
 	bpt    atomic.Uint64
 	bptPub float64
-	bptN   int
 	// uncached: mean uncached prompt tokens per request, learned from outcomes.
 	uncached  float64
 	uncachedN int
+	// reporters: what each reporter's outcomes taught (learn.go).
+	reporters []reporterMeans
+	// The model's part of the budget (shares.go): what it holds, its weight (its
+	// replicas), when it last asked for room (Unix ns), its speculative queue items.
+	use       usage
+	weight    atomic.Int64
+	wanted    atomic.Int64
+	specItems atomic.Int64
 	slots     []*replica // by slot; nil = free
 	free      []uint32   // reusable slots
 	freeNext  []uint32   // freed since the last Flush: reusable once it is published
@@ -59,6 +66,8 @@ type replica struct {
 	// offTier (0: the replica has shown none), aged by that tier's removals (tiers.go).
 	off     offLRU
 	offTier uint8
+	// owners: the reporters whose confirmed keys the LRU holds (confirmed.go).
+	owners  owners
 	scratch []byte
 	seeds   map[seedKey]uint64
 	size    atomic.Int64 // budget entries at the last unlock (budget.go recount)
@@ -189,11 +198,25 @@ func (ix *Index) removeReplica(r *replica) {
 	}
 }
 
-// publishIDs refreshes byID after the replica set changed. Caller holds mu.
+// publishIDs refreshes byID, the model list and the models' weights (shares.go) after
+// the replica set changed. Caller holds mu.
 func (ix *Index) publishIDs() {
 	m := make(map[string]*replica, len(ix.replicas))
 	for id, r := range ix.replicas {
 		m[id] = r
 	}
 	ix.byID.Store(&m)
+	models := make([]*model, 0, len(ix.models))
+	for _, md := range ix.models {
+		n := 0
+		for _, r := range md.slots {
+			if r != nil {
+				n++
+			}
+		}
+		md.weight.Store(int64(n))
+		models = append(models, md)
+	}
+	ix.modelList.Store(&models)
+	ix.budget.weight.Store(int64(len(ix.replicas)))
 }

@@ -24,6 +24,7 @@ type ReportMetrics struct {
 // reports were applied.
 func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetrics) int {
 	applied := 0
+	from := ix.reporterID(b.Proxy)
 	for start, end := 0, 0; start < len(b.Reports); start = end {
 		end = start + 1 // a lock holds one report at least, and the next ones while they are small
 		for keys := len(b.Reports[start].Keys); end < len(b.Reports) && end-start < reportsPerLock; end++ {
@@ -33,7 +34,7 @@ func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetr
 		}
 		ix.mu.Lock()
 		for i := start; i < end; i++ {
-			res := ix.report(&b.Reports[i], now, met)
+			res := ix.report(&b.Reports[i], now, met, from)
 			if met != nil && met.Reports != nil {
 				met.Reports.WithLabelValues(b.Reports[i].Kind, res).Inc()
 			}
@@ -70,7 +71,8 @@ func (ix *Index) findReplica(m *model, addr string) *replica {
 	return nil
 }
 
-func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) string {
+// report applies one report of reporter from (reporterID).
+func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from uint64) string {
 	m := ix.models[rep.Model]
 	if m == nil {
 		return "unknown_model"
@@ -100,7 +102,7 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 		// entries expire after SpecTTL unless an outcome confirms them.
 		ix.stats.Placements++
 		until := now.Add(ix.cfg.SpecTTL).UnixMilli()
-		keys, why := ix.admitKeys(r, rep, false) // budget.go: what does not fit is counted and dropped
+		keys, why := ix.admitKeys(r, rep, nil) // budget.go: what does not fit is counted and dropped
 		for _, k := range keys {
 			ix.setSpec(r, k, until)
 		}
@@ -134,11 +136,14 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 		// the state before (that number only measures the prediction). Confirmed keys
 		// live in the replica's LRU until engine evictions or capacity age them out.
 		ix.stats.Confirms++
-		ix.learn(m, rep)
+		ix.learn(m, rep, from, now) // learn.go
 		keys, why := rep.Keys, ""
+		owner := r.owners.slot(from)
+		ev := newEvictor(r, owner) // confirmed.go: whose keys make room
 		if !eventsOwn {
-			keys, why = ix.admitKeys(r, rep, true) // budget.go
+			keys, why = ix.admitKeys(r, rep, ev) // budget.go
 		}
+		at := stampOf(now)
 		for j := len(keys) - 1; j >= 0; j-- {
 			k := keys[j]
 			if eventsOwn {
@@ -155,38 +160,13 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics) stri
 				h.specUntil = 0
 				r.specN--
 			}
-			r.lruPushFront(i, rep.Domain == prefix.Token)
+			r.lruPushFront(i, rep.Domain == prefix.Token, owner, at)
 			ix.settle(r, i, was)
 		}
-		ix.fitCapacity(r)
+		ix.fitCapacity(r, ev)
 		if res := overBudget(rep, keys, why); res != "" {
 			return res
 		}
 	}
 	return "accepted"
-}
-
-// learn updates the model's bytes-per-token ratio (text prompts only: the filter
-// estimates tokens from canonical bytes with it) and its mean uncached prompt (the
-// queue estimate for engines without the queued-tokens gauge).
-func (ix *Index) learn(m *model, rep *api.Report) {
-	const alpha = 0.05
-	if rep.PromptTokens <= 0 {
-		return
-	}
-	if rep.Domain == prefix.Text && rep.PromptBytes > 0 {
-		v := float64(rep.PromptBytes) / float64(rep.PromptTokens)
-		if v >= 0.5 && v <= 64 { // outside this the report is nonsense
-			m.setBytesPerToken(ewma(m.bytesPerToken(), m.bptN, v, alpha))
-			m.bptN++
-		}
-	}
-	if rep.CachedTokens >= 0 {
-		u := float64(rep.PromptTokens - rep.CachedTokens)
-		if u < 0 {
-			u = 0
-		}
-		m.uncached = ewma(m.uncached, m.uncachedN, u, alpha)
-		m.uncachedN++
-	}
 }

@@ -241,16 +241,15 @@ func (ix *Index) admitSGLang(r *replica, rk *rank, ev *kvevents.Event) bool {
 	n := len(ev.Hashes)
 	keys := n*ev.BlockSize/max(ix.cfg.BlockTokens, 1)/max(ix.cfg.Stride, 1) + 1
 	grow := keymapGrowth(&r.hold, keys)
-	switch {
-	case rk.sg.live+n > ix.blockLimit(r, rk) || r.hold.Len()+keys > ix.keyLimit(r):
+	if rk.sg.live+n > ix.blockLimit(r, rk) || r.hold.Len()+keys > ix.keyLimit(r) {
 		ix.drop(inputBlocks, reasonReplica, n)
 		return false
-	case ix.globalRoom(n+keys, grow) < n+keys:
-		ix.drop(inputBlocks, reasonGlobal, n)
+	}
+	if room, why := ix.roomFor(r.m, n+keys, grow, rk.lastEvent); room < n+keys {
+		ix.drop(inputBlocks, why, n)
 		return false
 	}
-	ix.budget.used.Add(int64(n + keys))
-	ix.budget.extra.Add(grow)
+	ix.charge(r.m, int64(n+keys), grow)
 	return true
 }
 

@@ -15,6 +15,7 @@ func (ix *Index) setSpec(r *replica, k uint64, until int64) {
 	}
 	h.specUntil = until
 	ix.specQ = append(ix.specQ, specItem{r, k, until})
+	r.m.specItems.Add(1)
 	ix.settle(r, i, was)
 }
 
@@ -42,6 +43,7 @@ func (ix *Index) expire(nowMs int64) {
 		}
 		ix.specQ[ix.specHead] = specItem{}
 		ix.specHead++
+		it.r.m.specItems.Add(-1)
 		if it.r.gone {
 			continue
 		}

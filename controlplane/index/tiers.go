@@ -158,21 +158,25 @@ type offLRU struct {
 }
 
 type offKey struct {
-	key   uint64
-	token bool
+	key       uint64
+	token     bool
+	confirmed stamp // when it was confirmed last (it ages out like the GPU's: confirmed.go)
 }
 
 // offload puts a reported key the GPU evicted into the replica's slower tier.
-func (ix *Index) offload(r *replica, k uint64, token bool) {
+func (ix *Index) offload(r *replica, k uint64, token bool, confirmed stamp) {
 	o := &r.off
 	if el, ok := o.idx[k]; ok {
+		v := el.Value.(offKey)
+		v.confirmed = confirmed
+		el.Value = v
 		o.l.MoveToFront(el)
 		return
 	}
 	if o.idx == nil {
 		o.idx = map[uint64]*list.Element{}
 	}
-	o.idx[k] = o.l.PushFront(offKey{k, token})
+	o.idx[k] = o.l.PushFront(offKey{k, token, confirmed})
 	if token {
 		o.token++
 	}
@@ -277,12 +281,12 @@ func (ix *Index) tierRoom(r *replica, rk *rank, n int) (int, string) {
 	cost := func(blocks int) int { return blocks + blocks/stride + 1 }
 	room := ix.blockLimit(r, rk) - len(rk.tier)
 	reason := reasonReplica
-	if g := ix.globalRoom(cost(n), 0); g < cost(min(room, n)) {
-		room, reason = max(g-1, 0)*stride/(stride+1), reasonGlobal
+	if g, why := ix.roomFor(r.m, cost(n), 0, rk.lastEvent); g < cost(min(room, n)) {
+		room, reason = max(g-1, 0)*stride/(stride+1), why
 	}
 	admitted := min(max(room, 0), n)
 	if admitted > 0 {
-		ix.budget.used.Add(int64(cost(admitted)))
+		ix.charge(r.m, int64(cost(admitted)), 0)
 	}
 	return admitted, reason
 }
