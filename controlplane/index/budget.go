@@ -24,7 +24,7 @@ import (
 //   - globally: MaxKeys entries (keys held by replicas plus engine blocks tracked), the
 //     --max-keys flag, and MaxBytes bytes of the index's structures, --max-index-bytes
 //     (bytes.go prices each kind of entry). Both apply: whichever binds first. Without
-//     MaxBytes, MaxKeys defaults to DefaultMaxKeys; with it, to no entry limit.
+//     either, the limit is DefaultMaxBytes and no entry count.
 //
 // A report whose chain is longer than the replica's whole KV cache is dropped whole
 // (oversized); otherwise a chain is admitted up to the first key that does not fit (its
@@ -51,7 +51,7 @@ type Budget struct {
 
 // Defaults of the budget.
 const (
-	DefaultMaxKeys               = 1 << 18
+	DefaultMaxBytes              = 256 << 20 // with Go's heap at twice its live size, half the manifests' 1 GiB
 	DefaultCapacityTokens        = 1 << 21
 	DefaultSlack                 = 4
 	DefaultMaxReplicas           = 4096
@@ -67,13 +67,16 @@ const (
 	noKeyLimit                   = 1 << 50 // MaxKeys when only MaxBytes is given
 )
 
+// withDefaults fills the limits. Without either, the budget is DefaultMaxBytes of index and
+// no entry count: what a fleet needs grows with its replicas and their tiers, an entry
+// count does not (TestDefaultBudgetHoldsAFleet), and bytes are what a pod has.
 func (b Budget) withDefaults() Budget {
 	switch {
 	case b.MaxKeys > 0:
 	case b.MaxBytes > 0:
 		b.MaxKeys = noKeyLimit
 	default:
-		b.MaxKeys = DefaultMaxKeys
+		b.MaxKeys, b.MaxBytes = noKeyLimit, DefaultMaxBytes
 	}
 	if b.DefaultCapacityTokens <= 0 {
 		b.DefaultCapacityTokens = DefaultCapacityTokens

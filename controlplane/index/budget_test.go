@@ -408,3 +408,33 @@ func TestIdleModelsShareIsLentThenTakenBack(t *testing.T) {
 		t.Fatalf("after Reclaim b lists %.0f%% of its engine's %d keys", 100*f, n)
 	}
 }
+
+// The default budget holds what a fleet's replicas can cache: it grows with the fleet.
+// 64 replicas whose GPU memory each holds 558,124 tokens (docs/rule.md's replica) keep
+// 6,000 reported keys apiece (512,000 tokens of checkpoints at the 3 bytes a token the
+// outcomes teach), 384,000 keys in all: a fixed entry count (262,144) dropped a third.
+func TestDefaultBudgetHoldsAFleet(t *testing.T) {
+	const replicas, keysEach = 64, 6000
+	ix := New(Config{})
+	var specs []Spec
+	for i := range replicas {
+		specs = append(specs, Spec{ID: fmt.Sprint("r", i), Model: "m", Addr: fmt.Sprintf("10.0.%d.%d:8000", i/200, i%200)})
+	}
+	ix.SetReplicas(specs, t0)
+	for i, s := range specs {
+		ix.ApplyScrape(s.ID, scrape.Sample{CapacityTokens: 558_124}, nil, t0)
+		for c := range keysEach / 500 {
+			rep := outcome(s.Addr, seqHashes(500, uint64(i*keysEach+c*500+1)), 200, 0, 0)
+			ix.report(&rep, t0, nil, ix.reporterID("p"))
+		}
+	}
+	st := ix.BudgetState()
+	if n := st.Dropped[inputReportKeys][reasonGlobal]; n > 0 {
+		t.Errorf("%d report keys dropped for the global budget (%d held, max keys %d, max bytes %d)", n, st.Keys, st.MaxKeys, st.MaxBytes)
+	}
+	for _, r := range ix.DebugState(t0) {
+		if r.Keys != keysEach {
+			t.Fatalf("replica %s holds %d keys, want %d", r.ID, r.Keys, keysEach)
+		}
+	}
+}

@@ -62,15 +62,16 @@ func TestBytesMatchHeap(t *testing.T) {
 	}
 }
 
-// --max-index-bytes alone lifts the key limit; --max-keys alone keeps today's default
-// and no byte limit; both: both apply.
+// Neither limit: DefaultMaxBytes and no entry limit; --max-index-bytes alone lifts the key
+// limit; --max-keys alone has no byte limit; both: both apply.
 func TestByteBudgetDefaults(t *testing.T) {
 	for _, tc := range []struct {
 		in       Budget
 		maxKeys  int
 		maxBytes int64
 	}{
-		{Budget{}, DefaultMaxKeys, 0},
+		{Budget{}, noKeyLimit, DefaultMaxBytes},
+		{Budget{MaxKeys: 262144}, 262144, 0},
 		{Budget{MaxBytes: 1 << 30}, noKeyLimit, 1 << 30},
 		{Budget{MaxKeys: 1000, MaxBytes: 1 << 30}, 1000, 1 << 30},
 	} {

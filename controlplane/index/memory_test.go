@@ -79,8 +79,8 @@ func memoryLoad(b *testing.B, dom prefix.Domain, replicas, prefixes, keysPer, ma
 	batch = api.ReportBatch{}
 	after := heapLive()
 	st := ix.BudgetState()
-	if maxKeys == 0 && st.Keys > DefaultMaxKeys {
-		b.Fatalf("budget: %d keys held, cap %d", st.Keys, DefaultMaxKeys)
+	if maxKeys == 0 && st.Bytes > DefaultMaxBytes {
+		b.Fatalf("budget: %d bytes held, cap %d", st.Bytes, DefaultMaxBytes)
 	}
 	runtime.KeepAlive(ix)
 	return st.Keys, float64(after - before)
