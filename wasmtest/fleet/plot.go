@@ -113,13 +113,15 @@ func renderPanels(w io.Writer, panels []*plot.Plot, l plot.Legend, format, title
 	dc.SetColor(color.White)
 	dc.Fill(dc.Rectangle.Path())
 	y := dc.Max.Y - vg.Points(8)
-	for i, line := range strings.Split(title, "\n") {
+	for i, para := range strings.Split(title, "\n") {
 		sty := text.Style{Color: color.Black, Font: font.From(sans, 13), XAlign: draw.XCenter, YAlign: draw.YTop, Handler: p.TextHandler}
 		if i > 0 {
 			sty.Color, sty.Font = color.Gray{Y: 70}, font.From(sans, 10)
 		}
-		dc.FillText(sty, vg.Point{X: (dc.Min.X + dc.Max.X) / 2, Y: y}, line)
-		y -= sty.Rectangle(line).Size().Y + vg.Points(4)
+		for _, line := range wrapText(para, dc.Max.X-dc.Min.X-vg.Points(16), func(s string) vg.Length { return sty.Rectangle(s).Size().X }) {
+			dc.FillText(sty, vg.Point{X: (dc.Min.X + dc.Max.X) / 2, Y: y}, line)
+			y -= sty.Rectangle(line).Size().Y + vg.Points(4)
+		}
 	}
 	legendWidth := l.Rectangle(dc).Size().X + vg.Points(20)
 	pc := dc
@@ -144,6 +146,21 @@ func renderPanels(w io.Writer, panels []*plot.Plot, l plot.Legend, format, title
 	l.Draw(lc)
 	_, err = c.WriteTo(w)
 	return err
+}
+
+// wrapText breaks s at spaces into lines no wider than width (a word wider than that
+// stays whole on its own line, as a trace's path may be).
+func wrapText(s string, width vg.Length, widthOf func(string) vg.Length) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && widthOf(line+" "+word) > width {
+			lines, line = append(lines, line), word
+			continue
+		}
+		line = strings.TrimPrefix(line+" "+word, " ")
+	}
+	return append(lines, line)
 }
 
 // tailScale stretches the top of a [0, 1) axis: a fraction p sits at -log10(1-p), so

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
@@ -54,6 +55,14 @@ func TestLogTicksAndBounds(t *testing.T) {
 	assert.Equal(t, 100.0, hi)
 	s := tailScale{}
 	assert.InDelta(t, 0.5, s.Normalize(0, 0.9999, 0.99), 1e-9, "0.99 is halfway to 0.9999")
+}
+
+func TestWrapTextFitsTheWidth(t *testing.T) {
+	chars := func(s string) vg.Length { return vg.Length(len(s)) }
+	assert.Equal(t, []string{"mooncake: a", "b c, 200", "requests"}, wrapText("mooncake: a b c, 200 requests", 11, chars))
+	assert.Equal(t, []string{"/a/very/long/path.jsonl", "x"}, wrapText("/a/very/long/path.jsonl x", 10, chars), "a word wider than the line stays whole")
+	assert.Equal(t, []string{"short"}, wrapText("short", 80, chars))
+	assert.Equal(t, []string{""}, wrapText("", 80, chars), "an empty line stays a line")
 }
 
 func TestPlotSearchWithoutAnswer(t *testing.T) {

@@ -527,9 +527,9 @@ func (b *bench) sweep(rates []float64) error {
 	}
 	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(b.start).Seconds(), len(rates)*len(b.names), o.Parallel)
 	if b.plotPath != "" {
-		title := fmt.Sprintf("TTFT and cached rate against offered load at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
+		title := fmt.Sprintf("TTFT and cached rate against offered load at %d replicas (%d GPUs)\n%s\nthe x axis replaces the rate above", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
 		if b.load.TraceRate > 0 {
-			title += fmt.Sprintf("\nthe trace's timestamps compressed: speedup = rate / %.4g req/s", b.load.TraceRate)
+			title += fmt.Sprintf(": the trace's timestamps divided by rate / %.4g req/s", b.load.TraceRate)
 		}
 		if err := writeFile(b.plotPath, func(f io.Writer) error { return fleet.PlotSweep(f, b.plotFormat, title, points) }); err != nil {
 			return err
