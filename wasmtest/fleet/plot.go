@@ -98,7 +98,14 @@ func newLegend() plot.Legend {
 // render draws the title (its first line large, the others small) across the top, p
 // below it and the legend l to p's right, in format.
 func render(w io.Writer, p *plot.Plot, l plot.Legend, format, title string) error {
-	c, err := draw.NewFormattedCanvas(plotWidth, plotHeight, format)
+	return renderPanels(w, []*plot.Plot{p}, l, format, title, plotHeight)
+}
+
+// renderPanels is render for panels stacked top to bottom, their data areas aligned,
+// on a canvas height high.
+func renderPanels(w io.Writer, panels []*plot.Plot, l plot.Legend, format, title string, height vg.Length) error {
+	p := panels[0]
+	c, err := draw.NewFormattedCanvas(plotWidth, height, format)
 	if err != nil {
 		return err
 	}
@@ -106,26 +113,54 @@ func render(w io.Writer, p *plot.Plot, l plot.Legend, format, title string) erro
 	dc.SetColor(color.White)
 	dc.Fill(dc.Rectangle.Path())
 	y := dc.Max.Y - vg.Points(8)
-	for i, line := range strings.Split(title, "\n") {
+	for i, para := range strings.Split(title, "\n") {
 		sty := text.Style{Color: color.Black, Font: font.From(sans, 13), XAlign: draw.XCenter, YAlign: draw.YTop, Handler: p.TextHandler}
 		if i > 0 {
 			sty.Color, sty.Font = color.Gray{Y: 70}, font.From(sans, 10)
 		}
-		dc.FillText(sty, vg.Point{X: (dc.Min.X + dc.Max.X) / 2, Y: y}, line)
-		y -= sty.Rectangle(line).Size().Y + vg.Points(4)
+		for _, line := range wrapText(para, dc.Max.X-dc.Min.X-vg.Points(16), func(s string) vg.Length { return sty.Rectangle(s).Size().X }) {
+			dc.FillText(sty, vg.Point{X: (dc.Min.X + dc.Max.X) / 2, Y: y}, line)
+			y -= sty.Rectangle(line).Size().Y + vg.Points(4)
+		}
 	}
 	legendWidth := l.Rectangle(dc).Size().X + vg.Points(20)
 	pc := dc
 	pc.Max.X -= legendWidth
 	pc.Max.Y = y - vg.Points(6)
 	pc = draw.Crop(pc, vg.Points(4), 0, vg.Points(4), 0)
-	p.Draw(pc)
+	if len(panels) == 1 {
+		p.Draw(pc)
+	} else {
+		column := make([][]*plot.Plot, len(panels))
+		for i, panel := range panels {
+			column[i] = []*plot.Plot{panel}
+		}
+		cells := plot.Align(column, draw.Tiles{Rows: len(panels), Cols: 1, PadY: vg.Points(12)}, pc)
+		for i, panel := range panels {
+			panel.Draw(cells[i][0])
+		}
+	}
 	lc := dc
 	lc.Min.X = pc.Max.X + vg.Points(14)
 	lc.Max.Y = pc.Max.Y - vg.Points(2)
 	l.Draw(lc)
 	_, err = c.WriteTo(w)
 	return err
+}
+
+// wrapText breaks s at spaces into lines no wider than width (a word wider than that
+// stays whole on its own line, as a trace's path may be).
+func wrapText(s string, width vg.Length, widthOf func(string) vg.Length) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && widthOf(line+" "+word) > width {
+			lines, line = append(lines, line), word
+			continue
+		}
+		line = strings.TrimPrefix(line+" "+word, " ")
+	}
+	return append(lines, line)
 }
 
 // tailScale stretches the top of a [0, 1) axis: a fraction p sits at -log10(1-p), so
@@ -400,4 +435,125 @@ type bestThumb struct{}
 
 func (bestThumb) Thumbnail(c *draw.Canvas) {
 	c.DrawGlyph(draw.GlyphStyle{Color: color.Gray{Y: 80}, Radius: vg.Points(4.5), Shape: draw.CircleGlyph{}}, c.Center())
+}
+
+// sweepHeight is the height of PlotSweep's picture: three panels.
+const sweepHeight = 10 * vg.Inch
+
+// PlotSweep draws, against the offered load, each policy's TTFT p50 and p95 (log
+// scales) and cached-token rate, one line per policy in each panel, with every rate's
+// reuse ceiling dashed in the last: a collapse shows as a cliff in all three.
+func PlotSweep(w io.Writer, format, title string, points []*SweepPoint) error {
+	if len(points) == 0 || len(points[0].Results) == 0 {
+		return fmt.Errorf("no sweep run to plot")
+	}
+	panels := []*plot.Plot{
+		newPlot("", "TTFT p50 (s, log scale)"),
+		newPlot("", "TTFT p95 (s, log scale)"),
+		newPlot("offered load (requests/s)", "cached prompt tokens"),
+	}
+	// Each panel's value of a run; false: none to draw (a TTFT is absent when no
+	// request completed, and a log scale has no 0).
+	values := []func(*sim.Result) (float64, bool){
+		func(r *sim.Result) (float64, bool) { return drawnSecs(r.TTFTp50) },
+		func(r *sim.Result) (float64, bool) { return drawnSecs(r.TTFTp95) },
+		func(r *sim.Result) (float64, bool) { return r.CachedTokenRate, true },
+	}
+	xlo, xhi := points[0].Rate, points[len(points)-1].Rate
+	pad := max((xhi-xlo)*0.03, 0.5)
+	for _, p := range panels {
+		p.X.Min, p.X.Max = xlo-pad, xhi+pad
+	}
+	for k, p := range panels[:2] {
+		lo, hi := math.Inf(1), 0.0
+		for _, pt := range points {
+			for _, r := range pt.Results {
+				if v, ok := values[k](r); ok {
+					lo, hi = min(lo, v), max(hi, v)
+				}
+			}
+		}
+		if hi == 0 {
+			lo, hi = 0.1, 1 // nothing completed at any rate: an empty panel
+		}
+		lo, hi = niceBounds(lo, max(hi, 2*lo))
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, logTicks{labelled: []float64{1, 2, 5}}
+		p.Y.Min, p.Y.Max = lo, hi
+	}
+	cached := panels[2]
+	cached.Y.Min, cached.Y.Max = 0, 1
+	cached.Y.Tick.Marker = percentTicks{}
+
+	l := newLegend()
+	for i := range points[0].Results {
+		name := points[0].Results[i].Policy
+		st := policyStyle(name, i)
+		var thumb plot.Thumbnailer
+		for k, p := range panels {
+			var xys plotter.XYs
+			for _, pt := range points {
+				if v, ok := values[k](pt.Results[i]); ok {
+					xys = append(xys, plotter.XY{X: pt.Rate, Y: v})
+				}
+			}
+			if len(xys) == 0 {
+				continue
+			}
+			lp, sc, err := plotter.NewLinePoints(xys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			lp.LineStyle = st
+			sc.GlyphStyle = draw.GlyphStyle{Color: st.Color, Radius: vg.Points(2.2), Shape: draw.CircleGlyph{}}
+			p.Add(lp, sc)
+			thumb = lp
+		}
+		label := name
+		if name == "oracle" {
+			label = "oracle (exact engine state)"
+		}
+		if thumb != nil {
+			l.Add(label, thumb)
+		}
+	}
+	ceiling := make(plotter.XYs, len(points))
+	for k, pt := range points {
+		ceiling[k] = plotter.XY{X: pt.Rate, Y: pt.Ceiling.Rate}
+	}
+	cl, err := plotter.NewLine(ceiling)
+	if err != nil {
+		return err
+	}
+	cl.LineStyle = draw.LineStyle{Color: color.Gray{Y: 60}, Width: vg.Points(1.2), Dashes: []vg.Length{vg.Points(6), vg.Points(3)}}
+	cached.Add(cl)
+	l.Add("reuse ceiling (infinite cache)", cl)
+	return renderPanels(w, panels, l, format, title, sweepHeight)
+}
+
+// drawnSecs is d in seconds, false when there is nothing to draw on a log scale: no
+// request completed (0) or the run stopped early (MaxInt64).
+func drawnSecs(d time.Duration) (float64, bool) {
+	if d <= 0 || d == time.Duration(math.MaxInt64) {
+		return 0, false
+	}
+	return d.Seconds(), true
+}
+
+// percentTicks labels a [0, 1] axis in percent, every 20 with unlabelled ticks between.
+type percentTicks struct{}
+
+func (percentTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for v := 0; v <= 100; v += 10 {
+		f := float64(v) / 100
+		if f < lo || f > hi {
+			continue
+		}
+		t := plot.Tick{Value: f}
+		if v%20 == 0 {
+			t.Label = strconv.Itoa(v) + "%"
+		}
+		ts = append(ts, t)
+	}
+	return ts
 }

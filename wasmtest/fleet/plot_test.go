@@ -2,14 +2,20 @@ package fleet
 
 import (
 	"bytes"
+	"encoding/xml"
+	"fmt"
+	"image/color"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
 func TestECDFPointsKeepBothEndsAndTheTail(t *testing.T) {
@@ -51,6 +57,14 @@ func TestLogTicksAndBounds(t *testing.T) {
 	assert.InDelta(t, 0.5, s.Normalize(0, 0.9999, 0.99), 1e-9, "0.99 is halfway to 0.9999")
 }
 
+func TestWrapTextFitsTheWidth(t *testing.T) {
+	chars := func(s string) vg.Length { return vg.Length(len(s)) }
+	assert.Equal(t, []string{"mooncake: a", "b c, 200", "requests"}, wrapText("mooncake: a b c, 200 requests", 11, chars))
+	assert.Equal(t, []string{"/a/very/long/path.jsonl", "x"}, wrapText("/a/very/long/path.jsonl x", 10, chars), "a word wider than the line stays whole")
+	assert.Equal(t, []string{"short"}, wrapText("short", 80, chars))
+	assert.Equal(t, []string{""}, wrapText("", 80, chars), "an empty line stays a line")
+}
+
 func TestPlotSearchWithoutAnswer(t *testing.T) {
 	var b bytes.Buffer
 	gaveUp := time.Duration(math.MaxInt64)
@@ -64,4 +78,97 @@ func TestPlotSearchWithoutAnswer(t *testing.T) {
 	assert.Contains(t, b.String(), "run stopped early (misses SLO)")
 	assert.Error(t, PlotSearch(&b, "svg", "t", nil, time.Second, "p95"))
 	assert.Error(t, PlotTTFT(&b, "svg", "t", []*sim.Result{{Policy: "x"}}))
+}
+
+// TestPlotSweep checks the picture's structure: it is an SVG document whose three
+// panels each hold one line per policy through every rate (a policy's colour, as many
+// vertices as rates), with a legend entry per policy and for the ceiling.
+func TestPlotSweep(t *testing.T) {
+	rates := []float64{10, 20, 30, 40}
+	names := []string{"round-robin", "weighted-scorers", "kvroute", "oracle"}
+	var points []*SweepPoint
+	for k, r := range rates {
+		p := &SweepPoint{Rate: r, Ceiling: workload.Ceiling{Rate: 0.8, Prompt: 1}}
+		for i, n := range names {
+			d := time.Duration(float64(100*time.Millisecond) * math.Pow(3, float64(k)) * float64(i+1))
+			p.Results = append(p.Results, &sim.Result{Policy: n, TTFTp50: d / 4, TTFTp95: d, CachedTokenRate: 0.7 - 0.1*float64(k)})
+		}
+		points = append(points, p)
+	}
+	var b bytes.Buffer
+	require.NoError(t, PlotSweep(&b, "svg", "sweep\nsubtitle", points))
+	doc := parseSVG(t, b.Bytes())
+	for i, n := range names {
+		st := policyStyle(n, i)
+		c := st.Color.(color.RGBA)
+		// The oracle is black like the axes: its dashes tell it apart.
+		stroke := fmt.Sprintf("stroke:#%02X%02X%02X;stroke-width:%g", c.R, c.G, c.B, st.Width.Points())
+		if len(st.Dashes) > 0 {
+			stroke += fmt.Sprintf(";stroke-dasharray:%g,%g", st.Dashes[0].Points(), st.Dashes[1].Points())
+		}
+		lines := 0
+		for _, p := range doc.paths {
+			if strings.Contains(p.style, stroke) && strings.Count(p.d, "L") == len(rates)-1 {
+				lines++
+			}
+		}
+		assert.Equal(t, 3, lines, "%s: one line through every rate in each of the three panels", n)
+	}
+	for _, want := range []string{"round-robin", "weighted-scorers", "kvroute", "oracle (exact engine state)",
+		"reuse ceiling (infinite cache)", "TTFT p50 (s, log scale)", "TTFT p95 (s, log scale)", "cached prompt tokens",
+		"offered load (requests/s)", "sweep", "subtitle"} {
+		assert.Contains(t, doc.texts, want)
+	}
+
+	// A policy that completed nothing at a rate has no TTFT point there, but its line
+	// goes on through the others.
+	points[3].Results[0].TTFTp50, points[3].Results[0].TTFTp95 = 0, time.Duration(math.MaxInt64)
+	b.Reset()
+	require.NoError(t, PlotSweep(&b, "png", "t", points))
+	assert.Error(t, PlotSweep(&b, "svg", "t", nil))
+}
+
+// svgNode is an SVG element with everything in it.
+type svgNode struct {
+	XMLName xml.Name
+	Attrs   []xml.Attr `xml:",any,attr"`
+	Text    string     `xml:",chardata"`
+	Nodes   []svgNode  `xml:",any"`
+}
+
+// svgDoc is what a test reads of an SVG picture: every path and every text, at any
+// depth.
+type svgDoc struct {
+	paths []struct{ d, style string }
+	texts []string
+}
+
+func parseSVG(t *testing.T, b []byte) svgDoc {
+	t.Helper()
+	var root svgNode
+	require.NoError(t, xml.Unmarshal(b, &root), "well-formed XML")
+	require.Equal(t, "svg", root.XMLName.Local)
+	var doc svgDoc
+	var walk func(n svgNode)
+	walk = func(n svgNode) {
+		switch n.XMLName.Local {
+		case "text":
+			doc.texts = append(doc.texts, n.Text)
+		case "path":
+			var p struct{ d, style string }
+			for _, a := range n.Attrs {
+				if a.Name.Local == "d" {
+					p.d = a.Value
+				} else if a.Name.Local == "style" {
+					p.style = a.Value
+				}
+			}
+			doc.paths = append(doc.paths, p)
+		}
+		for _, c := range n.Nodes {
+			walk(c)
+		}
+	}
+	walk(root)
+	return doc
 }

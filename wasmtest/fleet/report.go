@@ -4,12 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
 func secs(d time.Duration) string {
@@ -116,9 +120,11 @@ type JSONPolicy struct {
 
 // JSONReport is the --json document.
 type JSONReport struct {
-	Workload string       `json:"workload"`
-	Replicas int          `json:"replicas"`
-	Policies []JSONPolicy `json:"policies"`
+	Workload string `json:"workload"`
+	Replicas int    `json:"replicas"`
+	// ReuseCeiling is the workload's workload.Ceiling rate (absent when not computed).
+	ReuseCeiling *float64     `json:"reuse_ceiling,omitempty"`
+	Policies     []JSONPolicy `json:"policies"`
 }
 
 func jsonSecs(d time.Duration) *float64 {
@@ -141,15 +147,35 @@ func JSONRow(r *sim.Result) JSONPolicy {
 
 func round6(v float64) float64 { return math.Round(v*1e6) / 1e6 }
 
-// WriteJSON writes the comparison as the issue's JSON document.
-func WriteJSON(w io.Writer, workload string, replicas int, results []*sim.Result) error {
+// NewJSONReport is the comparison as the issue's JSON document.
+func NewJSONReport(workload string, replicas int, results []*sim.Result) JSONReport {
 	rep := JSONReport{Workload: workload, Replicas: replicas}
 	for _, r := range results {
 		rep.Policies = append(rep.Policies, JSONRow(r))
 	}
+	return rep
+}
+
+// WriteJSON writes the comparison as the issue's JSON document.
+func WriteJSON(w io.Writer, workload string, replicas int, results []*sim.Result) error {
+	return writeJSON(w, NewJSONReport(workload, replicas, results))
+}
+
+// WriteReportJSON writes rep (NewJSONReport's, with a ceiling set).
+func WriteReportJSON(w io.Writer, rep JSONReport) error { return writeJSON(w, rep) }
+
+func writeJSON(w io.Writer, doc any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(rep)
+	return enc.Encode(doc)
+}
+
+func ceilingJSON(c workload.Ceiling) *float64 {
+	if c.Prompt == 0 {
+		return nil
+	}
+	v := round6(c.Rate)
+	return &v
 }
 
 // JSONSearchPolicy is one policy of the --find-replicas JSON: the replicas found and
@@ -160,13 +186,14 @@ type JSONSearchPolicy struct {
 	GPUs     int `json:"gpus"`
 }
 
-// WriteSearchJSON writes the search's outcome.
-func WriteSearchJSON(w io.Writer, workload string, slo time.Duration, searches []*Search) error {
+// WriteSearchJSON writes the search's outcome, with the workload's reuse ceiling.
+func WriteSearchJSON(w io.Writer, name string, slo time.Duration, ceiling workload.Ceiling, searches []*Search) error {
 	doc := struct {
-		Workload string             `json:"workload"`
-		SLO      float64            `json:"slo_ttft_p95_s"`
-		Policies []JSONSearchPolicy `json:"policies"`
-	}{Workload: workload, SLO: slo.Seconds()}
+		Workload     string             `json:"workload"`
+		SLO          float64            `json:"slo_ttft_p95_s"`
+		ReuseCeiling *float64           `json:"reuse_ceiling,omitempty"`
+		Policies     []JSONSearchPolicy `json:"policies"`
+	}{Workload: name, SLO: slo.Seconds(), ReuseCeiling: ceilingJSON(ceiling)}
 	for _, s := range searches {
 		row := JSONSearchPolicy{Replicas: s.Replicas, GPUs: s.GPUs}
 		if s.Result != nil {
@@ -176,7 +203,166 @@ func WriteSearchJSON(w io.Writer, workload string, slo time.Duration, searches [
 		}
 		doc.Policies = append(doc.Policies, row)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(doc)
+	return writeJSON(w, doc)
+}
+
+// OracleNote says what the oracle policy is, wherever its numbers are printed.
+const OracleNote = `oracle: kvroute's own rule (shared/rule) fed every engine's exact GPU prefix cache and
+queued prefill tokens at the moment of each decision, where kvroute sees them through
+reports, KV events, scrapes and table polls. kvroute's distance from it measures that
+information pipeline, not the rule; it is not an upper bound on routing: another rule
+can beat it.`
+
+// CeilingNote says what the reuse ceiling (workload.Ceiling) is.
+const CeilingNote = `the cached rate of one infinite prefix cache every request reaches
+(each prompt's longest block-aligned prefix that an earlier request sent, up to prompt-1 tokens)`
+
+// WriteNotes writes what the numbers are measured against: the workload's reuse
+// ceiling (nil: the table has a ceiling column, which the note explains) and, when the
+// oracle ran, what it is.
+func WriteNotes(w io.Writer, names []string, ceiling *workload.Ceiling) error {
+	var err error
+	if ceiling != nil {
+		_, err = fmt.Fprintf(w, "reuse ceiling %s over %d measured requests: %s.\n", pct(ceiling.Rate), ceiling.Requests, CeilingNote)
+	} else {
+		_, err = fmt.Fprintf(w, "ceiling: the reuse ceiling of the arrivals at that rate, %s.\n", CeilingNote)
+	}
+	if err == nil && slices.Contains(names, "oracle") {
+		_, err = fmt.Fprintln(w, OracleNote)
+	}
+	return err
+}
+
+func rate(v float64) string { return strconv.FormatFloat(v, 'g', 5, 64) }
+
+// WriteRateSearch writes the highest-rate table: per policy the rate held, the lowest
+// rate missed, the run at the rate held, and that workload's reuse ceiling; for a
+// trace, the speedup that gives the rate.
+func WriteRateSearch(w io.Writer, load Load, searches []*RateSearch) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	trace := load.TraceRate > 0
+	row := func(cols ...string) { fmt.Fprintf(tw, "%s\t\n", strings.Join(cols, "\t")) }
+	head := []string{"policy", "rate held"}
+	if trace {
+		head = append(head, "speedup")
+	}
+	row(append(head, "misses at", "TTFT p95 s", "cached", "ceiling", "tried (req/s: p95 s)")...)
+	for _, s := range searches {
+		var tried []string
+		for _, r := range slices.Sorted(maps.Keys(s.Tried)) {
+			tried = append(tried, fmt.Sprintf("%s: %s", rate(r), secs(s.Tried[r])))
+		}
+		held, speedup, missed, p95, cached, ceiling := "none", "-", "-", "-", "-", "-"
+		if s.Missed > 0 {
+			missed = rate(s.Missed)
+		}
+		if s.Result != nil {
+			held, speedup = rate(s.Rate), strconv.FormatFloat(load.Speedup(s.Rate), 'g', 4, 64)
+			if s.Missed == 0 {
+				held = ">=" + held
+			}
+			p95, cached, ceiling = secs(s.Result.TTFTp95), pct(s.Result.CachedTokenRate), pct(s.Ceiling.Rate)
+		}
+		cols := []string{s.Policy, held}
+		if trace {
+			cols = append(cols, speedup)
+		}
+		row(append(cols, missed, p95, cached, ceiling, strings.Join(tried, ", "))...)
+	}
+	return tw.Flush()
+}
+
+// JSONRatePolicy is one policy of the --find-rate JSON: the rate held and the run
+// there, in the comparison's schema.
+type JSONRatePolicy struct {
+	JSONPolicy
+	RateHeld     float64         `json:"rate_held"`
+	MissedAt     *float64        `json:"missed_at"` // null: held up to the search's cap
+	Speedup      float64         `json:"speedup,omitempty"`
+	ReuseCeiling *float64        `json:"reuse_ceiling,omitempty"`
+	Tried        []JSONRateTried `json:"tried"`
+}
+
+// JSONRateTried is one run of a rate search.
+type JSONRateTried struct {
+	Rate    float64  `json:"rate"`
+	TTFTp95 *float64 `json:"ttft_p95_s"` // null: stopped early, certain to miss
+}
+
+// WriteRateSearchJSON writes FindRate's outcome.
+func WriteRateSearchJSON(w io.Writer, name string, replicas int, slo time.Duration, res Resolution, load Load, searches []*RateSearch) error {
+	doc := struct {
+		Workload   string           `json:"workload"`
+		Replicas   int              `json:"replicas"`
+		SLO        float64          `json:"slo_ttft_p95_s"`
+		Resolution string           `json:"resolution"`
+		TraceRate  float64          `json:"trace_rate,omitempty"`
+		Policies   []JSONRatePolicy `json:"policies"`
+	}{Workload: name, Replicas: replicas, SLO: slo.Seconds(), Resolution: res.String(), TraceRate: round6(load.TraceRate)}
+	for _, s := range searches {
+		row := JSONRatePolicy{RateHeld: s.Rate, Tried: []JSONRateTried{}}
+		if s.Result != nil {
+			row.JSONPolicy = JSONRow(s.Result)
+			row.ReuseCeiling = ceilingJSON(s.Ceiling)
+			row.Speedup = round6(load.Speedup(s.Rate))
+		} else {
+			row.Name = s.Policy
+		}
+		if s.Missed > 0 {
+			row.MissedAt = &s.Missed
+		}
+		for _, r := range slices.Sorted(maps.Keys(s.Tried)) {
+			row.Tried = append(row.Tried, JSONRateTried{Rate: r, TTFTp95: jsonSecs(s.Tried[r])})
+		}
+		doc.Policies = append(doc.Policies, row)
+	}
+	return writeJSON(w, doc)
+}
+
+// WriteSweep writes one row per rate and policy, each rate's reuse ceiling beside
+// them.
+func WriteSweep(w io.Writer, load Load, points []*SweepPoint) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	trace := load.TraceRate > 0
+	row := func(cols ...string) { fmt.Fprintf(tw, "%s\t\n", strings.Join(cols, "\t")) }
+	head := []string{"rate"}
+	if trace {
+		head = append(head, "speedup")
+	}
+	row(append(head, "policy", "requests", "failed", "cached", "ceiling", "TTFT p50 s", "p95 s", "p99 s", "e2e p50 s")...)
+	for _, p := range points {
+		at := []string{rate(p.Rate)}
+		if trace {
+			at = append(at, strconv.FormatFloat(load.Speedup(p.Rate), 'g', 4, 64))
+		}
+		for _, r := range p.Results {
+			row(append(slices.Clone(at), r.Policy, strconv.Itoa(r.Requests), strconv.Itoa(r.Failed), pct(r.CachedTokenRate),
+				pct(p.Ceiling.Rate), secs(r.TTFTp50), secs(r.TTFTp95), secs(r.TTFTp99), secs(r.E2Ep50))...)
+		}
+	}
+	return tw.Flush()
+}
+
+// WriteSweepJSON writes Sweep's outcome: per rate, the ceiling and every policy's row.
+func WriteSweepJSON(w io.Writer, name string, replicas int, load Load, points []*SweepPoint) error {
+	type jsonPoint struct {
+		Rate         float64      `json:"rate"`
+		Speedup      float64      `json:"speedup,omitempty"`
+		ReuseCeiling *float64     `json:"reuse_ceiling,omitempty"`
+		Policies     []JSONPolicy `json:"policies"`
+	}
+	doc := struct {
+		Workload  string      `json:"workload"`
+		Replicas  int         `json:"replicas"`
+		TraceRate float64     `json:"trace_rate,omitempty"`
+		Rates     []jsonPoint `json:"rates"`
+	}{Workload: name, Replicas: replicas, TraceRate: round6(load.TraceRate)}
+	for _, p := range points {
+		jp := jsonPoint{Rate: p.Rate, Speedup: round6(load.Speedup(p.Rate)), ReuseCeiling: ceilingJSON(p.Ceiling)}
+		for _, r := range p.Results {
+			jp.Policies = append(jp.Policies, JSONRow(r))
+		}
+		doc.Rates = append(doc.Rates, jp)
+	}
+	return writeJSON(w, doc)
 }

@@ -28,47 +28,70 @@ const SearchLimit = 1024
 // o.Replicas. Runs that cannot meet the SLO stop as soon as that is certain. Policies
 // search in parallel, at most o.Parallel runs at a time.
 func FindReplicas(w workload.Workload, names []string, o Options, slo time.Duration, q float64) ([]*Search, error) {
+	out := make([]*Search, len(names))
+	err := eachPolicy(names, o, simulateRun, func(i int, name string, run func(sim.Config) (*sim.Result, error)) error {
+		s := &Search{Policy: name, Tried: map[int]time.Duration{}}
+		out[i] = s
+		results := map[int]*sim.Result{}
+		pass := func(n int) (bool, error) {
+			cfg := o.simConfig(w, n)
+			cfg.AbortTTFT, cfg.AbortQuantile = slo, q
+			res, err := run(cfg)
+			if err != nil {
+				return false, fmt.Errorf("%s at %d replicas: %w", name, n, err)
+			}
+			results[n] = res
+			p := quantileOf(res, q)
+			s.Tried[n] = p
+			return !res.Aborted && p <= slo, nil
+		}
+		return bisect(o.Replicas, pass, func(n int) {
+			s.Replicas, s.GPUs, s.Result = n, n*o.Profile.GPUs, results[n]
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// simulateFunc runs one configuration of the named policy: sim.Run in a search, a
+// stand-in in tests of the search itself.
+type simulateFunc func(cfg sim.Config, name string, o Options) (*sim.Result, error)
+
+func simulateRun(cfg sim.Config, name string, o Options) (*sim.Result, error) {
+	return sim.Run(cfg, NewPolicy(name, o))
+}
+
+// eachPolicy runs search for every named policy at once, each in its own goroutine;
+// the run it is handed simulates one configuration of that policy (with simulate), at most o.Parallel
+// at a time across all of them. It returns the first policy's error, in names' order.
+func eachPolicy(names []string, o Options, simulate simulateFunc, search func(i int, name string, run func(sim.Config) (*sim.Result, error)) error) error {
 	parallel := o.Parallel
 	if parallel <= 0 {
 		parallel = runtime.GOMAXPROCS(0)
 	}
 	sem := make(chan struct{}, parallel)
-	out := make([]*Search, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s := &Search{Policy: name, Tried: map[int]time.Duration{}}
-			results := map[int]*sim.Result{}
-			pass := func(n int) (bool, error) {
-				cfg := o.simConfig(w, n)
-				cfg.AbortTTFT, cfg.AbortQuantile = slo, q
+			errs[i] = search(i, name, func(cfg sim.Config) (*sim.Result, error) {
 				sem <- struct{}{}
-				res, err := sim.Run(cfg, NewPolicy(name, o))
-				<-sem
-				if err != nil {
-					return false, fmt.Errorf("%s at %d replicas: %w", name, n, err)
-				}
-				results[n] = res
-				p := quantileOf(res, q)
-				s.Tried[n] = p
-				return !res.Aborted && p <= slo, nil
-			}
-			errs[i] = bisect(o.Replicas, pass, func(n int) {
-				s.Replicas, s.GPUs, s.Result = n, n*o.Profile.GPUs, results[n]
+				defer func() { <-sem }()
+				return simulate(cfg, name, o)
 			})
-			out[i] = s
 		}()
 	}
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // bisect finds the smallest n >= 1 with pass(n), assuming pass is monotone, starting

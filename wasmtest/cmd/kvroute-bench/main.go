@@ -10,6 +10,8 @@
 //	kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
 //	kvroute-bench --plot ttft.svg                   # also draw each policy's TTFT distribution
 //	kvroute-bench --find-replicas --plot r.svg      # also draw TTFT p95 against replicas per policy
+//	kvroute-bench --find-rate --slo-ttft-p95 1      # highest rate (req/s) the replicas hold, per policy
+//	kvroute-bench --sweep-rate 30:60:5 --plot l.svg # every policy at each rate; TTFT and cached rate against it
 //	kvroute-bench --shared-fraction 0.1             # the reversal condition
 //	kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
@@ -20,6 +22,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -53,11 +56,26 @@ in-process.`,
   kvroute-bench                                   # 40 req/s, 200 customers, 22 replicas, 10 minutes
   kvroute-bench --hot                             # one customer sends 10% of the traffic
   kvroute-bench --find-replicas --slo-ttft-p95 1  # fewest replicas (and GPUs) per policy
+  kvroute-bench --find-rate --slo-ttft-p95 1      # highest rate 22 replicas hold, per policy
+  kvroute-bench --sweep-rate 30:60:5 --plot load.svg  # every policy at 30, 35, ... 60 req/s
+  kvroute-bench --trace t.jsonl --find-rate       # a trace's rate is a time compression (--speedup)
   kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
   kvroute-bench --workload gsp --rate 8 --replicas 4
   kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
   kvroute-bench --cpu-tier-tokens 2000000 --customers 600  # replicas offload KV to CPU memory;
                                                   # adds kvroute-gpu-only, which ignores that tier
+
+Every table is printed with the workload's reuse ceiling: the cached rate of one
+infinite prefix cache every request reaches (each prompt's longest block-aligned prefix
+that an earlier request sent, up to prompt-1 tokens), whatever the routing.
+
+oracle is kvroute's own rule fed every engine's exact GPU prefix cache and queued
+prefill tokens at the moment of each decision. kvroute's distance from it measures
+kvroute's information pipeline (reports, KV events, scrapes, table polls), not the rule;
+it is not an upper bound on routing: another rule can beat it.
+
+A trace (--trace) has the rate it was recorded at; other rates replay it with its
+timestamps divided by a speedup (--speedup, or rate / the trace's rate).
 
 Durations take Go's form (500ms, 2m) or a bare number in the unit the flag names.`,
 }
@@ -164,17 +182,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		wl          = fs.String("workload", "seed", "workload: seed, gsp, multiturn or burst (see --trace for Mooncake)")
 		trace       = fs.String("trace", "", "replay a trace file instead of a generated workload")
 		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
-		speedup     = fs.Float64("speedup", 1, "divide trace timestamps by this")
+		speedup     = fs.Float64("speedup", 1, "--trace: divide the trace's timestamps by this (a trace's rate is a time compression; --rate, --find-rate and --sweep-rate set it from requests per second)")
 		profile     = fs.String("profile", "seed000", "replica timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200) or fast")
 		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ",")+" (all), and kvroute-wasm (the compiled filter; also with --wasm)")
-		rate        = fs.Float64("rate", 0, "requests per second (default: the workload's: seed 40, gsp 8, multiturn 10)")
+		rate        = fs.Float64("rate", 0, "requests per second, where --find-rate starts (unset: the workload's: seed 40, gsp 8, multiturn 10, burst --burst-rate x --burst-size; with --trace, the trace's timestamps are divided to give this rate, instead of --speedup)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
 		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (docs/rule.md: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
-		plotPath    = fs.String("plot", "", "also draw the results to this .svg (or .png, .pdf): each policy's TTFT distribution (an empirical CDF, log time axis); with --find-replicas, TTFT p95 against replicas per policy")
+		plotPath    = fs.String("plot", "", "also draw the results to this .svg (or .png, .pdf): each policy's TTFT distribution (an empirical CDF, log time axis); with --find-replicas, TTFT p95 against replicas per policy; with --sweep-rate, TTFT p50, p95 and cached rate against the rate")
 		find        = fs.Bool("find-replicas", false, "search, per policy, the fewest replicas that hold --slo-ttft-p95")
+		findRate    = fs.Bool("find-rate", false, "search, per policy, the highest rate (req/s) that --replicas hold at --slo-ttft-p95: from --rate, doubling or halving, then bisecting to --rate-resolution")
+		rateRes     = fs.String("rate-resolution", "2%", "with --find-rate: stop when the rate held and the lowest rate missed are this close: requests per second (0.5) or a percentage of the rate held (2%)")
+		sweepRate   = fs.String("sweep-rate", "", "A:B:STEP: run every policy at each rate from A to B requests per second (with --trace, by compressing time); with --plot, draw TTFT p50, p95 and cached rate against the rate")
 		slo         = 1 * time.Second
 		stale       time.Duration
 		stride      = fs.Int("stride", 4, "kvroute: table checkpoint stride (blocks per key)")
@@ -208,7 +229,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&stale, time.Millisecond}, "stale", "kvroute: the table each proxy receives is this old (ms or a duration)")
 	fs.Var(faultFlag{sim.Kill, &o.Faults}, "kill-replica", "AT[:REPLICA]: the replica (default 0) dies at AT (seconds or a duration); repeatable")
 	fs.Var(faultFlag{sim.Restart, &o.Faults}, "restart-replica", "AT[:REPLICA]: the replica restarts with an empty cache at AT; repeatable")
-	fs.Var(durFlag{&slo, time.Second}, "slo-ttft-p95", "with --find-replicas: the TTFT p95 bound (seconds or a duration)")
+	fs.Var(durFlag{&slo, time.Second}, "slo-ttft-p95", "with --find-replicas or --find-rate: the TTFT p95 bound (seconds or a duration)")
 	fs.Var(durFlag{&o.Warmup, time.Second}, "warmup", "requests arriving before this are not measured")
 	fs.BoolVar(&o.Stream, "stream", o.Stream, "clients stream (response headers reach the proxy when the engine accepts the request)")
 	fs.Float64Var(&o.OracleUncachedWeight, "oracle-uncached-weight", 1, "oracle only, an experiment: score queued + w x uncached tokens (w > 1 spills later)")
@@ -260,12 +281,38 @@ func run(args []string, stdout, stderr io.Writer) error {
 	o.KVRoute.Index.Stride = *stride
 	o.KVRoute.Rule.TieEpsilon = *tieEps
 
-	w, label, err := buildWorkload(*wl, *trace, *traceFormat, *speedup, *rate, duration, *hot, *hotShare, *shared, o, seed, gsp, mt, burst)
-	if err != nil && (*trace == "" || *traceFormat != "mooncake") { // a flag value, not a trace file
-		return &cli.UsageError{Err: err}
-	}
+	wf := workloadFlags{name: *wl, trace: *trace, format: *traceFormat, rate: *rate, speedup: *speedup, duration: duration,
+		hot: *hot, hotShare: *hotShare, shared: *shared, seed: seed, gsp: gsp, mt: mt, burst: burst}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "rate":
+			wf.rateSet = *rate != 0 // 0 stands for the workload's own
+		case "speedup":
+			wf.speedupSet = true
+		case "burst-rate":
+			wf.burstRateSet = true
+		}
+	})
+	load, label, err := wf.load(o)
 	if err != nil {
 		return err
+	}
+	w, err := load.At(load.Rate)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	if err := checkModes(*find, *findRate, *sweepRate != "", *plotPath != ""); err != nil {
+		return err
+	}
+	var rates []float64
+	if *sweepRate != "" {
+		if rates, err = fleet.ParseSweep(*sweepRate); err != nil {
+			return cli.Usagef("--sweep-rate %w", err)
+		}
+	}
+	resolution, err := fleet.ParseResolution(*rateRes)
+	if err != nil {
+		return cli.Usagef("--rate-resolution %w", err)
 	}
 	if outage.Duration > 0 {
 		o.KVRoute.Outages = append(o.KVRoute.Outages, outage)
@@ -290,6 +337,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 
 	fmt.Fprintf(stdout, "workload  %s\n", w.Describe())
+	if load.TraceRate > 0 {
+		fmt.Fprintf(stdout, "          the trace's rate: %.4g req/s at speedup 1; a rate R replays it at speedup R / %.4g\n", load.TraceRate, load.TraceRate)
+	}
 	fmt.Fprintf(stdout, "fleet     %s profile (TP=%d), %d routers, stream %v", o.Profile.Name, o.Profile.GPUs, o.Routers, o.Stream)
 	if stale > 0 {
 		fmt.Fprintf(stdout, ", tables %v stale", stale)
@@ -304,41 +354,64 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, ", CPU tier %d tokens a replica (%v a token to load)", o.CPUTierTokens, o.CPULoadPerToken)
 	}
 	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
-	start := time.Now()
-
-	if *find {
-		fmt.Fprintf(stdout, "search    fewest replicas with TTFT p95 <= %.3g s (GPUs = replicas x %d)\n\n", slo.Seconds(), o.Profile.GPUs)
-		searches, err := fleet.FindReplicas(w, names, o, slo, 0.95)
-		if err != nil {
-			return err
-		}
-		if err := fleet.WriteSearch(stdout, searches, slo); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "\nwall %.1f s\n", time.Since(start).Seconds())
-		if *plotPath != "" {
-			title := fmt.Sprintf("Fewest replicas for TTFT p95 ≤ %s s (GPUs = replicas x %d)\n%s", strconv.FormatFloat(slo.Seconds(), 'g', 4, 64), o.Profile.GPUs, w.Describe())
-			if err := writeFile(*plotPath, func(f io.Writer) error {
-				return fleet.PlotSearch(f, plotFormat, title, searches, slo, "p95")
-			}); err != nil {
-				return err
-			}
-		}
-		if *jsonPath != "" {
-			return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteSearchJSON(f, label, slo, searches) })
-		}
-		return nil
+	b := &bench{stdout: stdout, o: o, names: names, load: load, w: w, label: label,
+		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, start: time.Now()}
+	switch {
+	case *find:
+		return b.findReplicas(slo)
+	case *findRate:
+		return b.findRate(slo, resolution)
+	case rates != nil:
+		return b.sweep(rates)
 	}
+	return b.compare(outage.Duration > 0)
+}
 
+// checkModes refuses a command line that asks for two kinds of run, or a picture of
+// one that has none, before anything runs.
+func checkModes(findReplicas, findRate, sweep, plot bool) error {
+	n := 0
+	for _, on := range []bool{findReplicas, findRate, sweep} {
+		if on {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return cli.Usagef("--find-replicas, --find-rate and --sweep-rate are different runs: give one")
+	case findRate && plot:
+		return cli.Usagef("--plot with --find-rate: a rate search has no picture; --sweep-rate --plot draws TTFT and cached rate against the rate")
+	}
+	return nil
+}
+
+// bench is one command line's run: what every kind of run prints and writes.
+type bench struct {
+	stdout                         io.Writer
+	o                              fleet.Options
+	names                          []string
+	load                           fleet.Load
+	w                              workload.Workload // at load.Rate
+	label                          string            // the workload's name in JSON
+	plotPath, plotFormat, jsonPath string
+	start                          time.Time
+}
+
+func (b *bench) ceiling() workload.Ceiling {
+	return workload.ReuseCeiling(b.w, b.o.Profile.BlockSize, b.o.Warmup)
+}
+
+func (b *bench) compare(phases bool) error {
+	o, stdout := b.o, b.stdout
 	fmt.Fprintf(stdout, "replicas  %d (%d GPUs)\n\n", o.Replicas, o.Replicas*o.Profile.GPUs)
-	results, err := fleet.Compare(w, names, o)
+	results, err := fleet.Compare(b.w, b.names, o)
 	if err != nil {
 		return err
 	}
 	if err := fleet.WriteTable(stdout, results); err != nil {
 		return err
 	}
-	if len(o.Phases) > 0 {
+	if phases {
 		fmt.Fprintf(stdout, "\nby arrival time (the outage affects kvroute only: the other policies have no separate control plane)\n")
 		if err := fleet.WritePhases(stdout, results); err != nil {
 			return err
@@ -356,17 +429,114 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	ceiling := b.ceiling()
 	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens; max/mean Q: time-averaged max over mean queued prefill tokens;\n")
 	fmt.Fprintf(stdout, "spill: requests not sent to a replica holding the longest cached prefix (engines' real caches).\n")
-	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(start).Seconds(), len(results), o.Parallel)
-	if *plotPath != "" {
-		title := fmt.Sprintf("TTFT per policy at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, w.Describe())
-		if err := writeFile(*plotPath, func(f io.Writer) error { return fleet.PlotTTFT(f, plotFormat, title, results) }); err != nil {
+	if err := fleet.WriteNotes(stdout, b.names, &ceiling); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(b.start).Seconds(), len(results), o.Parallel)
+	if b.plotPath != "" {
+		title := fmt.Sprintf("TTFT per policy at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
+		if err := writeFile(b.plotPath, func(f io.Writer) error { return fleet.PlotTTFT(f, b.plotFormat, title, results) }); err != nil {
 			return err
 		}
 	}
-	if *jsonPath != "" {
-		return writeFile(*jsonPath, func(f io.Writer) error { return fleet.WriteJSON(f, label, o.Replicas, results) })
+	if b.jsonPath != "" {
+		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
+		v := math.Round(ceiling.Rate*1e6) / 1e6
+		rep.ReuseCeiling = &v
+		return writeFile(b.jsonPath, func(f io.Writer) error { return fleet.WriteReportJSON(f, rep) })
+	}
+	return nil
+}
+
+func (b *bench) findReplicas(slo time.Duration) error {
+	o, stdout := b.o, b.stdout
+	fmt.Fprintf(stdout, "search    fewest replicas with TTFT p95 <= %.3g s (GPUs = replicas x %d)\n\n", slo.Seconds(), o.Profile.GPUs)
+	searches, err := fleet.FindReplicas(b.w, b.names, o, slo, 0.95)
+	if err != nil {
+		return err
+	}
+	if err := fleet.WriteSearch(stdout, searches, slo); err != nil {
+		return err
+	}
+	ceiling := b.ceiling()
+	fmt.Fprintln(stdout)
+	if err := fleet.WriteNotes(stdout, b.names, &ceiling); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wall %.1f s\n", time.Since(b.start).Seconds())
+	if b.plotPath != "" {
+		title := fmt.Sprintf("Fewest replicas for TTFT p95 ≤ %s s (GPUs = replicas x %d)\n%s", strconv.FormatFloat(slo.Seconds(), 'g', 4, 64), o.Profile.GPUs, b.w.Describe())
+		if err := writeFile(b.plotPath, func(f io.Writer) error {
+			return fleet.PlotSearch(f, b.plotFormat, title, searches, slo, "p95")
+		}); err != nil {
+			return err
+		}
+	}
+	if b.jsonPath != "" {
+		return writeFile(b.jsonPath, func(f io.Writer) error { return fleet.WriteSearchJSON(f, b.label, slo, ceiling, searches) })
+	}
+	return nil
+}
+
+func (b *bench) findRate(slo time.Duration, res fleet.Resolution) error {
+	o, stdout := b.o, b.stdout
+	fmt.Fprintf(stdout, "search    highest rate with TTFT p95 <= %.3g s at %d replicas (%d GPUs), from %.4g req/s to within %s",
+		slo.Seconds(), o.Replicas, o.Replicas*o.Profile.GPUs, b.load.Rate, res)
+	if b.load.TraceRate > 0 {
+		fmt.Fprintf(stdout, " (the trace's timestamps divided by rate / %.4g)", b.load.TraceRate)
+	}
+	fmt.Fprintf(stdout, "\n\n")
+	searches, err := fleet.FindRate(b.load, b.names, o, slo, 0.95, res)
+	if err != nil {
+		return err
+	}
+	if err := fleet.WriteRateSearch(stdout, b.load, searches); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nrate held: the highest rate run that held the SLO (>=: still held at the search's cap); misses at: the\n"+
+		"lowest that did not; TTFT p95, cached and ceiling: at the rate held.\n")
+	if err := fleet.WriteNotes(stdout, b.names, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wall %.1f s\n", time.Since(b.start).Seconds())
+	if b.jsonPath != "" {
+		return writeFile(b.jsonPath, func(f io.Writer) error {
+			return fleet.WriteRateSearchJSON(f, b.label, o.Replicas, slo, res, b.load, searches)
+		})
+	}
+	return nil
+}
+
+func (b *bench) sweep(rates []float64) error {
+	o, stdout := b.o, b.stdout
+	fmt.Fprintf(stdout, "sweep     %d rates from %.4g to %.4g req/s at %d replicas (%d GPUs), every policy at each\n\n",
+		len(rates), rates[0], rates[len(rates)-1], o.Replicas, o.Replicas*o.Profile.GPUs)
+	points, err := fleet.Sweep(b.load, b.names, o, rates)
+	if err != nil {
+		return err
+	}
+	if err := fleet.WriteSweep(stdout, b.load, points); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens.\n")
+	if err := fleet.WriteNotes(stdout, b.names, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(b.start).Seconds(), len(rates)*len(b.names), o.Parallel)
+	if b.plotPath != "" {
+		title := fmt.Sprintf("TTFT and cached rate against offered load at %d replicas (%d GPUs)\n%s\nthe x axis replaces the rate above", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
+		if b.load.TraceRate > 0 {
+			title += fmt.Sprintf(": the trace's timestamps divided by rate / %.4g req/s", b.load.TraceRate)
+		}
+		if err := writeFile(b.plotPath, func(f io.Writer) error { return fleet.PlotSweep(f, b.plotFormat, title, points) }); err != nil {
+			return err
+		}
+	}
+	if b.jsonPath != "" {
+		return writeFile(b.jsonPath, func(f io.Writer) error { return fleet.WriteSweepJSON(f, b.label, o.Replicas, b.load, points) })
 	}
 	return nil
 }
@@ -383,51 +553,102 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return f.Close()
 }
 
-func buildWorkload(name, trace, format string, speedup, rate float64, duration time.Duration, hot bool, hotShare, shared float64,
-	o fleet.Options, seed workload.SeedConfig, gsp workload.GSPConfig, mt workload.MultiturnConfig, burst workload.BurstConfig) (workload.Workload, string, error) {
+// workloadFlags are the flags that choose and shape the workload.
+type workloadFlags struct {
+	name, trace, format string
+	// rate and speedup are --rate and --speedup; rateSet, speedupSet and burstRateSet
+	// say whether the command line gave them.
+	rate, speedup                     float64
+	rateSet, speedupSet, burstRateSet bool
+	duration                          time.Duration
+	hot                               bool
+	hotShare, shared                  float64
+	seed                              workload.SeedConfig
+	gsp                               workload.GSPConfig
+	mt                                workload.MultiturnConfig
+	burst                             workload.BurstConfig
+}
+
+// load returns the workload as a function of its rate, that rate as the flags set it,
+// and the workload's label for JSON. A bad flag is a *cli.UsageError; a trace that
+// cannot be read is not.
+func (f workloadFlags) load(o fleet.Options) (fleet.Load, string, error) {
 	bs := o.Profile.BlockSize
-	if trace != "" {
-		if format != "mooncake" {
-			return nil, "", fmt.Errorf("--trace-format %q: only mooncake is supported", format)
+	if f.trace != "" {
+		if f.format != "mooncake" {
+			return fleet.Load{}, "", cli.Usagef("--trace-format %q: only mooncake is supported", f.format)
 		}
-		w, err := workload.LoadMooncake(workload.MooncakeConfig{Path: trace, Speedup: speedup, Seed: o.Seed, BlockSize: bs})
-		return w, "mooncake", err
+		if f.rateSet && f.speedupSet {
+			return fleet.Load{}, "", cli.Usagef("--rate %g and --speedup %g: a trace's rate is its speedup, give one", f.rate, f.speedup)
+		}
+		m, err := workload.LoadMooncake(workload.MooncakeConfig{Path: f.trace, Speedup: 1, Seed: o.Seed, BlockSize: bs})
+		if err != nil {
+			return fleet.Load{}, "", err
+		}
+		l := fleet.Load{TraceRate: m.Rate(), Rate: f.rate}
+		if l.TraceRate <= 0 {
+			return fleet.Load{}, "", fmt.Errorf("%s: every request arrives at once: the trace has no rate to compress", f.trace)
+		}
+		if !f.rateSet {
+			if f.speedup <= 0 {
+				return fleet.Load{}, "", cli.Usagef("--speedup %g must be positive", f.speedup)
+			}
+			l.Rate = f.speedup * l.TraceRate
+		}
+		l.At = func(rate float64) (workload.Workload, error) { return m.WithSpeedup(l.Speedup(rate)) }
+		return l, "mooncake", nil
 	}
-	switch name {
+	if f.rateSet && f.rate <= 0 {
+		return fleet.Load{}, "", cli.Usagef("--rate %g must be positive", f.rate)
+	}
+	var l fleet.Load
+	label := f.name
+	switch f.name {
 	case "seed":
-		seed.Seed, seed.BlockSize, seed.Duration = o.Seed, bs, duration
-		if rate > 0 {
-			seed.Rate = rate
+		c := f.seed
+		c.Seed, c.BlockSize, c.Duration = o.Seed, bs, f.duration
+		if f.shared < 0 || f.shared > 1 {
+			return l, "", cli.Usagef("--shared-fraction %g outside [0, 1]", f.shared)
 		}
-		if shared < 0 || shared > 1 {
-			return nil, "", fmt.Errorf("--shared-fraction %g outside [0, 1]", shared)
-		}
-		seed.PrefixTokens = int(shared*float64(seed.PromptTokens) + 0.5)
-		label := "seed"
-		if hot {
-			seed.Hot = hotShare
+		c.PrefixTokens = int(f.shared*float64(c.PromptTokens) + 0.5)
+		if f.hot {
+			c.Hot = f.hotShare
 			label = "seed --hot"
 		}
-		w, err := workload.NewSeed(seed)
-		return w, label, err
+		l.Rate = c.Rate
+		l.At = func(rate float64) (workload.Workload, error) { at := c; at.Rate = rate; return workload.NewSeed(at) }
 	case "gsp":
-		gsp.Seed, gsp.BlockSize = o.Seed, bs
-		if rate > 0 {
-			gsp.Rate = rate
-		}
-		w, err := workload.NewGSP(gsp)
-		return w, "gsp", err
+		c := f.gsp
+		c.Seed, c.BlockSize = o.Seed, bs
+		l.Rate = c.Rate
+		l.At = func(rate float64) (workload.Workload, error) { at := c; at.Rate = rate; return workload.NewGSP(at) }
 	case "multiturn":
-		mt.Seed, mt.BlockSize, mt.Duration = o.Seed, bs, duration
-		if rate > 0 {
-			mt.Rate = rate
+		c := f.mt
+		c.Seed, c.BlockSize, c.Duration = o.Seed, bs, f.duration
+		l.Rate = c.Rate
+		l.At = func(rate float64) (workload.Workload, error) {
+			at := c
+			at.Rate = rate
+			return workload.NewMultiturn(at)
 		}
-		w, err := workload.NewMultiturn(mt)
-		return w, "multiturn", err
 	case "burst":
-		burst.Seed, burst.BlockSize = o.Seed, bs
-		w, err := workload.NewBurst(burst)
-		return w, "burst", err
+		if f.rateSet && f.burstRateSet {
+			return l, "", cli.Usagef("--rate and --burst-rate: give one (burst requests per second are groups per second x --burst-size)")
+		}
+		c := f.burst
+		c.Seed, c.BlockSize = o.Seed, bs
+		size := float64(max(c.Size, 1))
+		l.Rate = c.GroupRate * size
+		l.At = func(rate float64) (workload.Workload, error) {
+			at := c
+			at.GroupRate = rate / size
+			return workload.NewBurst(at)
+		}
+	default:
+		return l, "", cli.Usagef("--workload %q: want seed, gsp, multiturn or burst", f.name)
 	}
-	return nil, "", fmt.Errorf("--workload %q: want seed, gsp, multiturn or burst", name)
+	if f.rateSet {
+		l.Rate = f.rate
+	}
+	return l, label, nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/cli"
 	"github.com/kvroute/kvroute/wasmtest/fleet"
 )
 
@@ -46,6 +48,96 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Equal(t, 2, doc.Replicas)
 	require.Len(t, doc.Policies, 3)
 	assert.Equal(t, 32, doc.Policies[1].Requests)
+	assert.Regexp(t, `reuse ceiling \d+\.\d% over 32 measured requests`, s)
+	assert.Contains(t, s, "oracle: kvroute's own rule", "the oracle is said for what it is")
+	assert.Contains(t, s, "not an upper bound on routing")
+	assert.Contains(t, string(b), `"reuse_ceiling": 0.`)
+}
+
+func TestFindRate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rate.json")
+	var out bytes.Buffer
+	args := append(tiny, "--find-rate", "--slo-ttft-p95", "5ms", "--rate-resolution", "10", "--policies", "round-robin,oracle", "--json", path)
+	require.NoError(t, run(args, &out, &out), out.String())
+	s := out.String()
+	assert.Contains(t, s, "highest rate with TTFT p95 <= 0.005 s at 2 replicas (2 GPUs), from 20 req/s to within 10 req/s")
+	assert.Regexp(t, `policy\s+rate held\s+misses at\s+TTFT p95 s\s+cached\s+ceiling`, s)
+	assert.Contains(t, s, "ceiling: the reuse ceiling of the arrivals at that rate")
+	assert.Contains(t, s, "oracle: kvroute's own rule")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc struct {
+		Workload   string  `json:"workload"`
+		SLO        float64 `json:"slo_ttft_p95_s"`
+		Resolution string  `json:"resolution"`
+		Policies   []struct {
+			Name     string   `json:"name"`
+			RateHeld float64  `json:"rate_held"`
+			MissedAt *float64 `json:"missed_at"`
+			P95      *float64 `json:"ttft_p95_s"`
+			Ceiling  float64  `json:"reuse_ceiling"`
+			Tried    []struct {
+				Rate float64 `json:"rate"`
+			} `json:"tried"`
+		} `json:"policies"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	assert.Equal(t, "gsp", doc.Workload)
+	assert.Equal(t, "10 req/s", doc.Resolution)
+	require.Len(t, doc.Policies, 2)
+	for _, p := range doc.Policies {
+		require.NotNil(t, p.MissedAt, "%s: the fast profile misses 5 ms somewhere below the cap", p.Name)
+		assert.Positive(t, p.RateHeld, p.Name)
+		assert.LessOrEqual(t, *p.MissedAt-p.RateHeld, 10.0, p.Name)
+		require.NotNil(t, p.P95)
+		assert.LessOrEqual(t, *p.P95, 0.005)
+		assert.Positive(t, p.Ceiling)
+		assert.Equal(t, 20.0, p.Tried[0].Rate, "%s: the search starts at --rate", p.Name)
+	}
+}
+
+// TestFindRateOnATrace: a trace's rate is a time compression; the table says which.
+func TestFindRateOnATrace(t *testing.T) {
+	var out bytes.Buffer
+	args := []string{"--trace", "../../../testdata/mooncake/synthetic_trace_head200.jsonl", "--replicas", "8", "--policies", "oracle",
+		"--find-rate", "--slo-ttft-p95", "5", "--rate-resolution", "25%"}
+	require.NoError(t, run(args, &out, &out), out.String())
+	s := out.String()
+	assert.Contains(t, s, "the trace's rate: 3.419 req/s at speedup 1")
+	assert.Regexp(t, `policy\s+rate held\s+speedup\s+misses at`, s)
+	assert.Regexp(t, `oracle\s+\d+(\.\d+)?\s+\d+(\.\d+)?\s+\d`, s, "a rate held and its speedup")
+}
+
+func TestSweepRate(t *testing.T) {
+	dir := t.TempDir()
+	plot, js := filepath.Join(dir, "sweep.svg"), filepath.Join(dir, "sweep.json")
+	var out bytes.Buffer
+	args := append(tiny, "--sweep-rate", "10:30:10", "--policies", "round-robin,kvroute,oracle", "--plot", plot, "--json", js)
+	require.NoError(t, run(args, &out, &out), out.String())
+	s := out.String()
+	assert.Contains(t, s, "sweep     3 rates from 10 to 30 req/s at 2 replicas (2 GPUs)")
+	rows := regexp.MustCompile(`(?m)^\s+(10|20|30)\s+(round-robin|kvroute|oracle)\s+32\s+0\s+[\d.]+%\s+[\d.]+%`).FindAllString(s, -1)
+	assert.Len(t, rows, 9, "a row per rate and policy:\n%s", s)
+	texts := svgTexts(t, plot)
+	for _, p := range []string{"round-robin", "kvroute", "oracle (exact engine state)", "reuse ceiling (infinite cache)"} {
+		assert.Contains(t, texts, p)
+	}
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	var doc struct {
+		Rates []struct {
+			Rate     float64 `json:"rate"`
+			Ceiling  float64 `json:"reuse_ceiling"`
+			Policies []struct {
+				Name string `json:"name"`
+			} `json:"policies"`
+		} `json:"rates"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Rates, 3)
+	assert.Equal(t, 30.0, doc.Rates[2].Rate)
+	assert.Len(t, doc.Rates[2].Policies, 3)
+	assert.Positive(t, doc.Rates[0].Ceiling)
 }
 
 func TestFindReplicas(t *testing.T) {
@@ -83,6 +175,46 @@ func TestBadFlags(t *testing.T) {
 		var out bytes.Buffer
 		assert.Error(t, run(c, &out, &out), strings.Join(c, " "))
 	}
+}
+
+// TestBadLoadFlags: rate searches and sweeps refuse what they cannot run, with a usage
+// error that says why, before any simulation.
+func TestBadLoadFlags(t *testing.T) {
+	trace := "../../../testdata/mooncake/synthetic_trace_head200.jsonl"
+	cases := []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--find-rate", "--find-replicas"}, "give one"},
+		{[]string{"--find-rate", "--sweep-rate", "1:2:1"}, "give one"},
+		{[]string{"--find-rate", "--plot", "x.svg"}, "a rate search has no picture"},
+		{[]string{"--sweep-rate", "10:5:1"}, "--sweep-rate \"10:5:1\": the last rate B must not be below A"},
+		{[]string{"--sweep-rate", "10:20"}, "want A:B:STEP"},
+		{[]string{"--find-rate", "--rate-resolution", "0"}, "--rate-resolution \"0\": want a positive number"},
+		{[]string{"--rate", "-1"}, "--rate -1 must be positive"},
+		{[]string{"--workload", "burst", "--rate", "16", "--burst-rate", "2"}, "--rate and --burst-rate: give one"},
+		{[]string{"--trace", trace, "--rate", "2", "--speedup", "2"}, "a trace's rate is its speedup, give one"},
+		{[]string{"--trace", trace, "--speedup", "0"}, "--speedup 0 must be positive"},
+	}
+	for _, c := range cases {
+		var out bytes.Buffer
+		err := run(c.args, &out, &out)
+		var u *cli.UsageError
+		require.ErrorAs(t, err, &u, strings.Join(c.args, " "))
+		assert.ErrorContains(t, err, c.says)
+		assert.NotContains(t, out.String(), "policy", "%s: refused before any run", strings.Join(c.args, " "))
+	}
+}
+
+// TestBurstRate: a burst's rate in requests per second is its groups per second times
+// their size.
+func TestBurstRate(t *testing.T) {
+	var out bytes.Buffer
+	args := []string{"--workload", "burst", "--profile", "fast", "--burst-size", "4", "--burst-prefix-tokens", "64",
+		"--burst-question-tokens", "16", "--burst-output-tokens", "4", "--burst-duration", "2", "--rate", "8", "--replicas", "2",
+		"--policies", "oracle"}
+	require.NoError(t, run(args, &out, &out), out.String())
+	assert.Contains(t, out.String(), "2 groups/s for 2s")
 }
 
 func TestParseDuration(t *testing.T) {

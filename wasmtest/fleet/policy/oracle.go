@@ -8,9 +8,9 @@ import (
 )
 
 // Oracle is kvroute's rule (package shared/rule, the same Picker) with perfect,
-// instant knowledge: every engine's exact cached prefix for the request and its queued
-// prefill tokens, read at decision time. It bounds what any view of the fleet can do
-// with this rule.
+// instant knowledge: every engine's exact GPU cached prefix for the request and its
+// queued prefill tokens, read at decision time. kvroute's distance from it measures
+// kvroute's information pipeline, not the rule; it is no upper bound on routing.
 type Oracle struct {
 	Base
 	// UncachedWeight, when above 1, scores (Q + w U) instead of (Q + U) by feeding the

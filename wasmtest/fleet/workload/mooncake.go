@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -124,6 +125,27 @@ func (w *Mooncake) Describe() string {
 
 // Len implements Workload.
 func (w *Mooncake) Len() int { return len(w.recs) }
+
+// WithSpeedup returns the same trace replayed with its timestamps divided by speedup
+// instead (the records are shared, not copied): a trace's rate is a time compression.
+func (w *Mooncake) WithSpeedup(speedup float64) (*Mooncake, error) {
+	if speedup <= 0 || math.IsInf(speedup, 0) || math.IsNaN(speedup) {
+		return nil, fmt.Errorf("mooncake trace: speedup %g must be positive and finite", speedup)
+	}
+	c := w.cfg
+	c.Speedup = speedup
+	return &Mooncake{cfg: c, recs: w.recs}, nil
+}
+
+// Rate is the offered load at the trace's speedup: its requests over the span of their
+// arrivals, in requests per second; 0 when every request arrives at once.
+func (w *Mooncake) Rate() float64 {
+	span := w.at(len(w.recs)-1) - w.at(0)
+	if span <= 0 {
+		return 0
+	}
+	return float64(len(w.recs)) / span.Seconds()
+}
 
 func (w *Mooncake) at(i int) time.Duration {
 	return time.Duration(float64(w.recs[i].Timestamp) * float64(time.Millisecond) / w.cfg.Speedup)

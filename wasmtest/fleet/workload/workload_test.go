@@ -283,3 +283,28 @@ func TestMooncakeSyntheticTrace(t *testing.T) {
 	}
 	assert.Positive(t, pairs, "the excerpt has requests that share a prefix")
 }
+
+func TestMooncakeSpeedupCompressesTime(t *testing.T) {
+	recs := []MooncakeRecord{
+		{Timestamp: 0, InputLength: 600, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 1000, InputLength: 600, OutputLength: 1, HashIDs: []uint64{1, 3}},
+		{Timestamp: 4000, InputLength: 600, OutputLength: 1, HashIDs: []uint64{4, 5}},
+	}
+	w, err := NewMooncake(MooncakeConfig{Speedup: 2}, recs)
+	require.NoError(t, err)
+	assert.InDelta(t, 3/2.0, w.Rate(), 1e-12, "3 requests over 2 s at speedup 2")
+	fast, err := w.WithSpeedup(8)
+	require.NoError(t, err)
+	assert.InDelta(t, 3/0.5, fast.Rate(), 1e-12)
+	at, _ := fast.Arrival(1)
+	assert.Equal(t, 125*time.Millisecond, at)
+	at, _ = w.Arrival(1)
+	assert.Equal(t, 500*time.Millisecond, at, "the original keeps its speedup")
+	for _, bad := range []float64{0, -1, math.Inf(1), math.NaN()} {
+		_, err := w.WithSpeedup(bad)
+		assert.Error(t, err, "speedup %g", bad)
+	}
+	once, err := NewMooncake(MooncakeConfig{}, recs[:1])
+	require.NoError(t, err)
+	assert.Zero(t, once.Rate(), "no span, no rate")
+}
