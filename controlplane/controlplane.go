@@ -61,6 +61,9 @@ type Options struct {
 	// ScrapeInterval and ScrapeTimeout of each replica's /metrics (default 100 ms, 1 s).
 	ScrapeInterval time.Duration
 	ScrapeTimeout  time.Duration
+	// HealthInterval: how often replica health is checked for the log and /readyz
+	// (health.go; default 1 s).
+	HealthInterval time.Duration
 	// History is how many versions deltas can start from (default 600).
 	History int
 	// Token, when set, is required as a bearer token on the table, reports and debug.
@@ -113,6 +116,7 @@ type ControlPlane struct {
 	handOffs    *prometheus.CounterVec // by front.HandOff
 	impostors   prometheus.Counter
 	peers       peerCache
+	health      health
 }
 
 // New validates options and builds the components; nothing runs until Start.
@@ -131,6 +135,9 @@ func New(o Options) (*ControlPlane, error) {
 	}
 	if o.ScrapeTimeout <= 0 {
 		o.ScrapeTimeout = time.Second
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = time.Second
 	}
 	if o.MaxDPRanks <= 0 {
 		o.MaxDPRanks = 1
@@ -226,6 +233,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
 		MaxBytesInFlight: c.o.MaxReportBytesInFlight,
 		Gatherer:         c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
+		Ready: c.health.ready,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
@@ -240,6 +248,8 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 
 	c.wg.Add(1)
 	go func() { defer c.wg.Done(); c.publishLoop(ctx) }()
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.healthLoop(ctx, c.o.HealthInterval) }()
 
 	c.setEngines(nil, false)
 	if c.o.Kubernetes != nil {
@@ -372,6 +382,7 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 			return
 		}
 		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
+		c.health.scraped(r.ID, err)
 		select {
 		case <-ctx.Done():
 			return
