@@ -563,7 +563,7 @@ func checkAgree(t *testing.T, base, clients, vllm, wasmPlugin []object) {
 	// The engine's own flags and annotations match what discovery and the filter expect.
 	vc := modelDep.Spec.Template.Spec.Containers[0]
 	args := strings.Join(vc.Args, " ")
-	for _, want := range []string{"--enable-prefix-caching", "--enable-prompt-tokens-details", `"publisher":"zmq"`, `"endpoint":"tcp://*:5557"`, `"topic":"kv@$(POD_IP)@`} {
+	for _, want := range []string{"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-force-include-usage", `"publisher":"zmq"`, `"endpoint":"tcp://*:5557"`, `"topic":"kv@$(POD_IP)@`} {
 		if !strings.Contains(args, want) {
 			t.Errorf("vLLM args lack %s", want)
 		}

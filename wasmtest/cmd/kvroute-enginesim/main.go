@@ -94,6 +94,7 @@ type options struct {
 	enableAdmin                              bool
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
+	forceIncludeUsage                        bool
 	cpuOffloadTokens                         int
 	cpuLoadUsPerToken                        float64
 }
@@ -134,6 +135,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs carry ids and token counts, never prompt text)")
 	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&o.forceIncludeUsage, "enable-force-include-usage", false, "vLLM's: every stream carries usage (in each chunk and a last chunk of its own), whatever stream_options says")
 	return fs
 }
 
@@ -250,7 +252,8 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
-			Logger: log.With("replica", i),
+			ForceIncludeUsage: o.forceIncludeUsage,
+			Logger:            log.With("replica", i),
 			Replica: replica.Config{
 				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,
 					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond))},

@@ -47,7 +47,9 @@ subscribes to their KV events) and the proxy sends them the requests, e.g.
   kvroute-mesh --engine model=llama,addr=10.0.0.7:8000,kv=tcp://10.0.0.7:5557,replay=tcp://10.0.0.7:5558 \
                --engine model=llama,addr=10.0.0.8:8000,kv=tcp://10.0.0.8:5557,replay=tcp://10.0.0.8:5558
 Start vLLM with --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
-"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}' and --enable-prompt-tokens-details.
+"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}', --enable-prompt-tokens-details
+and --enable-force-include-usage (without it streams that do not ask for usage report no
+outcome; the summary counts them).
 With --demo the kvroute run sends other customers' prompts than the round-robin run
 (your engines' caches cannot be emptied), so that neither run finds the other's prefixes.`,
 }
