@@ -25,6 +25,8 @@ const (
 	// eventsGrace is how long a new replica's KV-event stream may take to connect
 	// before it counts as down.
 	eventsGrace = 3 * time.Second
+	// maxNamedDown replicas are named in /readyz's answer; the rest are counted.
+	maxNamedDown = 8
 )
 
 // health follows the replicas' states between ticks of healthLoop.
@@ -174,6 +176,9 @@ func (c *ControlPlane) checkHealth(now time.Time) {
 	h.notReady = nil
 	if len(states) > 0 && !slices.Contains(slices.Collect(maps.Values(healthy)), true) {
 		slices.Sort(down)
+		if n := len(down); n > maxNamedDown {
+			down = append(down[:maxNamedDown], fmt.Sprintf("and %d more", n-maxNamedDown))
+		}
 		h.notReady = errors.New("no healthy replica for any model: " + strings.Join(down, "; "))
 	}
 }

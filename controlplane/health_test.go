@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/controlplane/discovery"
+	"github.com/kvroute/kvroute/controlplane/index"
+	"github.com/kvroute/kvroute/controlplane/scrape"
 	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
 )
@@ -229,5 +232,43 @@ func TestHealthLinesAreRateLimited(t *testing.T) {
 	}
 	if due, _, _ := l.observe(!lastDown, end.Add(time.Second)); due {
 		t.Errorf("the same state logged twice")
+	}
+}
+
+// TestReadyzNamesAFewDownReplicas: /readyz's reason names the first maxNamedDown
+// replicas and counts the rest, so its size does not grow with the fleet; one healthy
+// replica of any model keeps the control plane ready.
+func TestReadyzNamesAFewDownReplicas(t *testing.T) {
+	cp, err := New(Options{Engines: []discovery.Engine{{ID: "x", Model: "m", Addr: "127.0.0.1:1"}}, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	var specs []index.Spec
+	for i := range 30 {
+		model := "a"
+		if i == 29 {
+			model = "b"
+		}
+		specs = append(specs, index.Spec{ID: fmt.Sprintf("r%02d", i), Model: model, Addr: fmt.Sprintf("10.0.0.%d:8000", i)})
+	}
+	cp.Index.SetReplicas(specs, now)
+	fail := func(n int) {
+		for _, s := range specs[:n] {
+			for range 3 {
+				cp.Index.ApplyScrape(s.ID, scrape.Sample{}, errors.New("connection refused"), now)
+			}
+			cp.health.scraped(s.ID, errors.New("connection refused"))
+		}
+		cp.checkHealth(now)
+	}
+	fail(29)
+	if err := cp.health.ready(); err != nil {
+		t.Errorf("model b still has a healthy replica: %v", err)
+	}
+	fail(30)
+	err = cp.health.ready()
+	if err == nil || !strings.Contains(err.Error(), "r00 (10.0.0.0:8000, model a): connection refused") || !strings.Contains(err.Error(), "and 22 more") || strings.Contains(err.Error(), "r08") {
+		t.Errorf("reason %v: want r00..r07 named and 22 more counted", err)
 	}
 }
