@@ -5,11 +5,17 @@ WASM     := $(BIN)/kvroute.wasm
 # Executions per fuzz target inside `make test` (a smoke run, not a campaign; see .ci/fuzz).
 FUZZTIME ?= 50000x
 
-.PHONY: all build wasm native test testdeps vet fmt-check unit fuzz soak run demo bench clean
+.PHONY: all build first-build wasm native test testdeps vet fmt-check unit fuzz soak run demo bench clean
 
 all: build ## the default: same as make build
 
-build: wasm native ## bin/kvroute.wasm and every command in bin/
+build: first-build wasm native ## bin/kvroute.wasm and every command in bin/
+
+# The first build downloads and compiles every module the commands need (the Kubernetes,
+# Istio and Envoy ones of the manifests tool among them): say so before minutes of
+# "go: downloading" (README.md, "The two commands").
+first-build:
+	@[ -x $(BIN)/kvroute-mesh ] || echo "kvroute: first build: Go downloads and compiles the modules the commands need, several minutes (once)"
 
 # The filter: a WASI reactor loaded by Envoy (proxy-wasm), built with upstream Go, then
 # patched so the Go runtime never calls the host's poll_oneoff (filter/wasmpatch: Envoy

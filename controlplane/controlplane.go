@@ -61,6 +61,9 @@ type Options struct {
 	// ScrapeInterval and ScrapeTimeout of each replica's /metrics (default 100 ms, 1 s).
 	ScrapeInterval time.Duration
 	ScrapeTimeout  time.Duration
+	// HealthInterval: how often replica health is checked for the log and /readyz
+	// (health.go; default 1 s).
+	HealthInterval time.Duration
 	// History is how many versions deltas can start from (default 600).
 	History int
 	// Token, when set, is required as a bearer token on the table, reports and debug.
@@ -121,6 +124,7 @@ type ControlPlane struct {
 	events      countedEvents          // the index's KV-event handler, drops counted
 	impostors   prometheus.Counter
 	peers       peerCache
+	health      health
 }
 
 // New validates options and builds the components; nothing runs until Start.
@@ -139,6 +143,9 @@ func New(o Options) (*ControlPlane, error) {
 	}
 	if o.ScrapeTimeout <= 0 {
 		o.ScrapeTimeout = time.Second
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = time.Second
 	}
 	if o.MaxDPRanks <= 0 {
 		o.MaxDPRanks = 1
@@ -243,6 +250,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
 		MaxBytesInFlight: c.o.MaxReportBytesInFlight, BodyTimeout: c.o.BodyTimeout,
 		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
+		Ready: c.health.ready,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
@@ -259,6 +267,8 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 
 	c.wg.Add(1)
 	go func() { defer c.wg.Done(); c.publishLoop(ctx) }()
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.healthLoop(ctx, c.o.HealthInterval) }()
 
 	c.setEngines(nil, false)
 	if c.o.Kubernetes != nil {
@@ -391,6 +401,7 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 			return
 		}
 		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
+		c.health.scraped(r.ID, err)
 		select {
 		case <-ctx.Done():
 			return

@@ -217,22 +217,27 @@ func TestOutcomeReportsReadUsage(t *testing.T) {
 			chunks  []string
 			prompt  int
 			cached  int
+			noUsage int64 // kvroute_outcomes_without_usage_total counts it
 		}{
 			{"json", [][2]string{{":status", "200"}, {"content-type", "application/json"}},
 				[]string{`{"id":"1","choices":[{"message":{"content":"ok"}}],`, `"usage":{"prompt_tokens":8000,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":5984}}}`},
-				8000, 5984},
+				8000, 5984, 0},
 			{"sse", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
 				[]string{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n",
 					"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":96}}}\n\n",
 					"data: [DONE]\n\n"},
-				120, 96},
-			{"error status", [][2]string{{":status", "503"}}, []string{`{"error":"overloaded"}`}, 0, -1},
+				120, 96, 0},
+			{"sse without usage", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
+				[]string{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", "data: [DONE]\n\n"},
+				0, -1, 1},
+			{"error status", [][2]string{{":status", "503"}}, []string{`{"error":"overloaded"}`}, 0, -1, 0},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				id, hs := h.send(request{body: chat("sys", "q")})
 				require.NotEmpty(t, endpoint(hs))
 				h.reports() // the placement
+				before, _ := h.GetCounterMetric("kvroute_outcomes_without_usage_total")
 				h.CallOnResponseHeaders(id, c.headers, false)
 				for i, ch := range c.chunks {
 					assert.Equal(t, types.ActionContinue, h.CallOnResponseBody(id, []byte(ch), i == len(c.chunks)-1),
@@ -247,6 +252,8 @@ func TestOutcomeReportsReadUsage(t *testing.T) {
 				assert.Equal(t, c.cached, r.CachedTokens)
 				st, _ := header(c.headers, ":status")
 				assert.Equal(t, st, fmt.Sprint(r.Status))
+				after, _ := h.GetCounterMetric("kvroute_outcomes_without_usage_total")
+				assert.Equal(t, c.noUsage, int64(after-before), "kvroute_outcomes_without_usage_total")
 			})
 		}
 	})

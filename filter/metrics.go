@@ -26,7 +26,11 @@ type metrics struct {
 	refusedUnread     proxywasm.MetricCounter // host would not hand over or take back the body (503)
 	refusedPath       proxywasm.MetricCounter // body on a path kvroute does not salt (403)
 	outcomes          proxywasm.MetricCounter // responses whose usage was read
-	ledgerExpired     proxywasm.MetricCounter // local queue entries dropped by timeout
+	// Successful responses to placed requests that carried no usage: streams that did
+	// not ask for it (stream_options.include_usage) from engines that do not force it
+	// (vLLM --enable-force-include-usage, SGLang --stream-response-default-include-usage).
+	outcomesWithoutUsage proxywasm.MetricCounter
+	ledgerExpired        proxywasm.MetricCounter // local queue entries dropped by timeout
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -43,30 +47,31 @@ func defineMetrics() metrics {
 	c := proxywasm.DefineCounterMetric
 	g := proxywasm.DefineGaugeMetric
 	return metrics{
-		decisions:         c("kvroute_decisions_total"),
-		predictedHits:     c("kvroute_predicted_hits_total"),
-		spills:            c("kvroute_spills_total"),
-		staleDecisions:    c("kvroute_stale_decisions_total"),
-		fallbacks:         c("kvroute_fallbacks_total"),
-		unrouted:          c("kvroute_unrouted_total"),
-		unservedModel:     c("kvroute_unserved_model_total"),
-		parseErrors:       c("kvroute_parse_errors_total"),
-		oversized:         c("kvroute_oversized_bodies_total"),
-		saltInjected:      c("kvroute_cache_salt_injected_total"),
-		refusedOversized:  c("kvroute_unsalted_refused_oversized_total"),
-		refusedUnparsable: c("kvroute_unsalted_refused_unparsable_total"),
-		refusedUnread:     c("kvroute_unsalted_refused_unread_total"),
-		refusedPath:       c("kvroute_unsalted_refused_path_total"),
-		outcomes:          c("kvroute_outcomes_total"),
-		ledgerExpired:     c("kvroute_ledger_expired_total"),
-		polls:             c("kvroute_table_polls_total"),
-		pollErrors:        c("kvroute_table_poll_errors_total"),
-		tableLoads:        c("kvroute_table_loads_total"),
-		tableErrors:       c("kvroute_table_load_errors_total"),
-		reportsSent:       c("kvroute_reports_sent_total"),
-		reportsDropped:    c("kvroute_reports_dropped_total"),
-		tableVersion:      g("kvroute_table_version"),
-		tableAgeMs:        g("kvroute_table_age_ms"),
+		decisions:            c("kvroute_decisions_total"),
+		predictedHits:        c("kvroute_predicted_hits_total"),
+		spills:               c("kvroute_spills_total"),
+		staleDecisions:       c("kvroute_stale_decisions_total"),
+		fallbacks:            c("kvroute_fallbacks_total"),
+		unrouted:             c("kvroute_unrouted_total"),
+		unservedModel:        c("kvroute_unserved_model_total"),
+		parseErrors:          c("kvroute_parse_errors_total"),
+		oversized:            c("kvroute_oversized_bodies_total"),
+		saltInjected:         c("kvroute_cache_salt_injected_total"),
+		refusedOversized:     c("kvroute_unsalted_refused_oversized_total"),
+		refusedUnparsable:    c("kvroute_unsalted_refused_unparsable_total"),
+		refusedUnread:        c("kvroute_unsalted_refused_unread_total"),
+		refusedPath:          c("kvroute_unsalted_refused_path_total"),
+		outcomes:             c("kvroute_outcomes_total"),
+		outcomesWithoutUsage: c("kvroute_outcomes_without_usage_total"),
+		ledgerExpired:        c("kvroute_ledger_expired_total"),
+		polls:                c("kvroute_table_polls_total"),
+		pollErrors:           c("kvroute_table_poll_errors_total"),
+		tableLoads:           c("kvroute_table_loads_total"),
+		tableErrors:          c("kvroute_table_load_errors_total"),
+		reportsSent:          c("kvroute_reports_sent_total"),
+		reportsDropped:       c("kvroute_reports_dropped_total"),
+		tableVersion:         g("kvroute_table_version"),
+		tableAgeMs:           g("kvroute_table_age_ms"),
 	}
 }
 

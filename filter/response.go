@@ -12,7 +12,9 @@ import (
 var upstreamAddress = newPropertyPath("upstream", "address")
 
 // tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
-// body and in the last chunk of a stream. Responses are never held back.
+// body and, in a stream, in a last chunk of its own when the request asked for it
+// (stream_options.include_usage) or the engine forces it (manifests/README.md, "Outcomes
+// of streamed requests"). Requests and responses are never rewritten for it, nor held back.
 const tailBytes = 16 << 10
 
 func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
@@ -102,6 +104,8 @@ func (h *httpContext) finish() {
 	if u, ok := p.usage.FindUsage(h.tail); ok {
 		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
 		p.metrics.outcomes.Increment(1)
+	} else if h.status >= 200 && h.status < 300 {
+		p.metrics.outcomesWithoutUsage.Increment(1)
 	}
 	h.tail = h.tail[:0]
 	p.enqueue(h.shard, &r)

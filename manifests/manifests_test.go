@@ -404,15 +404,17 @@ func TestCanaryIsSeparate(t *testing.T) {
 // a silent failure in a cluster (a filter polling a cluster that does not exist, a token
 // the control plane refuses, an endpoint header nobody reads, discovery finding nothing).
 func TestManifestsAgree(t *testing.T) {
-	var base, clients, vllm, wasmPlugin []object
-	base = render(t, "base")
-	clients = render(t, "overlays/llm-clients")
-	vllm = render(t, "vllm")
-	wasmPlugin = render(t, "filter/wasmplugin")
+	checkAgree(t, render(t, "base"), render(t, "overlays/llm-clients"), render(t, "vllm"), render(t, "filter/wasmplugin"))
+}
+
+// checkAgree is TestManifestsAgree on rendered objects: the control plane (base), a client
+// overlay, the model namespace (vllm) and a WasmPlugin form.
+func checkAgree(t *testing.T, base, clients, vllm, wasmPlugin []object) {
+	t.Helper()
 	find := func(objs []object, kind, name string) object {
 		t.Helper()
 		for _, o := range objs {
-			if o.Kind == kind && o.Name == name {
+			if o.Kind == kind && (o.Name == name || name == "") {
 				return o
 			}
 		}
@@ -424,7 +426,7 @@ func TestManifestsAgree(t *testing.T) {
 	cpSvc := cpSvcObj.Value.(*corev1.Service)
 	cpDep := find(base, "Deployment", "kvroute-controlplane").Value.(*appsv1.Deployment)
 	secret := find(base, "Secret", "kvroute-controlplane-auth").Value.(*corev1.Secret)
-	modelSvcObj := find(vllm, "Service", "vllm")
+	modelSvcObj := find(vllm, "Service", "") // the example's only Service, named by ../settings
 	modelSvc := modelSvcObj.Value.(*corev1.Service)
 	modelDep := find(vllm, "Deployment", "vllm-llama-3-1-8b-instruct").Value.(*appsv1.Deployment)
 	role := find(base, "Role", "kvroute-controlplane-discovery")
@@ -561,7 +563,7 @@ func TestManifestsAgree(t *testing.T) {
 	// The engine's own flags and annotations match what discovery and the filter expect.
 	vc := modelDep.Spec.Template.Spec.Containers[0]
 	args := strings.Join(vc.Args, " ")
-	for _, want := range []string{"--enable-prefix-caching", "--enable-prompt-tokens-details", `"publisher":"zmq"`, `"endpoint":"tcp://*:5557"`, `"topic":"kv@$(POD_IP)@`} {
+	for _, want := range []string{"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-force-include-usage", `"publisher":"zmq"`, `"endpoint":"tcp://*:5557"`, `"topic":"kv@$(POD_IP)@`} {
 		if !strings.Contains(args, want) {
 			t.Errorf("vLLM args lack %s", want)
 		}

@@ -532,7 +532,7 @@ func TestObservabilityAlerts(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range []string{"KvrouteTableStale", "KvrouteControlPlaneDown", "KvrouteControlPlaneUnreachable", "KvrouteReplicaEventsDead", "KvroutePredictionDrift", "KvrouteFallbackRateHigh"} {
+	for _, a := range []string{"KvrouteTableStale", "KvrouteControlPlaneDown", "KvrouteControlPlaneUnreachable", "KvrouteReplicaEventsDead", "KvroutePredictionDrift", "KvrouteFallbackRateHigh", "KvrouteOutcomesWithoutUsage"} {
 		if !slices.Contains(alerts, a) {
 			t.Errorf("alert %s missing", a)
 		}

@@ -55,8 +55,9 @@ type Server struct {
 	BodyTimeout time.Duration
 	Gatherer    prometheus.Gatherer
 	Metrics     *Metrics
-	// Ready, when set, is an extra readiness condition (e.g. discovery synced).
-	Ready func() bool
+	// Ready, when set, is an extra readiness condition: an error says why not, and
+	// /readyz answers 503 with it.
+	Ready func() error
 	Now   func() time.Time
 
 	inflightMu sync.Mutex
@@ -524,11 +525,17 @@ func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	var extra error
+	if s.Ready != nil {
+		extra = s.Ready()
+	}
 	switch {
-	case !s.Index.Ready() || (s.Ready != nil && !s.Ready()):
+	case !s.Index.Ready():
 		writeError(w, http.StatusServiceUnavailable, "not ready: discovery has not listed replicas yet")
 	case s.Publisher.Version() == 0:
 		writeError(w, http.StatusServiceUnavailable, "not ready: no table built yet")
+	case extra != nil:
+		writeError(w, http.StatusServiceUnavailable, "not ready: %v", extra)
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ready\n")

@@ -1,12 +1,15 @@
 package fleet
 
 import (
+	"bytes"
 	"fmt"
+	"html"
 	"image/color"
 	"io"
 	"maps"
 	"math"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +46,13 @@ const (
 	plotHeight = 5.4 * vg.Inch
 )
 
+// sans is the font every text is measured and laid out in. SVG viewers that lack it
+// take the next family of svgFamilies, which may be wider; svgFit keeps the layout.
 var sans = font.Font{Typeface: "Liberation", Variant: "Sans"}
+
+// svgFamilies replaces gonum's single family name: Liberation Sans, then the fonts made
+// to its metrics (Arimo, Arial; Helvetica nearly), then whatever sans-serif the viewer has.
+const svgFamilies = `font-family:'Liberation Sans',Arimo,Arial,Helvetica,sans-serif;`
 
 // policyStyle gives each policy one colour in every picture; kvroute's line is the
 // heaviest, the oracle's dashed.
@@ -144,7 +153,15 @@ func renderPanels(w io.Writer, panels []*plot.Plot, l plot.Legend, format, title
 	lc.Min.X = pc.Max.X + vg.Points(14)
 	lc.Max.Y = pc.Max.Y - vg.Points(2)
 	l.Draw(lc)
-	_, err = c.WriteTo(w)
+	if format != "svg" {
+		_, err = c.WriteTo(w)
+		return err
+	}
+	var b bytes.Buffer
+	if _, err := c.WriteTo(&b); err != nil {
+		return err
+	}
+	_, err = w.Write(svgFit(b.Bytes()))
 	return err
 }
 
@@ -161,6 +178,27 @@ func wrapText(s string, width vg.Length, widthOf func(string) vg.Length) []strin
 		line = strings.TrimPrefix(line+" "+word, " ")
 	}
 	return append(lines, line)
+}
+
+// svgText is one text element as gonum's SVG canvas writes it (vg/vgsvg FillString).
+var svgText = regexp.MustCompile(`(?s)<text ([^>]*?)style="font-family:Liberation Sans;([^"]*?font-size:([0-9.]+)px[^"]*)">([^<]*)</text>`)
+
+// svgFit gives every text the width it has in Liberation Sans, where the layout put it
+// (textLength, glyphs and spacing scaled to fit), and the family list svgFamilies: a
+// viewer without the font then draws each text the same width in another one, where it
+// clipped the legend's longest entries at the picture's edge.
+func svgFit(svg []byte) []byte {
+	return svgText.ReplaceAllFunc(svg, func(m []byte) []byte {
+		g := svgText.FindSubmatch(m)
+		size, err := strconv.ParseFloat(string(g[3]), 64)
+		if err != nil {
+			return m
+		}
+		face := font.DefaultCache.Lookup(sans, vg.Length(size))
+		w := face.Width(html.UnescapeString(string(g[4])))
+		return fmt.Appendf(nil, `<text %stextLength="%.5g" lengthAdjust="spacingAndGlyphs" style="%s%s">%s</text>`,
+			g[1], w.Points(), svgFamilies, g[2], g[4])
+	})
 }
 
 // tailScale stretches the top of a [0, 1) axis: a fraction p sits at -log10(1-p), so

@@ -4,14 +4,20 @@ import (
 	"bytes"
 	"encoding/xml"
 	"fmt"
+	"html"
 	"image/color"
 	"math"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	xfont "golang.org/x/image/font"
+	"golang.org/x/image/font/gofont/goregular"
+	"golang.org/x/image/font/opentype"
 	"gonum.org/v1/plot/vg"
 
 	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
@@ -171,4 +177,54 @@ func parseSVG(t *testing.T, b []byte) svgDoc {
 	}
 	walk(root)
 	return doc
+}
+
+// The pictures drawn where Liberation Sans is missing: a viewer takes the next family and
+// draws a text at its textLength when it has one, else at its own width, here that of Go
+// Regular (golang.org/x/image/font/gofont), a sans-serif a few percent wider. Every text,
+// the legend's longest entries included, stays inside the picture.
+func TestPlotsFitWithoutTheNamedFont(t *testing.T) {
+	var ttft []time.Duration
+	for i := range 200 {
+		ttft = append(ttft, time.Duration(100+i*i)*time.Millisecond)
+	}
+	var results []*sim.Result
+	for _, p := range []string{"round-robin", "least-queued", "sglang-cache-aware", "weighted-scorers", "kvroute"} {
+		results = append(results, &sim.Result{Policy: p, TTFT: ttft})
+	}
+	var b bytes.Buffer
+	require.NoError(t, PlotTTFT(&b, "svg", "TTFT per policy at 22 replicas (44 GPUs)\nseed: a subtitle", results))
+	svg := b.String()
+
+	goFont, err := opentype.Parse(goregular.TTF)
+	require.NoError(t, err)
+	width := regexp.MustCompile(`viewBox="0 0 ([0-9.]+) `).FindStringSubmatch(svg)
+	require.NotNil(t, width)
+	canvas, _ := strconv.ParseFloat(width[1], 64)
+	texts := regexp.MustCompile(`(?s)<text x="([-0-9.e]+)"([^>]*)>([^<]*)</text>`).FindAllStringSubmatch(svg, -1)
+	require.Greater(t, len(texts), 20)
+	legend := 0
+	for _, m := range texts {
+		x, _ := strconv.ParseFloat(m[1], 64)
+		attrs, text := m[2], html.UnescapeString(m[3])
+		family := regexp.MustCompile(`font-family:([^;"]*)`).FindStringSubmatch(attrs)
+		require.NotNil(t, family, "%q has no font-family", text)
+		assert.Regexp(t, `,\s*sans-serif$`, family[1], "%q: a generic family last", text)
+		var w float64
+		if tl := regexp.MustCompile(`textLength="([0-9.e+]+)"`).FindStringSubmatch(attrs); tl != nil {
+			w, _ = strconv.ParseFloat(tl[1], 64)
+		} else {
+			size, err := strconv.ParseFloat(regexp.MustCompile(`font-size:([0-9.]+)px`).FindStringSubmatch(attrs)[1], 64)
+			require.NoError(t, err)
+			face, err := opentype.NewFace(goFont, &opentype.FaceOptions{Size: size, DPI: 72})
+			require.NoError(t, err)
+			w = float64(xfont.MeasureString(face, text)) / 64
+		}
+		assert.LessOrEqual(t, x+w, canvas, "%q at x=%.1f, %.1f wide, runs past the picture's right edge (%.1f)", text, x, w, canvas)
+		assert.GreaterOrEqual(t, x, 0.0, "%q starts left of the picture", text)
+		if regexp.MustCompile(`^sglang-cache-aware`).MatchString(text) {
+			legend++
+		}
+	}
+	assert.Equal(t, 1, legend, "the longest legend entry was drawn and checked")
 }

@@ -60,6 +60,10 @@ type Options struct {
 	KVBlocks int
 	// MaxNumSeqs caps running sequences per replica (0: the profile's).
 	MaxNumSeqs int
+	// NoForcedUsage starts the simulated engines without vLLM's
+	// --enable-force-include-usage (which the manifests and `make run` set): their
+	// streams then carry usage only when the request asks (stream_options.include_usage).
+	NoForcedUsage bool
 	// ProxyAddr is where clients connect ("127.0.0.1:10000"; ":0" style picks a port).
 	ProxyAddr string
 	// ControlPlaneAddr is the control plane's HTTP address ("127.0.0.1:0").
@@ -232,7 +236,8 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	for i := 0; i < o.Replicas*max(1, len(o.Models)) && len(o.Engines) == 0; i++ {
 		s, err := server.Start(server.Config{
 			Host: "127.0.0.1", ModelName: m.engineModel(i), EnableAdmin: true, DefaultMaxTokens: 16,
-			Logger: o.Logger.With("replica", i),
+			ForceIncludeUsage: !o.NoForcedUsage,
+			Logger:            o.Logger.With("replica", i),
 			Replica: replica.Config{
 				Engine:    sched.Config{Profile: prof, NumGPUBlocks: max(o.KVBlocks, 0)},
 				TimeScale: o.TimeScale,

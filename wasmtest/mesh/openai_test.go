@@ -16,7 +16,12 @@ import (
 )
 
 // The official openai npm client (testdata/openai, installed by `make testdeps`, which
-// `make test` runs) sends a non-streaming and a streaming chat request through the proxy.
+// `make test` runs) sends a non-streaming and two streaming chat requests through the
+// proxy, one of them without stream_options: the engines force usage into it (as
+// manifests/vllm does), and the client reads the extra usage chunk, whose choices are
+// empty, without trouble; kvroute gets its outcome. This is why the filter does not ask
+// for usage itself nor strip that chunk (manifests/README.md, "Outcomes of streamed
+// requests").
 // Under `make test` (KVROUTE_REQUIRE_NODE=1) a missing Node or package fails the test;
 // a plain `go test` skips it.
 func TestOpenAINodeClient(t *testing.T) {
@@ -54,6 +59,12 @@ func TestOpenAINodeClient(t *testing.T) {
 			Chunks  int
 			Usage   *usage
 		}
+		Unasked struct {
+			Content      string
+			Chunks       int
+			Usage        *usage
+			EmptyChoices int
+		}
 	}
 	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
 	assert.NotEmpty(t, got.Plain.Content)
@@ -64,6 +75,12 @@ func TestOpenAINodeClient(t *testing.T) {
 	assert.Greater(t, got.Stream.Chunks, 2, "the stream arrived in chunks")
 	require.NotNil(t, got.Stream.Usage, "usage in the last chunk")
 	assert.Equal(t, got.Plain.Usage.PromptTokens, got.Stream.Usage.PromptTokens)
-	assert.Positive(t, metric(m, "kvroute_decisions_total"))
-	assert.Equal(t, int64(2), m.Proxy.Stats().Requests)
+	assert.Equal(t, got.Stream.Content, got.Unasked.Content, "the unasked stream reads the same")
+	require.NotNil(t, got.Unasked.Usage, "forced usage")
+	assert.Equal(t, 1, got.Unasked.EmptyChoices, "one usage chunk without choices")
+	assert.Equal(t, got.Plain.Usage.PromptTokens, got.Unasked.Usage.PromptTokens)
+	assert.Equal(t, int64(3), metric(m, "kvroute_decisions_total"))
+	waitFor(t, "three outcomes", func() bool { return m.Summary().Outcomes == 3 })
+	assert.Zero(t, metric(m, "kvroute_outcomes_without_usage_total"))
+	assert.Equal(t, int64(3), m.Proxy.Stats().Requests)
 }

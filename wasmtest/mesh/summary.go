@@ -23,7 +23,21 @@ type Summary struct {
 	// TableVersion and TableAge are the filter's view of the table.
 	TableVersion int64
 	TableAge     time.Duration
+	// Filter are the filter's own counters (its proxy-wasm metrics, filter/metrics.go).
+	Filter FilterCounts
 }
+
+// FilterCounts are the filter's counters since the proxy started: requests placed by
+// the rule, of them sent away from the longest prefix, routed least-queued, left to the
+// proxy's fallback, with bodies above max_body_bytes, and placed requests answered
+// without usage (no outcome: the stream did not ask and the engine does not force it).
+type FilterCounts struct {
+	Decisions, Spills, Fallbacks, Unrouted, Oversized, WithoutUsage int64
+}
+
+// filterMetrics are the metric names behind FilterCounts' fields, in order.
+var filterMetrics = []string{"kvroute_decisions_total", "kvroute_spills_total", "kvroute_fallbacks_total",
+	"kvroute_unrouted_total", "kvroute_oversized_bodies_total", "kvroute_outcomes_without_usage_total"}
 
 // ReplicaSummary is one replica's state as the engine itself reports it (its /metrics
 // page).
@@ -71,7 +85,28 @@ func (m *Mesh) Summary() Summary {
 	if v, ok := m.Host.Metric("kvroute_table_age_ms"); ok {
 		s.TableAge = time.Duration(v.Value) * time.Millisecond
 	}
+	f := &s.Filter
+	for i, p := range []*int64{&f.Decisions, &f.Spills, &f.Fallbacks, &f.Unrouted, &f.Oversized, &f.WithoutUsage} {
+		if v, ok := m.Host.Metric(filterMetrics[i]); ok {
+			*p = v.Value
+		}
+	}
 	return s
+}
+
+// outcomes says how many outcomes the rates are over, and how many were lost for want of
+// usage when any were.
+func (s Summary) outcomes() string {
+	if s.Filter.WithoutUsage == 0 {
+		return fmt.Sprintf("%d outcomes", s.Outcomes)
+	}
+	return fmt.Sprintf("%d outcomes, %d without usage", s.Outcomes, s.Filter.WithoutUsage)
+}
+
+// String is the filter's counters as the one-line form prints them.
+func (f FilterCounts) String() string {
+	return fmt.Sprintf("filter decisions %d spills %d fallbacks %d unrouted %d oversized %d",
+		f.Decisions, f.Spills, f.Fallbacks, f.Unrouted, f.Oversized)
 }
 
 func (s Summary) tableAge() string {
@@ -88,8 +123,8 @@ func (s Summary) String() string {
 	for i, v := range s.Queues {
 		q[i] = fmt.Sprint(v)
 	}
-	line := fmt.Sprintf("requests %d | cached tokens predicted %.1f%% actual %.1f%% (%d outcomes) | queued prefill tokens [%s] | table age %s",
-		s.Requests, 100*s.PredictedRate, 100*s.ActualRate, s.Outcomes, strings.Join(q, " "), s.tableAge())
+	line := fmt.Sprintf("requests %d | cached tokens predicted %.1f%% actual %.1f%% (%s) | %s | queued prefill tokens [%s] | table age %s",
+		s.Requests, 100*s.PredictedRate, 100*s.ActualRate, s.outcomes(), s.Filter, strings.Join(q, " "), s.tableAge())
 	if len(s.Replicas) > 0 {
 		kv := make([]string, len(s.Replicas))
 		hit := make([]string, len(s.Replicas))
@@ -108,20 +143,25 @@ func percent(v float64) string {
 	return fmt.Sprintf("%.1f%%", 100*v)
 }
 
-// Table is the multi-line form: the totals on two lines, then one row per replica with
-// its queue, KV usage and prefix-cache hit rate, since the start and since prev (the
-// previous summary; nil: none). Every line is shorter than 80 columns for up to 99
-// replicas and queues under a billion tokens, so a redraw never wraps.
+// Table is the multi-line form: the totals on two lines, the filter's counters on two
+// more, then one row per replica with its queue, KV usage and prefix-cache hit rate,
+// since the start and since prev (the previous summary, since ago; nil: none), and a line
+// saying what the hit rates are. Every line is shorter than 80 columns for up to 99
+// replicas, queues and counters under a billion, so a redraw never wraps.
 func (s Summary) Table(now time.Time, prev *Summary, since time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s  requests %d  table age %s\n", now.Format("15:04:05"), s.Requests, s.tableAge())
-	fmt.Fprintf(&b, "cached tokens: predicted %.1f%%, actual %.1f%% (%d outcomes)\n", 100*s.PredictedRate, 100*s.ActualRate, s.Outcomes)
+	fmt.Fprintf(&b, "cached tokens: predicted %.1f%%, actual %.1f%% (%s)\n", 100*s.PredictedRate, 100*s.ActualRate, s.outcomes())
+	f := s.Filter
+	fmt.Fprintf(&b, "filter  %10s %10s %10s %10s %10s\n", "decisions", "spills", "fallbacks", "unrouted", "oversized")
+	fmt.Fprintf(&b, "        %10d %10d %10d %10d %10d\n", f.Decisions, f.Spills, f.Fallbacks, f.Unrouted, f.Oversized)
 	if len(s.Replicas) == 0 {
 		return b.String()
 	}
-	last := "last"
+	last, note := "last", "hit rate: prompt tokens the engines found cached, since they started"
 	if since > 0 {
 		last = "last " + since.Round(time.Second).String()
+		note = "hit rate: prompt tokens found cached, since start and in the " + last
 	}
 	nameW := len("replica")
 	for _, r := range s.Replicas {
@@ -140,6 +180,7 @@ func (s Summary) Table(now time.Time, prev *Summary, since time.Duration) string
 		fmt.Fprintf(&b, "%-*s  %7d  %7d  %14d  %8s  %8s  %*s\n", nameW, r.Name, r.Running, r.Waiting, r.QueuedPrefillTokens,
 			percent(r.KVUsage), percent(r.HitRate()), lastW, percent(recent))
 	}
+	b.WriteString(note + "\n")
 	return b.String()
 }
 

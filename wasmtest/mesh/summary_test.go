@@ -18,7 +18,8 @@ import (
 
 func summaryAt(requests int64, hits ...int64) mesh.Summary {
 	s := mesh.Summary{Requests: requests, Outcomes: requests - 1, PredictedRate: 0.582, ActualRate: 0.629,
-		TableVersion: 7, TableAge: 3 * time.Millisecond}
+		TableVersion: 7, TableAge: 3 * time.Millisecond,
+		Filter: mesh.FilterCounts{Decisions: requests - 1, Spills: 1, Unrouted: 1}}
 	for i, h := range hits {
 		r := mesh.ReplicaSummary{Name: fmt.Sprintf("vllm-%d", i), Running: i, Waiting: 2 * i,
 			QueuedPrefillTokens: 1000 * i, KVUsage: 0.125 * float64(i), PrefixQueries: 1000 * requests, PrefixHits: h}
@@ -40,7 +41,8 @@ func TestSummaryLinesWhenNotATerminal(t *testing.T) {
 	require.NoError(t, p.Print(t0.Add(5*time.Second), summaryAt(4, 2000, 1000)))
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	require.Len(t, lines, 2)
-	assert.Equal(t, "10:00:00 requests 3 | cached tokens predicted 58.2% actual 62.9% (2 outcomes) | queued prefill tokens [0 1000] | table age 3ms"+
+	assert.Equal(t, "10:00:00 requests 3 | cached tokens predicted 58.2% actual 62.9% (2 outcomes)"+
+		" | filter decisions 2 spills 1 fallbacks 0 unrouted 1 oversized 0 | queued prefill tokens [0 1000] | table age 3ms"+
 		" | KV usage [0.0% 12.5%] | prefix hit rate [50.0% -]", lines[0])
 	assert.True(t, strings.HasPrefix(lines[1], "10:00:05 requests 4 |"), lines[1])
 	assert.NotContains(t, out.String(), "\x1b")
@@ -57,25 +59,32 @@ func TestSummaryTableRedrawsOnATerminal(t *testing.T) {
 	want := []string{
 		"10:00:00  requests 3  table age 3ms",
 		"cached tokens: predicted 58.2%, actual 62.9% (2 outcomes)",
+		"filter   decisions     spills  fallbacks   unrouted  oversized",
+		"                 2          1          0          1          0",
 		"replica  running  waiting  queued prefill  KV usage  hit rate    last",
 		"vllm-0         0        0               0      0.0%     50.0%       -",
 		"vllm-1         1        2            1000     12.5%         -       -",
 		"vllm-2         2        4            2000     25.0%      0.0%       -",
+		"hit rate: prompt tokens the engines found cached, since they started",
 	}
 	assert.Equal(t, strings.Join(want, "\n")+"\n", first)
 
 	out.Reset()
-	require.NoError(t, p.Print(t0.Add(5*time.Second), summaryAt(4, 2400, 1000, 0)))
+	next := summaryAt(4, 2400, 1000, 0)
+	next.Filter.WithoutUsage = 7
+	require.NoError(t, p.Print(t0.Add(5*time.Second), next))
 	second := out.String()
-	require.True(t, strings.HasPrefix(second, "\x1b[6A\r\x1b[J"), "up over the 6 lines drawn, erase below: %q", second)
-	table := strings.TrimPrefix(second, "\x1b[6A\r\x1b[J")
+	require.True(t, strings.HasPrefix(second, "\x1b[9A\r\x1b[J"), "up over the 9 lines drawn, erase below: %q", second)
+	table := strings.TrimPrefix(second, "\x1b[9A\r\x1b[J")
 	assert.NotContains(t, table, "\x1b")
 	rows := strings.Split(table, "\n")
-	assert.Equal(t, "replica  running  waiting  queued prefill  KV usage  hit rate  last 5s", rows[2])
+	assert.Equal(t, "cached tokens: predicted 58.2%, actual 62.9% (3 outcomes, 7 without usage)", rows[1])
+	assert.Equal(t, "replica  running  waiting  queued prefill  KV usage  hit rate  last 5s", rows[4])
 	// vllm-0: 2400 of 4000 since the start, 900 of the last 1000 queried tokens.
-	assert.Equal(t, "vllm-0         0        0               0      0.0%     60.0%    90.0%", rows[3])
+	assert.Equal(t, "vllm-0         0        0               0      0.0%     60.0%    90.0%", rows[5])
 	// vllm-1: first queries in the interval.
-	assert.Equal(t, "vllm-1         1        2            1000     12.5%     25.0%    25.0%", rows[4])
+	assert.Equal(t, "vllm-1         1        2            1000     12.5%     25.0%    25.0%", rows[6])
+	assert.Equal(t, "hit rate: prompt tokens found cached, since start and in the last 5s", rows[8])
 	for _, r := range rows {
 		assert.Less(t, len(r), 80, "a line that wraps breaks the redraw: %q", r)
 	}

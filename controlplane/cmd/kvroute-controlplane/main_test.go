@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -41,6 +42,21 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	b, _ := os.ReadFile(f.Name())
+	// Sizes the help quotes are measured ones the docs give: a number copied into the
+	// help goes stale when the docs are measured again.
+	var docs []byte
+	for _, f := range []string{"../../../docs/controlplane.md", "../../../README.md"} {
+		d, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, d...)
+	}
+	for _, size := range regexp.MustCompile(`\d[\d,.-]* (B|KB|MB|bytes)\b`).FindAllString(string(b), -1) {
+		if !strings.Contains(string(docs), size) {
+			t.Errorf("--help quotes %q, which neither docs/controlplane.md nor README.md says", size)
+		}
+	}
 	for _, want := range []string{"-listen", "127.0.0.1:8080", "-max-keys", "-max-index-bytes", "-insecure-no-token", "-kv-bind-allow", "-engines-file", "-engine", "-k8s-selector", "-kv-bind", "-stride", "-spec-ttl", "-publish-interval", "-scrape-interval", "-token-file", "GET /v1/table"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("--help lacks %q", want)

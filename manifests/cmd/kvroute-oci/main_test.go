@@ -42,7 +42,7 @@ func TestMakeOCI(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	manifests := filepath.Join(tmp, "manifests")
-	copyTree(t, "../..", manifests, "filter", "overlays")
+	copyTree(t, "../..", manifests, "filter", "overlays", "settings")
 	release := filepath.Join(manifests, "filter", "release", "release.yaml")
 	layoutDir, archive := filepath.Join(tmp, "out", "kvroute-wasm"), filepath.Join(tmp, "out", "kvroute-wasm.oci.tar")
 	var stdout bytes.Buffer

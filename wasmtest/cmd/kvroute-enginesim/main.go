@@ -52,7 +52,7 @@ responses and metrics are simulated.`,
 
 Example:
   kvroute-enginesim --port 8000 --profile seed000 --time-scale 0.001 \
-    --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@127.0.0.1:8000@llama"}'`,
+    --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5567","topic":"kv@127.0.0.1:8000@llama"}'`,
 }
 
 type loraFlag []server.LoRAModule
@@ -94,6 +94,7 @@ type options struct {
 	enableAdmin                              bool
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
+	forceIncludeUsage                        bool
 	cpuOffloadTokens                         int
 	cpuLoadUsPerToken                        float64
 }
@@ -134,6 +135,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs carry ids and token counts, never prompt text)")
 	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&o.forceIncludeUsage, "enable-force-include-usage", false, "vLLM's: every stream carries usage (in each chunk and a last chunk of its own), whatever stream_options says")
 	return fs
 }
 
@@ -250,7 +252,8 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
-			Logger: log.With("replica", i),
+			ForceIncludeUsage: o.forceIncludeUsage,
+			Logger:            log.With("replica", i),
 			Replica: replica.Config{
 				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,
 					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond))},
@@ -262,7 +265,36 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 			},
 		})
 	}
+	if err := portsApart(cfgs); err != nil {
+		return nil, err
+	}
 	return cfgs, nil
+}
+
+// portsApart refuses replicas that would bind the same port: replica i adds i to every
+// port, so vLLM's usual 5557 and 5558 collide from --replicas 2 on ("address already in
+// use" from the second replica, after the first started).
+func portsApart(cfgs []server.Config) error {
+	taken := map[string]string{} // host:port -> what binds it
+	for i, c := range cfgs {
+		for _, b := range []struct{ what, ep string }{
+			{"HTTP port", fmt.Sprintf("tcp://%s:%d", c.Host, c.Port)},
+			{"KV events endpoint", c.Replica.Events.Endpoint},
+			{"replay endpoint", c.Replica.Events.ReplayEndpoint},
+		} {
+			if !strings.HasPrefix(b.ep, "tcp://") || strings.HasSuffix(b.ep, ":0") || (b.what != "HTTP port" && !publisher.ShouldBind(b.ep)) {
+				continue // none, any free port, or connected rather than bound
+			}
+			port := b.ep[strings.LastIndexByte(b.ep, ':')+1:]
+			what := fmt.Sprintf("replica %d's %s", i, b.what)
+			if other, dup := taken[port]; dup {
+				return fmt.Errorf("--replicas %d: %s (port %s) is %s: replica i adds i to every port, so keep the ports at least %d apart (e.g. \"replay_endpoint\":\"tcp://*:5567\")",
+					len(cfgs), what, port, other, len(cfgs))
+			}
+			taken[port] = what
+		}
+	}
+	return nil
 }
 
 // offsetReplica moves replica i's tcp endpoint i ports up (port 0 stays 0: any port).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +65,21 @@ func TestParseReplicasAndEvents(t *testing.T) {
 	assert.Equal(t, "tcp://*:5557", cfgs[0].Replica.Events.Endpoint)
 	assert.Equal(t, "tcp://*:5559", cfgs[2].Replica.Events.Endpoint)
 	assert.Equal(t, "tcp://*:5601", cfgs[1].Replica.Events.ReplayEndpoint)
+}
+
+// With vLLM's usual ports (5557 for events, 5558 for replay) a second replica's events
+// would take the first one's replay port: refused up front, naming the port, instead of
+// "address already in use" once the first replica runs.
+func TestParseRefusesReplicasOnOnePort(t *testing.T) {
+	const usual = `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`
+	_, err := parse([]string{"--port", "8000", "--kv-events-config", usual}, &bytes.Buffer{})
+	require.NoError(t, err, "one replica")
+	_, err = parse([]string{"--port", "8000", "--replicas", "2", "--kv-events-config", usual}, &bytes.Buffer{})
+	require.ErrorContains(t, err, "replica 1's KV events endpoint (port 5558) is replica 0's replay endpoint")
+	_, err = parse([]string{"--port", "5557", "--replicas", "2", "--kv-events-config", strings.Replace(usual, "5558", "5567", 1)}, &bytes.Buffer{})
+	require.ErrorContains(t, err, "port 5557")
+	_, err = parse([]string{"--port", "8000", "--replicas", "2", "--kv-events-config", strings.Replace(usual, "5558", "5567", 1)}, &bytes.Buffer{})
+	require.NoError(t, err, "the README's example with --replicas 2")
 }
 
 func TestParseRejectsBadFlags(t *testing.T) {

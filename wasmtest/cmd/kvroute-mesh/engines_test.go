@@ -57,12 +57,18 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // own choosing.
 func startEngine(t *testing.T) *server.Server {
 	t.Helper()
+	return startEngineServing(t, "llama")
+}
+
+// startEngineServing is startEngine serving model.
+func startEngineServing(t *testing.T, model string) *server.Server {
+	t.Helper()
 	prof, err := timing.ByName("fast")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := server.Start(server.Config{
-		Host: "127.0.0.1", ModelName: "llama", DefaultMaxTokens: 16,
+		Host: "127.0.0.1", ModelName: model, DefaultMaxTokens: 16,
 		Replica: replica.Config{
 			Engine:    sched.Config{Profile: prof},
 			TimeScale: 1,
@@ -79,48 +85,71 @@ func startEngine(t *testing.T) *server.Server {
 	return s
 }
 
+// runMesh runs the command with args until the test ends, and returns its stdout once
+// the banner, curl line included, is out.
+func runMesh(t *testing.T, args ...string) *syncBuffer {
+	t.Helper()
+	o, err := parse(append([]string{"--proxy", "127.0.0.1:0", "--controlplane", "127.0.0.1:0", "--wasm", "", "--log-level", "error"}, args...), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, &out) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	waitFor(t, "the banner", func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("run ended: %v\n%s", err, out.String())
+		default:
+		}
+		return strings.Contains(out.String(), "curl")
+	})
+	return &out
+}
+
+// The banner's curl names the model the engine serves (its /v1/models), says when
+// --engine named another, and counts engines in English.
+func TestBannerNamesTheServedModel(t *testing.T) {
+	e := startEngineServing(t, "qwen")
+	banner := runMesh(t, "--engine", fmt.Sprintf("model=foo,addr=%s", e.Addr())).String()
+	if !strings.Contains(banner, `"model": "qwen"`) {
+		t.Errorf("the curl does not name the served model qwen:\n%s", banner)
+	}
+	if !strings.Contains(banner, `serves qwen, not "foo"`) {
+		t.Errorf("no word that --engine names another model than the engine serves:\n%s", banner)
+	}
+	if !strings.Contains(banner, "in front of 1 engine ...") {
+		t.Errorf("one engine, in English:\n%s", banner)
+	}
+}
+
 // `kvroute-mesh --engine ...` puts the real filter and the control plane in front of
 // engines started separately: requests through the proxy reach them, the control plane
 // indexes their KV events, and a repeated prefix goes back to the engine that holds it.
 func TestBringYourOwnEngines(t *testing.T) {
 	engines := []*server.Server{startEngine(t), startEngine(t)}
-	args := []string{"--proxy", "127.0.0.1:0", "--controlplane", "127.0.0.1:0", "--wasm", "", "--log-level", "error"}
+	var args []string
 	for _, e := range engines {
 		args = append(args, "--engine", fmt.Sprintf("model=llama,addr=%s,kv=%s,replay=%s", e.Addr(), e.EventsEndpoint(), e.ReplayEndpoint()))
 	}
-	o, err := parse(args, io.Discard)
-	if err != nil {
-		t.Fatal(err)
+	banner := runMesh(t, args...).String()
+	p := regexp.MustCompile(`proxy \(kvroute\.wasm, \d VMs\)\s+(http://\S+)`).FindStringSubmatch(banner)
+	c := regexp.MustCompile(`control plane\s+(http://\S+)`).FindStringSubmatch(banner)
+	if p == nil || c == nil {
+		t.Fatalf("the banner names no proxy or control plane:\n%s", banner)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, o, &out) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
-
-	var proxyURL, cpURL string
-	waitFor(t, "the banner", func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("run ended: %v\n%s", err, out.String())
-		default:
-		}
-		s := out.String()
-		p := regexp.MustCompile(`proxy \(kvroute\.wasm, \d VMs\)\s+(http://\S+)`).FindStringSubmatch(s)
-		c := regexp.MustCompile(`control plane\s+(http://\S+)`).FindStringSubmatch(s)
-		if p == nil || c == nil || !strings.Contains(s, "curl") {
-			return false
-		}
-		proxyURL, cpURL = p[1], c[1]
-		return true
-	})
-	banner := out.String()
+	proxyURL, cpURL := p[1], c[1]
+	if !strings.Contains(banner, `"model": "llama"`) || !strings.Contains(banner, "in front of 2 engines") || strings.Contains(banner, "kvroute-mesh: http") {
+		t.Errorf("the banner's curl names llama, with no warning:\n%s", banner)
+	}
 	for _, e := range engines {
 		if !strings.Contains(banner, e.URL()) || !strings.Contains(banner, e.EventsEndpoint()) {
 			t.Errorf("the banner does not name engine %s and its KV events %s:\n%s", e.URL(), e.EventsEndpoint(), banner)

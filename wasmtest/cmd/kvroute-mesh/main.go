@@ -4,11 +4,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -47,7 +49,9 @@ subscribes to their KV events) and the proxy sends them the requests, e.g.
   kvroute-mesh --engine model=llama,addr=10.0.0.7:8000,kv=tcp://10.0.0.7:5557,replay=tcp://10.0.0.7:5558 \
                --engine model=llama,addr=10.0.0.8:8000,kv=tcp://10.0.0.8:5557,replay=tcp://10.0.0.8:5558
 Start vLLM with --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
-"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}' and --enable-prompt-tokens-details.
+"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}', --enable-prompt-tokens-details
+and --enable-force-include-usage (without it streams that do not ask for usage report no
+outcome; the summary counts them).
 With --demo the kvroute run sends other customers' prompts than the round-robin run
 (your engines' caches cannot be emptied), so that neither run finds the other's prefixes.`,
 }
@@ -173,7 +177,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		if busy.Part != "proxy" {
 			flagName = "--controlplane"
 		}
-		err = fmt.Errorf("%s (another kvroute-mesh running?); %s ADDR moves the %s", busy, flagName, busy.Part)
+		err = fmt.Errorf("%s (another kvroute-mesh running?); %s ADDR moves the %s (make run ARGS=\"%s ADDR\")", busy, flagName, busy.Part, flagName)
 	}
 	return cli.Exit(command, err, stderr)
 }
@@ -196,9 +200,9 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		OnListen: func() {
 			if len(o.engines) > 0 {
-				fmt.Fprintln(stdout, "kvroute-mesh: starting the control plane and the proxy in front of", len(o.engines), "engines ...")
+				fmt.Fprintf(stdout, "kvroute-mesh: starting the control plane and the proxy in front of %s ...\n", plural(len(o.engines), "engine"))
 			} else {
-				fmt.Fprintln(stdout, "kvroute-mesh: starting", o.replicas, "replicas, the control plane and the proxy ...")
+				fmt.Fprintf(stdout, "kvroute-mesh: starting %s, the control plane and the proxy ...\n", plural(o.replicas, "replica"))
 			}
 		},
 	})
@@ -213,7 +217,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	printBanner(stdout, m, o)
+	printBanner(ctx, stdout, m, o)
 	if !ready {
 		fmt.Fprintf(stdout, "kvroute-mesh: the filter has no table from the control plane after 15 s (%s/debug/state says why): requests take the proxy's fallback until it has\n", m.ControlPlaneURL())
 	}
@@ -245,7 +249,55 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 	}
 }
 
-func printBanner(out io.Writer, m *mesh.Mesh, o options) {
+// plural is "1 engine", "2 engines".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// servedModel is the model the banner's curl names: the one the first engine serves
+// (GET /v1/models), which is want unless the engine was configured with another name;
+// then warn says so. If the engine does not answer, want, and warn says why.
+func servedModel(ctx context.Context, engineURL, want string) (model, warn string) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, engineURL+"/v1/models", nil)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			} else {
+				err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list)
+			}
+		}
+	}
+	if err != nil || len(list.Data) == 0 {
+		if err == nil {
+			err = errors.New("no model listed")
+		}
+		return want, fmt.Sprintf("GET %s/v1/models: %v; the curl below names %q", engineURL, err, want)
+	}
+	var ids []string
+	for _, d := range list.Data {
+		if d.ID == want {
+			return want, ""
+		}
+		ids = append(ids, d.ID)
+	}
+	return ids[0], fmt.Sprintf("%s serves %s, not %q: the control plane files that engine's replicas under %q, so requests for the model it serves go unrouted (set model= in --engine to the served name)",
+		engineURL, strings.Join(ids, ", "), want, want)
+}
+
+func printBanner(ctx context.Context, out io.Writer, m *mesh.Mesh, o options) {
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  proxy (kvroute.wasm, %d VMs)  %s\n", o.vms, m.URL())
 	fmt.Fprintf(out, "  control plane                %s  (/debug/state, /metrics, /v1/table)\n", m.ControlPlaneURL())
@@ -262,6 +314,16 @@ func printBanner(out io.Writer, m *mesh.Mesh, o options) {
 	if o.demo {
 		return
 	}
+	engineURL, model := "", o.model
+	if len(m.Engines) > 0 {
+		engineURL = m.Engines[0].URL()
+	} else if es := m.ExternalEngines(); len(es) > 0 {
+		engineURL, model = "http://"+es[0].Addr, es[0].Model
+	}
+	model, warn := servedModel(ctx, engineURL, model)
+	if warn != "" {
+		fmt.Fprintf(out, "\nkvroute-mesh: %s\n", warn)
+	}
 	system := strings.ReplaceAll(mesh.SystemPrompt(7, 200), `"`, ``)
 	fmt.Fprintf(out, `
 Send a request twice: the second answer's usage.prompt_tokens_details.cached_tokens
@@ -272,5 +334,5 @@ shows the prefix found cached.
     "messages": [{"role": "system", "content": "%s"},
                  {"role": "user", "content": "Where is my order 42?"}]}'
 
-`, m.URL(), o.model, system)
+`, m.URL(), model, system)
 }

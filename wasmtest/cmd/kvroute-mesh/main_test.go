@@ -60,8 +60,8 @@ func TestTakenPortIsOneLineAndExit1(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		code := realMain(append(c.args, "--wasm", "", "--replicas", "1"), &stdout, &stderr)
 		out := stderr.String()
-		if code == 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, addr) || !strings.Contains(out, c.flag) {
-			t.Errorf("%v: exit %d, stderr %q: want one line naming %s and %s, exit non-zero", c.args, code, out, addr, c.flag)
+		if code == 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, addr) || !strings.Contains(out, `make run ARGS="`+c.flag+` ADDR"`) {
+			t.Errorf("%v: exit %d, stderr %q: want one line naming %s and %s (also as make run's ARGS), exit non-zero", c.args, code, out, addr, c.flag)
 		}
 		if stdout.Len() != 0 {
 			t.Errorf("%v: stdout %q, want nothing", c.args, stdout.String())

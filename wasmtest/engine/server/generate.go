@@ -47,7 +47,10 @@ func (s *Server) common(j *job, model string, stream bool, so *openai.StreamOpti
 		return openai.BadRequest("Stream options can only be defined when `stream=True`.")
 	}
 	j.stream = stream
-	if so != nil {
+	switch {
+	case stream && s.cfg.ForceIncludeUsage:
+		j.usage, j.contUsage = true, true
+	case so != nil:
 		j.usage, j.contUsage = so.IncludeUsage, so.IncludeUsage && so.ContinuousUsageStats
 	}
 	if salt != nil {

@@ -47,6 +47,11 @@ type Config struct {
 	DefaultMaxTokens int
 	// VocabSize bounds token-id prompts (default tokenizer.VocabSize).
 	VocabSize int
+	// ForceIncludeUsage is vLLM's --enable-force-include-usage: every stream carries
+	// usage, in each chunk and in a last chunk of its own, whatever stream_options says
+	// (should_include_usage in vllm/entrypoints/serve/utils/api_utils.py @00a5fdd2;
+	// releases before vLLM PR #37923 forced only the last chunk).
+	ForceIncludeUsage bool
 	// EnableAdmin serves /admin/* (to loopback clients only).
 	EnableAdmin bool
 	// Version is the vLLM release imitated (zero: version.Default): it picks the

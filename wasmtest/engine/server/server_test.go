@@ -33,6 +33,12 @@ const model = "test/model"
 
 func start(t *testing.T, events bool) *Server {
 	t.Helper()
+	return startWith(t, events, func(*Config) {})
+}
+
+// startWith is start with the configuration changed by set.
+func startWith(t *testing.T, events bool, set func(*Config)) *Server {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := Config{
 		ModelName:   model,
@@ -47,6 +53,7 @@ func start(t *testing.T, events bool) *Server {
 		cfg.Replica.Events = ec
 		cfg.Replica.EventsOptions = publisher.Options{Encoding: kvevents.Map, BindHost: "127.0.0.1"}
 	}
+	set(&cfg)
 	s, err := Start(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
@@ -274,6 +281,26 @@ func TestStreaming(t *testing.T) {
 	assert.Equal(t, "assistant", chunks[0].Choices[0].Delta.Role, "first chat chunk carries the role")
 	assert.Equal(t, "chat.completion.chunk", chunks[0].Object)
 	assert.Equal(t, 3, chunks[len(chunks)-1].Usage.CompletionTokens)
+}
+
+// TestForceIncludeUsage: with vLLM's --enable-force-include-usage every stream carries
+// usage, in each chunk and in a last chunk of its own, even when the request did not ask
+// or asked for none.
+func TestForceIncludeUsage(t *testing.T) {
+	s := startWith(t, false, func(c *Config) { c.ForceIncludeUsage = true })
+	for _, opts := range []string{``, `,"stream_options":{"include_usage":false}`} {
+		chunks, done := sse(t, s, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true`+opts+`}`)
+		require.True(t, done)
+		last := chunks[len(chunks)-1]
+		assert.Empty(t, last.Choices, "usage in a last chunk of its own")
+		require.NotNil(t, last.Usage)
+		assert.Equal(t, 3, last.Usage.CompletionTokens)
+		for _, c := range chunks[:len(chunks)-1] {
+			assert.NotNil(t, c.Usage, "continuous usage in every chunk")
+		}
+	}
+	_, plain := post(t, s, "/v1/completions", `{"prompt":"hi","max_tokens":2}`)
+	assert.NotNil(t, decode(t, plain).Usage, "a plain answer is unchanged")
 }
 
 func TestTokenizeModelsHealthVersion(t *testing.T) {

@@ -1,5 +1,6 @@
-// Sends one non-streaming and one streaming chat request through kvroute's proxy with
-// the official openai client, and prints what came back as JSON for the Go test.
+// Sends one non-streaming and two streaming chat requests through kvroute's proxy with
+// the official openai client (the second stream without stream_options, as most chat
+// clients send it), and prints what came back as JSON for the Go test.
 import OpenAI from 'openai';
 
 const baseURL = process.argv[2];
@@ -23,7 +24,18 @@ for await (const chunk of stream) {
   if (chunk.usage) usage = chunk.usage;
 }
 
+// The engines force usage into every stream (vLLM --enable-force-include-usage): this
+// client did not ask, and reads the stream the way the openai package documents it.
+const unasked = { content: '', chunks: 0, usage: null, emptyChoices: 0 };
+for await (const chunk of await client.chat.completions.create({ model: 'llama', messages, max_tokens: 8, stream: true })) {
+  unasked.chunks++;
+  unasked.content += chunk.choices[0]?.delta?.content ?? '';
+  if (chunk.choices.length === 0) unasked.emptyChoices++;
+  if (chunk.usage) unasked.usage = chunk.usage;
+}
+
 console.log(JSON.stringify({
   plain: { content: plain.choices[0].message.content, finish: plain.choices[0].finish_reason, usage: plain.usage },
   stream: { content: streamed, chunks, usage },
+  unasked,
 }));
