@@ -142,15 +142,19 @@ func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
 	if kv > 1 {
 		kv = 1
 	}
+	running, busy, meanUncached := ix.loadOf(r)
 	return table.Replica{
-		Slot:       r.slot,
-		ID:         r.spec.ID,
-		Addr:       r.spec.Addr,
-		Speed:      r.spec.Speed,
-		Queued:     uint64(math.Round(math.Max(0, ix.queued(r)))),
-		KVUsage:    math.Round(kv*1e4) / 1e4,
-		StateAgeMs: uint32(age),
-		Healthy:    r.healthy,
+		Slot:         r.slot,
+		ID:           r.spec.ID,
+		Addr:         r.spec.Addr,
+		Speed:        r.spec.Speed,
+		Queued:       uint64(math.Round(math.Max(0, ix.queued(r)))),
+		KVUsage:      math.Round(kv*1e4) / 1e4,
+		StateAgeMs:   uint32(age),
+		Healthy:      r.healthy,
+		Running:      running,
+		Busy:         busy,
+		MeanUncached: meanUncached,
 	}
 }
 

@@ -1,5 +1,5 @@
 // Deltas for pollers more than one version behind: composed from the versions between,
-// with format 2's replica patches and format 1's GPU-only view.
+// with format 2 and 3's replica patches and format 1's GPU-only view.
 
 package publish
 
@@ -9,14 +9,16 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// patched is f (a format-2 delta from base, whole replica lists) with the replica list
-// of every model base has patched: only what changed since base.
-func patched(f *table.Frame, base *table.Table) *table.Frame {
+// patched is f (a delta from base, whole replica lists) in format, 2 or 3, with the
+// replica list of every model base has patched: only what changed since base, as that
+// format carries it.
+func patched(f *table.Frame, base *table.Table, format uint8) *table.Frame {
 	out := *f
+	out.Format = format
 	out.Models = slices.Clone(f.Models)
 	for i := range out.Models {
 		if m := base.Models[out.Models[i].Name]; m != nil {
-			out.Models[i].PatchReplicas(m.Replicas, base.GeneratedMs, f.GeneratedMs)
+			out.Models[i].PatchReplicasFormat(m.Replicas, base.GeneratedMs, f.GeneratedMs, format)
 		}
 	}
 	return &out
@@ -65,10 +67,10 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 	}
 	slices.Sort(names)
 	f := &table.Frame{Format: format, Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
-	// Format 2 carries only the replicas that changed since have, when have is recent
-	// enough for its replicas to be known.
+	// Formats 2 and 3 carry only the replicas that changed since have, when have is
+	// recent enough for its replicas to be known.
 	var baseRec *version
-	if i := have - p.hist[0].v; format == table.FormatTiers && have >= p.hist[0].v && i < uint64(len(p.hist)) &&
+	if i := have - p.hist[0].v; format >= table.FormatTiers && have >= p.hist[0].v && i < uint64(len(p.hist)) &&
 		p.hist[i].v == have && p.hist[i].replicas != nil {
 		baseRec = &p.hist[i]
 	}
@@ -80,16 +82,16 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 			continue
 		}
 		mc := table.ModelChange{Name: name, Reset: a.reset, Config: m.Config, Replicas: m.Replicas}
-		if format == table.FormatTiers {
+		if format >= table.FormatTiers {
 			mc.Tiers = m.Tiers
 			if rs, ok := baseRec.replicasOf(name); ok {
-				mc.PatchReplicas(rs, baseRec.gen, f.GeneratedMs)
+				mc.PatchReplicasFormat(rs, baseRec.gen, f.GeneratedMs, format)
 			}
 		}
 		slices.Sort(a.keys)
 		for _, k := range slices.Compact(a.keys) {
 			s := m.Lookup(k)
-			if format != table.FormatTiers {
+			if format < table.FormatTiers {
 				s = table.GPUPart(s)
 			}
 			if len(s) > 0 {

@@ -84,7 +84,7 @@ type change struct {
 
 // view is keys as format seen: format 1 sees only changes of GPU holders.
 func (ch *change) view(format uint8) []uint64 {
-	if format == table.FormatTiers || ch.gpuKeys == nil {
+	if format >= table.FormatTiers || ch.gpuKeys == nil {
 		return ch.keys
 	}
 	return ch.gpuKeys
@@ -141,7 +141,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	if cur.Version == 0 {
 		next = p.first
 	}
-	f := &table.Frame{Format: table.FormatTiers, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
+	f := &table.Frame{Format: table.FormatLoad, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
 	// f1 is the same version as a format-1 filter sees it (GPU holders only).
 	f1 := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: f.GeneratedMs}
 	rec := version{v: f.Version, base: f.Base, gen: f.GeneratedMs, models: make(map[string]*change, len(ups))}
@@ -172,10 +172,11 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		rec.replicas[name] = m.Replicas // replaced by later versions, never changed
 	}
 	// The frame just applied is the delta from the previous version for all models,
-	// the one most pollers want, in both formats; format 2 carries only the replicas
-	// that changed. Encoded before the swap, so polls never wait for it and the first
-	// ones after the swap find it.
-	enc := table.Encode(patched(f, cur))
+	// the one most pollers want, in every format; formats 2 and 3 carry only the
+	// replicas that changed. Encoded before the swap, so polls never wait for it and the
+	// first ones after the swap find it.
+	enc3 := table.Encode(patched(f, cur, table.FormatLoad))
+	enc2 := table.Encode(patched(f, cur, table.FormatTiers))
 	enc1 := table.Encode(f1)
 	if p.beforeSwap != nil {
 		p.beforeSwap()
@@ -204,7 +205,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	for _, e := range []struct {
 		format uint8
 		body   []byte
-	}{{table.FormatTiers, enc}, {table.FormatVersion, enc1}} {
+	}{{table.FormatLoad, enc3}, {table.FormatTiers, enc2}, {table.FormatVersion, enc1}} {
 		if f.Base == 0 {
 			break // the first version: no filter has a version to take a delta from
 		}
@@ -213,7 +214,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		p.frames[frameKey{base: f.Base, format: e.format}] = &frame{done: done,
 			res: Result{Version: f.Version, GeneratedMs: f.GeneratedMs, Kind: table.Delta, Body: e.body}}
 	}
-	p.encodes += 2
+	p.encodes += 3
 	p.cacheMu.Unlock()
 	p.mu.Unlock()
 
@@ -265,10 +266,11 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 	return p.FrameFormat(have, hasHave, model, table.FormatVersion)
 }
 
-// FrameFormat is Frame in the given table format (table.FormatVersion or FormatTiers).
-// Polls asking for the same frame of the same version share one encoding of it.
+// FrameFormat is Frame in the given table format (table.FormatVersion, FormatTiers or
+// FormatLoad). Polls asking for the same frame of the same version share one encoding
+// of it.
 func (p *Publisher) FrameFormat(have uint64, hasHave bool, model string, format uint8) Result {
-	if format != table.FormatTiers {
+	if format != table.FormatTiers && format != table.FormatLoad {
 		format = table.FormatVersion
 	}
 	p.mu.RLock()

@@ -7,14 +7,18 @@ import (
 )
 
 // tableFormat is the newest table format this control plane writes that a poll's
-// api.TableFormatsHeader lists ("1,2"): format 2 (slower tiers) only for a filter that
-// reads it, format 1 for every other, including filters that send no header
-// (docs/table.md, "Slower tiers"). Names it does not know are ignored.
+// api.TableFormatsHeader lists ("1,2,3"): format 3 (replicas' load) or 2 (slower tiers)
+// only for a filter that reads it, format 1 for every other, including filters that send
+// no header (docs/table.md, "Version skew"). Names it does not know are ignored.
 func tableFormat(header string) uint8 {
+	best := uint8(table.FormatVersion)
 	for f := range strings.SplitSeq(header, ",") {
-		if strings.TrimSpace(f) == "2" {
-			return table.FormatTiers
+		switch strings.TrimSpace(f) {
+		case "3":
+			best = table.FormatLoad
+		case "2":
+			best = max(best, table.FormatTiers)
 		}
 	}
-	return table.FormatVersion
+	return best
 }

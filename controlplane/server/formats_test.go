@@ -14,19 +14,20 @@ import (
 
 func TestTableFormatFromTheFiltersHeader(t *testing.T) {
 	for header, want := range map[string]uint8{
-		"": 1, "1": 1, "1,2": 2, " 2 ": 2, "1, 2, 3": 2, "3": 1, "x,,2": 2, "12": 1,
+		"": 1, "1": 1, "1,2": 2, " 2 ": 2, "1, 2, 3": 3, "3": 3, "3,2": 3, "x,,2": 2, "12": 1, "4": 1, "1,2,4": 2,
 	} {
 		assert.Equal(t, want, tableFormat(header), "%q", header)
 	}
 }
 
 // Version skew over HTTP: a filter that sends no formats header (an older build) gets
-// format 1 without the CPU-only key; one that lists 2 gets the tiers.
+// format 1 without the CPU-only key; one that lists 2 gets the tiers; one that lists 3
+// the replicas' load as well.
 func TestTableFormatNegotiation(t *testing.T) {
 	e := newEnv(t, "", 10)
 	u := index.ModelUpdate{Name: "m", Reset: true, Tiers: []string{"CPU"},
 		Config:   table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
-		Replicas: []table.Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:8000", Healthy: true}}}
+		Replicas: []table.Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:8000", Healthy: true, Running: 7, Busy: 0.5, MeanUncached: 900}}}
 	u.Upserts.Add(10, 0)
 	u.Upserts.Add(20, table.Holder(0, 1))
 	_, err := e.pub.Publish([]index.ModelUpdate{u}, e.now)
@@ -53,8 +54,15 @@ func TestTableFormatNegotiation(t *testing.T) {
 	assert.Equal(t, 1, old.Models["m"].Len(), "the CPU-only key is not in format 1")
 	assert.Empty(t, old.Models["m"].Tiers)
 
-	tiered, _ := get(api.TableFormats)
+	tiered, _ := get("1,2")
 	assert.Equal(t, uint8(table.FormatTiers), tiered.Format)
 	assert.Equal(t, []string{"CPU"}, tiered.Models["m"].Tiers)
 	assert.Equal(t, []uint32{table.Holder(0, 1)}, tiered.Models["m"].Lookup(20))
+	assert.Zero(t, tiered.Models["m"].Replicas[0].Running, "format 2 carries no load")
+
+	loaded, _ := get(api.TableFormats)
+	assert.Equal(t, uint8(table.FormatLoad), loaded.Format)
+	assert.Equal(t, []uint32{table.Holder(0, 1)}, loaded.Models["m"].Lookup(20))
+	r0 := loaded.Models["m"].Replicas[0]
+	assert.Equal(t, []any{7.0, 0.5, uint32(900)}, []any{r0.Running, r0.Busy, r0.MeanUncached})
 }

@@ -10,27 +10,30 @@ import (
 
 // Wire format (all integers little-endian; "uv" is an unsigned varint):
 //
-//	header   "KVRT" | u8 format (1 or 2) | u8 kind (1 full, 2 delta) | u16 reserved (0)
+//	header   "KVRT" | u8 format (1, 2 or 3) | u8 kind (1 full, 2 delta) | u16 reserved (0)
 //	         u64 version | u64 base version (delta only, else 0) | i64 generated Unix ms
 //	         u32 payload length
 //	payload  uv model count, then per model:
 //	           str name | u8 flags (1 removed, 2 reset: entries start empty,
-//	                                4 replicas patched: format 2 deltas, not with reset)
+//	                                4 replicas patched: format 2 and 3 deltas, not with reset)
 //	           unless removed:
 //	             uv block_bytes | uv block_tokens | uv stride | uv bytes_per_token x1000
-//	             format 2 only: uv tier count (<= 8), then per tier: str medium name
+//	             format 2 and 3: uv tier count (<= 8), then per tier: str medium name
 //	             uv replica count, then per replica:
 //	               uv slot | str id | str addr | uv speed | uv queued | uv kv_usage x10000
 //	               uv state_age_ms | u8 flags (1 healthy)
+//	               format 3: uv running | uv busy x10000 | uv mean_uncached
 //	             or, patched: the replicas that changed since the base (slots strictly
 //	             increasing), then the slots that left (see patch.go):
-//	               uv slot | u8 fields (1 healthy, 2 identity, 4 queued, 8 kv, 16 age)
+//	               uv slot | u8 fields (1 healthy, 2 identity, 4 queued, 8 kv, 16 age,
+//	               32 load: format 3)
 //	               [str id | str addr | uv speed] [uv queued] [uv kv_usage x10000]
-//	               [uv state_age_ms], each when its field bit is set
+//	               [uv state_age_ms] [uv running | uv busy x10000 | uv mean_uncached],
+//	               each when its field bit is set
 //	               uv dropped count, then slots (uv, strictly increasing)
 //	             uv upsert count, then per upsert (keys strictly increasing):
 //	               u64 key | uv slot count (>= 1) | slots (uv, strictly increasing)
-//	               (format 2: each is a holder, tier << 16 | slot, tier <= tier count)
+//	               (format 2 and 3: each is a holder, tier << 16 | slot, tier <= tier count)
 //	             uv remove count, then u64 keys strictly increasing (0 when reset)
 //	trailer  u32 CRC-32C of header and payload
 //	str = uv length | bytes
@@ -40,10 +43,12 @@ import (
 // format 2 whole or patched (what changed since the base, the state ages of the others
 // advanced by the time between the two versions).
 //
-// Format 2 adds the slower KV tiers (offloaded blocks, see Holder): a filter says in its
-// poll which formats it reads (api.TableFormatsHeader) and gets format 2 only if it
-// listed it. A format-1 frame of a table with tiers carries its GPU holders only, and is
-// byte for byte the frame a control plane without tiers sends for the same GPU holdings.
+// Format 2 adds the slower KV tiers (offloaded blocks, see Holder), format 3 each
+// replica's load (Replica.Running, Busy, MeanUncached): a filter says in its poll which
+// formats it reads (api.TableFormatsHeader) and gets the newest it listed. A format-1
+// frame of a table with tiers carries its GPU holders only, and is byte for byte the
+// frame a control plane without tiers sends for the same GPU holdings; a format-2 frame
+// is the format-3 frame without the load values.
 
 const (
 	magic = "KVRT"
@@ -51,12 +56,14 @@ const (
 	FormatVersion = 1
 	// FormatTiers is format 2: format 1 plus slower tiers.
 	FormatTiers = 2
+	// FormatLoad is format 3: format 2 plus each replica's load.
+	FormatLoad  = 3
 	headerSize  = 36
 	trailerSize = 4
 
 	flagRemoved = 1
 	flagReset   = 2
-	flagPatched = 4 // format 2
+	flagPatched = 4 // format 2 and 3
 )
 
 // Kind says whether a frame is a full snapshot or a delta.
@@ -112,7 +119,7 @@ type ModelChange struct {
 	Tiers   []string
 	Upserts Entries
 	Removes []uint64
-	// Patched (format-2 deltas only, see PatchReplicas): Replicas lists only the
+	// Patched (format-2 and 3 deltas only, see PatchReplicas): Replicas lists only the
 	// replicas that changed since the base, ReplicaFields[i] which of Replicas[i]'s
 	// values the frame carries (the others stay the base's), and Dropped the slots that
 	// left; every other replica of the base stays, its state age advanced.
@@ -123,7 +130,8 @@ type ModelChange struct {
 
 // Frame is a decoded frame: a full snapshot (every model Reset) or a delta.
 type Frame struct {
-	// Format is the wire format (FormatVersion or FormatTiers; 0 means FormatVersion).
+	// Format is the wire format (FormatVersion, FormatTiers or FormatLoad; 0 means
+	// FormatVersion).
 	Format      uint8
 	Kind        Kind
 	Version     uint64
@@ -144,7 +152,7 @@ func EncodeFullFormat(t *Table, format uint8) []byte {
 	for _, n := range names {
 		m := t.Models[n]
 		w.modelHead(m.Name, flagReset, m.Config, m.Replicas, m.Tiers)
-		if format == FormatTiers {
+		if hasTiers(format) {
 			w.uv(uint64(m.Len()))
 			m.Each(func(k uint64, slots []uint32) bool {
 				w.entry(k, slots)
@@ -173,11 +181,17 @@ func EncodeFullFormat(t *Table, format uint8) []byte {
 }
 
 func normFormat(f uint8) uint8 {
-	if f == FormatTiers {
-		return FormatTiers
+	if f == FormatTiers || f == FormatLoad {
+		return f
 	}
 	return FormatVersion
 }
+
+// hasTiers reports whether format carries slower tiers (2 and 3).
+func hasTiers(format uint8) bool { return format >= FormatTiers }
+
+// hasLoad reports whether format carries the replicas' load (3).
+func hasLoad(format uint8) bool { return format >= FormatLoad }
 
 // Encode writes f in f.Format. In format 1 an upserted set keeps its GPU holders only,
 // and a key left with none is removed (or, in a reset section, left out).
@@ -197,8 +211,8 @@ func Encode(f *Frame) []byte {
 			flags = flagReset
 		}
 		if mc.Patched {
-			if format != FormatTiers || mc.Reset || f.Kind != Delta {
-				panic(fmt.Sprintf("table: model %q: replica patches exist only in format-2 delta sections", mc.Name))
+			if !hasTiers(format) || mc.Reset || f.Kind != Delta {
+				panic(fmt.Sprintf("table: model %q: replica patches exist only in format-2 and 3 delta sections", mc.Name))
 			}
 			w.patchedHead(mc)
 		} else {
@@ -252,8 +266,8 @@ func Decode(b []byte) (*Frame, error) {
 	if string(b[:4]) != magic {
 		return nil, fmt.Errorf("%w: bad magic %q", ErrCorrupt, b[:4])
 	}
-	if b[4] != FormatVersion && b[4] != FormatTiers {
-		return nil, fmt.Errorf("%w: format %d, this build reads %d and %d", ErrCorrupt, b[4], FormatVersion, FormatTiers)
+	if b[4] != FormatVersion && b[4] != FormatTiers && b[4] != FormatLoad {
+		return nil, fmt.Errorf("%w: format %d, this build reads %d to %d", ErrCorrupt, b[4], FormatVersion, FormatLoad)
 	}
 	kind := Kind(b[5])
 	if kind != Full && kind != Delta {

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// Replica patches (format 2 deltas): a delta's model section may list only the replicas
+// Replica patches (format 2 and 3 deltas): a delta's model section may list only the replicas
 // whose state changed since the base version, and of each only the values that changed,
 // instead of every replica's whole state. A fleet's replica list is most of a delta (about
 // 27 bytes a replica, 5.4 KB at 200 replicas, every version) while few replicas change
@@ -19,15 +19,16 @@ import (
 // filter's computation gives exactly the value it holds, so a filter's table stays the
 // control plane's, value for value.
 
-// Which values a patched replica carries (the replica flags byte of format 2 patches:
-// bit 1 is the health flag, carried always).
+// Which values a patched replica carries (the replica flags byte of format 2 and 3
+// patches: bit 1 is the health flag, carried always).
 const (
 	patchHealthy  = 1
 	patchIdentity = 2 // id, addr, speed
 	patchQueued   = 4
 	patchKV       = 8
 	patchAge      = 16
-	patchAll      = patchIdentity | patchQueued | patchKV | patchAge
+	patchLoad     = 32 // running, busy, mean_uncached: format 3
+	patchAll      = patchIdentity | patchQueued | patchKV | patchAge | patchLoad
 	patchKnown    = patchHealthy | patchAll
 )
 
@@ -47,9 +48,15 @@ func ageAfter(age uint32, fromMs, toMs int64) uint32 {
 // PatchReplicas turns mc's replica list (whole, for a frame generated at genMs) into a
 // patch from base, the model's replicas in the frame's base version (generated at
 // baseGenMs): the replicas that changed, with the values that changed, and the slots
-// that left. Only format-2 deltas carry patches; a reset or removed section is left
-// whole. mc.Replicas is replaced, not modified.
+// that left, as a format-3 frame carries them. Only format-2 and 3 deltas carry patches;
+// a reset or removed section is left whole. mc.Replicas is replaced, not modified.
 func (mc *ModelChange) PatchReplicas(base []Replica, baseGenMs, genMs int64) {
+	mc.PatchReplicasFormat(base, baseGenMs, genMs, FormatLoad)
+}
+
+// PatchReplicasFormat is PatchReplicas for a frame of the given format: format 2 carries
+// no load, so a replica whose load alone changed is not listed.
+func (mc *ModelChange) PatchReplicasFormat(base []Replica, baseGenMs, genMs int64, format uint8) {
 	if mc.Reset || mc.Removed || mc.Patched {
 		return
 	}
@@ -68,7 +75,11 @@ func (mc *ModelChange) PatchReplicas(base []Replica, baseGenMs, genMs int64) {
 			listed, fields = append(listed, cur[j]), append(fields, patchAll|healthBit(cur[j]))
 			j++
 		default:
-			if f := changed(&old[i], &cur[j], baseGenMs, genMs); f != 0 || old[i].Healthy != cur[j].Healthy {
+			f := changed(&old[i], &cur[j], baseGenMs, genMs)
+			if !hasLoad(format) {
+				f &^= patchLoad
+			}
+			if f != 0 || old[i].Healthy != cur[j].Healthy {
 				listed, fields = append(listed, cur[j]), append(fields, f|healthBit(cur[j]))
 			}
 			i++
@@ -101,6 +112,10 @@ func changed(o, r *Replica, fromMs, toMs int64) uint8 {
 	if ageAfter(o.StateAgeMs, fromMs, toMs) != r.StateAgeMs {
 		f |= patchAge
 	}
+	if quantize(o.Running, 100) != quantize(r.Running, 100) || quantize(o.Busy, 10000) != quantize(r.Busy, 10000) ||
+		o.MeanUncached != r.MeanUncached {
+		f |= patchLoad
+	}
 	return f
 }
 
@@ -128,7 +143,7 @@ func (mc *ModelChange) patchedReplicas(m *Model, baseGenMs, genMs int64) ([]Repl
 				return nil, fmt.Errorf("model %q: drops slot %d, which it lists or the base lacks", mc.Name, drop[0])
 			}
 			if len(base) == 0 || base[0].Slot != p.Slot { // a new replica
-				if f&patchAll != patchAll {
+				if f&patchAll|patchLoad != patchAll {
 					return nil, fmt.Errorf("model %q: new replica in slot %d without all its values", mc.Name, p.Slot)
 				}
 				out = append(out, p)
@@ -148,6 +163,9 @@ func (mc *ModelChange) patchedReplicas(m *Model, baseGenMs, genMs int64) ([]Repl
 			}
 			if f&patchAge != 0 {
 				r.StateAgeMs = p.StateAgeMs
+			}
+			if f&patchLoad != 0 {
+				r.Running, r.Busy, r.MeanUncached = p.Running, p.Busy, p.MeanUncached
 			}
 			r.Healthy = f&patchHealthy != 0
 			out = append(out, r)

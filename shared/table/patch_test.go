@@ -33,7 +33,7 @@ func roundTrip(t *testing.T, base, next *Table) (*Table, []byte) {
 	f.Format = FormatTiers
 	for i := range f.Models {
 		if om := base.Models[f.Models[i].Name]; om != nil {
-			f.Models[i].PatchReplicas(om.Replicas, base.GeneratedMs, next.GeneratedMs)
+			f.Models[i].PatchReplicasFormat(om.Replicas, base.GeneratedMs, next.GeneratedMs, FormatTiers)
 		}
 	}
 	b := Encode(f)
@@ -83,7 +83,7 @@ func TestFormat2DeltaCarriesOnlyChangedReplicas(t *testing.T) {
 	}
 	assert.Equal(t, []uint32{1, 2, 3, 4, 5, 20}, listed)
 	assert.Equal(t, []uint8{patchHealthy | patchQueued, patchHealthy | patchKV, patchHealthy | patchAge, 0,
-		patchHealthy | patchIdentity, patchHealthy | patchAll}, mc.ReplicaFields)
+		patchHealthy | patchIdentity, patchHealthy | patchAll&^patchLoad}, mc.ReplicaFields, "format 2 carries no load")
 	assert.Equal(t, []uint32{7}, mc.Dropped)
 
 	// Nothing changed but the clock: no replica at all.
@@ -238,18 +238,27 @@ func FuzzApplyPatchedDelta(f *testing.F) {
 		ReplicaFields: []uint8{patchQueued | patchAge, patchAll | patchHealthy}, Dropped: []uint32{2}}
 	mc.Upserts.Add(500, 1, Holder(5, 2))
 	f.Add(Encode(&Frame{Format: FormatTiers, Kind: Delta, Version: 8, Base: 7, GeneratedMs: 1_790_000_000_200, Models: []ModelChange{mc}}))
+	mc.Replicas[0].Running, mc.ReplicaFields[0] = 12, patchQueued|patchLoad
+	f.Add(Encode(&Frame{Format: FormatLoad, Kind: Delta, Version: 8, Base: 7, GeneratedMs: 1_790_000_000_200, Models: []ModelChange{mc}}))
+	full3 := EncodeFullFormat(loadedTable(f), FormatLoad)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) < headerSize+trailerSize {
 			return
 		}
 		in := slices.Clone(b)
 		copy(in, magic)
-		in[4], in[5] = FormatTiers, byte(Delta)
+		base := full
+		if in[4] == FormatLoad { // a format-3 delta onto a format-3 table
+			base = full3
+		} else {
+			in[4] = FormatTiers
+		}
+		in[5] = byte(Delta)
 		in[6], in[7] = 0, 0
 		binary.LittleEndian.PutUint64(in[16:], 7)
 		in = resum(in)
 		tb := New()
-		_, err := tb.Apply(full)
+		_, err := tb.Apply(base)
 		require.NoError(t, err)
 		if _, err := tb.Apply(in); err != nil {
 			return

@@ -103,7 +103,7 @@ func (r *reader) model() ModelChange {
 	mc.Name = r.str("model name")
 	flags := r.byte1()
 	known := byte(flagRemoved | flagReset)
-	if r.format == FormatTiers && r.kind == Delta {
+	if hasTiers(r.format) && r.kind == Delta {
 		known |= flagPatched
 	}
 	if flags&^known != 0 || flags&flagPatched != 0 && flags&^flagPatched != 0 {
@@ -120,7 +120,7 @@ func (r *reader) model() ModelChange {
 		Stride:        uint32(r.uvMax(math.MaxUint32, "stride")),
 		BytesPerToken: float64(r.uvMax(math.MaxUint32, "bytes_per_token")) / 1000,
 	}
-	if r.format == FormatTiers {
+	if hasTiers(r.format) {
 		nt := r.count(2)
 		if nt > MaxTiers {
 			r.fail("model %q: %d tiers, at most %d", mc.Name, nt, MaxTiers)
@@ -135,7 +135,7 @@ func (r *reader) model() ModelChange {
 		}
 	}
 	maxHolder := uint64(MaxSlot)
-	if r.format == FormatTiers {
+	if hasTiers(r.format) {
 		maxHolder = uint64(Holder(MaxSlot, len(mc.Tiers)))
 	}
 	nr := 0
@@ -158,6 +158,9 @@ func (r *reader) model() ModelChange {
 			StateAgeMs: uint32(r.uvMax(math.MaxUint32, "state_age_ms")),
 			Healthy:    r.flag(),
 		})
+		if hasLoad(r.format) {
+			r.load(&mc.Replicas[len(mc.Replicas)-1])
+		}
 	}
 	nu := r.count(10) // key and at least one slot count and slot
 	var prev uint64
@@ -225,7 +228,7 @@ func (r *reader) patch(mc *ModelChange) {
 			r.fail("model %q: patched slots not increasing", mc.Name)
 		}
 		f := r.byte1()
-		if f&^patchKnown != 0 {
+		if f&^patchKnown != 0 || f&patchLoad != 0 && !hasLoad(r.format) {
 			r.fail("model %q: unknown replica fields %#x", mc.Name, f)
 		}
 		if f&patchIdentity != 0 {
@@ -241,6 +244,9 @@ func (r *reader) patch(mc *ModelChange) {
 		if f&patchAge != 0 {
 			p.StateAgeMs = uint32(r.uvMax(math.MaxUint32, "state_age_ms"))
 		}
+		if f&patchLoad != 0 {
+			r.load(&p)
+		}
 		p.Healthy = f&patchHealthy != 0
 		mc.Replicas = append(mc.Replicas, p)
 		mc.ReplicaFields = append(mc.ReplicaFields, f)
@@ -253,6 +259,13 @@ func (r *reader) patch(mc *ModelChange) {
 		}
 		mc.Dropped = append(mc.Dropped, s)
 	}
+}
+
+// load reads a replica's load values (format 3).
+func (r *reader) load(p *Replica) {
+	p.Running = float64(r.uvMax(math.MaxUint32, "running")) / 100
+	p.Busy = float64(r.uvMax(10000, "busy")) / 10000
+	p.MeanUncached = uint32(r.uvMax(math.MaxUint32, "mean_uncached"))
 }
 
 func (r *reader) flag() bool {

@@ -73,6 +73,15 @@ type Replica struct {
 	StateAgeMs uint32
 	// Healthy is false when the control plane could not reach the replica.
 	Healthy bool
+	// Load (format 3; zero in tables of older formats): Running is the mean number of
+	// requests the replica ran recently, prefilling or decoding, whose steps a prefill
+	// placed there stalls (carried to 0.01); Busy the fraction of recent time it had
+	// prefill work waiting, 0..1 (to 1e-4); MeanUncached the mean prompt tokens it
+	// prefills for a request (0: unknown). shared/rule prices a placement's effect on
+	// the other requests with them.
+	Running      float64
+	Busy         float64
+	MeanUncached uint32
 }
 
 // Config is what a model's keys were computed with; the filter hashes with the same.

@@ -317,6 +317,7 @@ func FuzzDecode(f *testing.F) {
 	next.Version = 8
 	_ = next.Models["llama"].Set(77, 1)
 	f.Add(Encode(Diff(tb, next)))
+	f.Add(EncodeFullFormat(loadedTable(f), FormatLoad))
 	f.Add([]byte("KVRT"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// Random bytes almost never pass the checksum; fix it up so the structural
@@ -328,7 +329,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			// Whatever decodes must re-encode and decode to the same table.
 			again := New()
-			_, err := again.Apply(EncodeFull(holder))
+			_, err := again.Apply(EncodeFullFormat(holder, holder.Format))
 			require.NoError(t, err)
 			require.Equal(t, contents(holder), contents(again))
 		}

@@ -45,7 +45,17 @@ func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica, tier
 			fl = 1
 		}
 		w.b = append(w.b, fl)
+		if hasLoad(w.format) {
+			w.load(&r)
+		}
 	}
+}
+
+// load writes a replica's load values (format 3).
+func (w *writer) load(r *Replica) {
+	w.uv(quantize(r.Running, 100))
+	w.uv(quantize(r.Busy, 10000))
+	w.uv(uint64(r.MeanUncached))
 }
 
 func (w *writer) config(name string, flags byte, c Config, tiers []string) {
@@ -55,7 +65,7 @@ func (w *writer) config(name string, flags byte, c Config, tiers []string) {
 	w.uv(uint64(c.BlockTokens))
 	w.uv(uint64(c.Stride))
 	w.uv(quantize(c.BytesPerToken, 1000))
-	if w.format == FormatTiers {
+	if hasTiers(w.format) {
 		w.uv(uint64(len(tiers)))
 		for _, t := range tiers {
 			w.str(t)
@@ -63,12 +73,16 @@ func (w *writer) config(name string, flags byte, c Config, tiers []string) {
 	}
 }
 
-// patchedHead is modelHead for a patched section (format 2).
+// patchedHead is modelHead for a patched section (formats 2 and 3; format 2 leaves the
+// load out).
 func (w *writer) patchedHead(mc *ModelChange) {
 	w.config(mc.Name, flagPatched, mc.Config, mc.Tiers)
 	w.uv(uint64(len(mc.Replicas)))
 	for i, r := range mc.Replicas {
 		f := mc.ReplicaFields[i]
+		if !hasLoad(w.format) {
+			f &^= patchLoad
+		}
 		w.uv(uint64(r.Slot))
 		w.b = append(w.b, f)
 		if f&patchIdentity != 0 {
@@ -84,6 +98,9 @@ func (w *writer) patchedHead(mc *ModelChange) {
 		}
 		if f&patchAge != 0 {
 			w.uv(uint64(r.StateAgeMs))
+		}
+		if f&patchLoad != 0 {
+			w.load(&r)
 		}
 	}
 	w.uv(uint64(len(mc.Dropped)))
