@@ -172,6 +172,10 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 			KVUsage:   rep.KVUsage,
 			StateAge:  age,
 			Healthy:   rep.Healthy,
+			// The replica's load (table format 3; zero in older tables).
+			Running:      rep.Running,
+			Busy:         rep.Busy,
+			MeanUncached: float64(rep.MeanUncached),
 		})
 	}
 	d := r.decision(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order))

@@ -1,67 +1,51 @@
-// Package rule is kvroute's routing decision: for a request x and each eligible replica r,
+// Package rule is kvroute's routing decision. For a request x and each eligible replica r,
 //
-//	cost(r) = (Q(r) + U(r, x) + W(r, x) x (1/n + u(r))) / speed(r)
+//	cost(r) = (Q + U + U x (N + B/2)) / speed(r)
 //
-// where Q(r) is the prompt work already queued on r (uncached tokens not yet prefilled),
-// U(r, x) = prompt tokens of x - tokens of x already cached on r, W(r, x) = U(r, x) -
-// the smallest U among the n candidates: the tokens r would prefill again that another
-// candidate already holds (0 for the replicas holding the longest prefix), and u(r) r's
-// KV-cache usage, 0..1. The minimum wins.
+// where Q is the prompt work already queued on r (uncached tokens not yet prefilled), U =
+// U(r, x) the prompt tokens of x that r would prefill (prompt - tokens cached on r), and U
+// x (N + B/2) what prefilling them on r costs the other requests there: N = rho/(1 - rho) x
+// (Q + U)/Ubar the requests expected to arrive at r before its prefill work clears, whose
+// time to first token each grows by U (an M/G/1 busy period: rho is r's busy fraction,
+// Ubar its mean uncached tokens a request), and B the requests r is running, each of whose
+// next tokens waits U (they share r's steps with the prefill). The minimum wins.
 //
-// docs/rule.md's worked example: 8,000-token prompts, 6,000 of them a shared prefix,
-// 22 replicas. The owner of the prefix costs Q(owner) + 2,000, a cold replica Q(cold) + 8,000
-// + 6,000 x (1/22 + u), so the owner keeps the request while its extra queue is under the 6,000
-// tokens (428 ms of prefill) it saves plus 273 (and 6,000 x u), and the first request that finds it
-// deeper spills to the coldest replica, which becomes a second owner. Hot prefixes gain
-// owners in proportion to their load without a separate replication policy; when nothing
-// is cached anywhere W is 0 and the rule is plain least-queued-tokens.
+// Why these terms. Q + U is the request's own wait. The rest makes a placement pay for the
+// waiting it causes, in the same unit, so that the rule minimises the sum, over every
+// request it affects, of time to first token and end-to-end time: a later arrival's delay
+// counts in both, hence with weight 1 like the request's own (all are halved), a running
+// request's in its end-to-end time only, hence B/2. Nothing is tuned: rho, Ubar and B are
+// measured per replica by the control plane and carried in the table (format 3).
 //
-// # What a spill costs
+// docs/rule.md's worked example: 8,000-token prompts, 6,000 of them a customer's prefix.
+// Its owner o (busy half the time, rho = 0.5, Ubar = 2,000, running 20, Q = 8,000: another
+// customer's first request) and an idle replica c (rho = 0.5, running 10, Q = 0):
 //
-// Q + U is what the request itself waits for. A spill also costs the fleet: the W tokens
-// it prefills again are work that would not exist had the request gone to the owner, and
-// the requests that queue behind it pay for it. Spread over the n candidates, that work
-// raises the mean queue by W/n, and the rule charges the spill that share. Without it the
-// rule spilled whenever the owner's queue was deeper than the saving, even when the
-// request gained a few milliseconds and the fleet paid a whole prefix for them.
+//	cost(o) = 8,000 + 2,000 + 2,000 x (1 x 10,000/2,000 + 10) = 40,000
+//	cost(c) = 0 + 8,000 + 8,000 x (1 x 8,000/2,000 + 5) = 80,000
 //
-// Worked example (SGLang's generated-shared-prefix benchmark): 4 replicas, prompts of
-// 2,176 tokens whose 2,048-token system prompt one replica holds. The owner is prefilling
-// another group's first request (Q = 2,176), another replica is idle. Without the charge
-// the owner costs 2,176 + 128 = 2,304 tokens and the idle replica 2,176: the request
-// spilled, gaining 128 tokens (9 ms) for 2,048 tokens (146 ms) of prefill the fleet did
-// again. With it the idle replica costs 2,176 + 2,048/4 = 2,688 and the owner keeps the
-// request; it spills once the owner's queue is 2,048 x (1 + 1/4) = 2,560 tokens deeper
-// than the idle replica's. At 22 replicas the charge moves the worked example's spill point by 5%
-// (6,000 to 6,273 tokens).
+// The owner keeps the request; without the other requests' share (Q + U alone) the copy
+// would have looked cheaper (8,000 against 10,000), though it prefills 6,000 tokens again
+// and stalls c's ten running requests for them. On an idle fleet (rho and B near 0) the
+// terms vanish and a request goes wherever it is served first, copies included; on a busy
+// one extra prefill is dear and owners keep their prefixes: the rule needs no mode for
+// either, and no separate replication policy: a hot prefix gains owners once its owner's
+// queue outweighs what a copy costs everyone.
 //
-// The copy also takes W tokens of the spill target's cache. An engine keeps cached
-// prefixes in the blocks no running request holds and evicts the least recently used
-// of them for new ones (vLLM's free-block queue); the fraction of its cache that running
-// requests hold, u (vLLM's kv_cache_usage_perc, carried in the table as KVUsage), is how
-// little room is left for cached prefixes, so the higher u, the more recently used, and
-// likelier to be reused, the prefixes the copy evicts: each of them a miss later, and
-// under load a spill of its own. The rule charges the spill W x u for that, so the
-// whole charge is W x (1/n + u). With W/n alone the fleet simulator's CPU-tier fleet
-// (14 replicas near GPU memory capacity) fell from 33% cached to 7%, and its median
-// TTFT from 0.59 s to 29 s, with 10% more load, caches thrashing; with W x u it held
-// there (35%, 0.59 s), and with the KV guard off too (MaxKVUsage) up to 30% more (44%,
-// 0.52 s), tipping over between 30% and 40% more (wasmtest/fleet/README.md). The other
-// workloads did not move, but for burst, whose fresh prefixes spill less (18% -> 41%
-// cached, TTFT p50 +10 ms).
+// Without load values (a table older than format 3: every MeanUncached 0) the rule falls
+// back to charging a copy its share of the extra prefill, W x (1/n + u), W = U - the
+// smallest U among the n candidates, u the copy target's KV-cache usage.
 //
 // # Where Q and the cached tokens come from
 //
 // Q(r) is the control plane's snapshot of r's queued prefill tokens (scraped from the
 // engine, carried in the table) plus what this router sent to r after the snapshot was
 // measured, minus what it sent before and saw start (its first response byte) after
-// (its ledger, package route: an entry per request from the decision until the first
-// response byte, then its start while a snapshot older than it may be in use). The
-// snapshot is 100-350 ms old and a 2,000-token prefill takes 150 ms, so without the
-// second term a replica that has just finished a prefill still looks busy. Cached(r, x) is the longest prefix of x's block chain that the
-// table lists on r, or that this proxy placed on r itself since the table last had the
-// chance to learn it (route.Local: the proxy's own recent placements, shared by its
-// worker VMs).
+// (its ledger, package route). The snapshot is 100-350 ms old and a 2,000-token prefill
+// takes 150 ms, so without the second term a replica that has just finished a prefill
+// still looks busy. Cached(r, x) is the longest prefix of x's block chain that the table
+// lists on r, or that this proxy placed on r itself since the table last had the chance
+// to learn it (route.Local).
 //
 // # Slower tiers
 //
@@ -75,16 +59,10 @@
 // tier (contiguous, as the engine loads them) and LoadCost(r) is those tokens weighted by
 // each tier's load-cost ratio (api.Guards.OffloadCost; the default for vLLM's "CPU" is
 // 0.046: 3.28 us to load a token over PCIe against 71.3 us to prefill it, docs/rule.md).
-// Worked example, with the numbers of docs/rule.md: an 8,000-token prompt whose 6,000-token
-// prefix replica A holds in GPU memory, B holds only in CPU memory, and C not at all.
-// U(A) = 2,000; U(B) = 2,000 + 6,000 x 0.046 = 2,276; U(C) = 8,000, so W(B) = 276 and
-// W(C) = 6,000. With queues Q(A) = 1,000, Q(B) = 0, Q(C) = 0 the costs are 3,000, 2,276 +
-// 276/3 = 2,368 and 8,000 + 6,000/3 = 10,000 tokens: B wins, since loading the prefix
-// (276 token-equivalents, 20 ms) costs less than A's extra queue. Before tiers counted, B
-// and C tied and A kept the request while its queue was up to 8,000 tokens deeper; now B,
-// not a cold replica, takes A's spill while A's queue is more than 368 tokens deeper than
-// B's, and a cold replica only when B is 7,632 tokens deeper still. A replica that holds a
-// block in GPU and CPU memory counts it as GPU (Cached).
+// Worked example: an 8,000-token prompt whose 6,000-token prefix replica A holds in GPU
+// memory, B holds only in CPU memory, and C not at all: U(A) = 2,000, U(B) = 2,000 +
+// 6,000 x 0.046 = 2,276, U(C) = 8,000. A replica that holds a block in GPU and CPU memory
+// counts it as GPU (Cached).
 //
 // # What the rule does at each age
 //
@@ -96,18 +74,15 @@
 //     older than MaxStateAge or above MaxKVUsage are excluded. When every replica is
 //     excluded this way (all KV-full), the order is least-queued (Fallback).
 //   - Stale, MaxStateAge < age <= MaxCacheAge (10 min): the control plane is unreachable
-//     or its tables are late, so the snapshot's queue numbers are not used; the cached
-//     tokens still are (the last table's prefix entries plus local placements). The cost
-//     is (Pending(r) + U(r, x)) / speed(r), where Pending is everything this router sent
-//     to r that has not started (its whole ledger), and load is bounded the way
-//     bounded-load consistent hashing bounds it: r is a candidate only while
-//     Pending(r) + U(r, x) <= max(LoadBound x (sum of Pending + prompt) / n, prompt),
-//     so no replica takes more than LoadBound (1.25) times its share of this router's
-//     work, and one whole request always fits. The KV guard is off (KV usage is as old
-//     as the queue numbers); unhealthy replicas stay excluded. With one router Pending
-//     is the whole queue this fleet gets, and the stale rule decides as the fresh one
-//     does; with K routers each bounds its own share. When the bound excludes everyone,
-//     the order is least-Pending (Fallback).
+//     or its tables are late, so the snapshot's numbers are not used; the cached tokens
+//     still are (the last table's prefix entries plus local placements). The cost is
+//     (Pending(r) + U(r, x)) / speed(r), Pending everything this router sent to r that
+//     has not started (its whole ledger), plus the copy charge above, and load is bounded
+//     the way bounded-load consistent hashing bounds it: r is a candidate only while
+//     Pending(r) + U(r, x) <= max(LoadBound x (sum of Pending + prompt) / n, prompt), so
+//     no replica takes more than LoadBound (1.25) times its share of this router's work,
+//     and one whole request always fits. The KV guard is off; unhealthy replicas stay
+//     excluded. When the bound excludes everyone, the order is least-Pending (Fallback).
 //   - Blind, age > MaxCacheAge: caches have turned over; least-queued over every
 //     replica, healthy first (Fallback), as before any state arrived.
 package rule
@@ -144,24 +119,25 @@ type Replica struct {
 	StateAge time.Duration
 	// Healthy is false for replicas the control plane saw failing.
 	Healthy bool
+	// Running is the requests r runs, prefilling or decoding: each token prefilled on r
+	// delays the next token of every one of them (B in the package doc).
+	Running float64
+	// Busy is the share of recent time r had prefill work waiting, 0..1 (rho).
+	Busy float64
+	// MeanUncached is the mean prompt tokens r prefills for a request (Ubar); 0 when
+	// the table carries no load values, and the rule then charges copies instead.
+	MeanUncached float64
 }
 
 // Params are the guards and knobs of the rule.
 type Params struct {
-	// MaxKVUsage excludes replicas above this KV usage; 1, the default, excludes none.
-	// Excluding the replica that holds a request's prefix forces a copy elsewhere, which
-	// evicts another replica's prefixes: at 0.95 the fleet simulator's CPU-tier fleet fell
-	// into thrashing at 24 requests/s (6.4% cached, TTFT median 65 s, 2,493 preemptions)
-	// where without the guard it held (39.9%, 0.59 s, none), and the oracle at 13
-	// replicas kept 26.6% instead of 73.1%. A busy cache is priced instead: the spill
-	// charge's W x u (docs/rule.md).
+	// MaxKVUsage excludes replicas above this KV usage; 1, the default, excludes none:
+	// excluding the replica that holds a request's prefix forces a copy elsewhere, which
+	// evicts another replica's prefixes (docs/rule.md, "Guards").
 	MaxKVUsage float64
 	// MaxStateAge excludes replicas whose state is older than this; queue depth is the
-	// term that goes wrong fastest. A few hundred milliseconds would do, but ages
-	// here are honest (measured from when the control plane built the numbers), normal
-	// operation runs at 100-350 ms, and when every replica is excluded the fallback is
-	// cache-blind: in the fleet simulation 500 ms turned a 500 ms table delay into
-	// least-queued routing (23% cached), 2 s kept affinity (wasmtest/fleet/README.md).
+	// term that goes wrong fastest. Ages are honest (from when the control plane built
+	// the numbers), so the guard leaves room for a late table (docs/rule.md, "Guards").
 	MaxStateAge time.Duration
 	// TieEpsilon: costs within this fraction of the best are a near tie, broken at
 	// random so that many routers holding the same snapshot do not herd onto one replica.
@@ -198,24 +174,61 @@ type Decision struct {
 	Spill bool
 	// BestCached is the longest cached prefix, in tokens, among all replicas.
 	BestCached float64
-	// Cost is the pick's cost in seconds of prefill, its spill charge included (0 on
-	// fallback).
+	// Cost is the pick's cost in seconds of prefill, the others' share or the copy
+	// charge included (0 on fallback).
 	Cost float64
 }
 
-// Cost is (Q + U) / speed for a prompt of promptTokens tokens: what the request waits for
-// on r. Pick adds a spill's charge, W x (1/n + u), which depends on the other candidates.
-func Cost(promptTokens float64, r Replica) float64 {
-	return (r.Queued + uncached(promptTokens, &r)) / speed(&r)
+// Cost is the package doc's cost of placing a request of promptTokens tokens on r: its
+// own wait, Q + U, and what it costs the other requests on r when r carries load values.
+// Without them Pick charges a copy instead (chargeSpills), which depends on the other
+// candidates.
+func Cost(promptTokens float64, r Replica) float64 { return cost(promptTokens, &r) }
+
+func cost(promptTokens float64, r *Replica) float64 {
+	u := uncached(promptTokens, r)
+	return (r.Queued + u + u*others(r, u)) / speed(r)
+}
+
+// maxBusy caps rho: a replica measured busy all the time still clears its queue
+// eventually, and N stays finite.
+const maxBusy = 0.95
+
+// others is N + B/2 for a placement of u tokens on r: how many other requests each of
+// its tokens delays, a later arrival's first token counting twice a running request's
+// next one (see the package doc). 0 without load values.
+func others(r *Replica, u float64) float64 {
+	if !(r.MeanUncached > 0) {
+		return 0
+	}
+	rho := 0.0
+	if r.Busy > 0 { // NaN compares false
+		rho = min(r.Busy, maxBusy)
+	}
+	later := rho / (1 - rho) * (r.Queued + u) / r.MeanUncached
+	running := 0.0
+	if r.Running > 0 && !math.IsInf(r.Running, 1) {
+		running = r.Running
+	}
+	return later + running/2
+}
+
+// hasLoad reports whether any replica carries load values (a format-3 table).
+func hasLoad(replicas []Replica) bool {
+	for i := range replicas {
+		if replicas[i].MeanUncached > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Uncached is U(r, x): the prompt tokens r must prefill, plus the prefill-token
 // equivalent of loading those it holds in a slower tier.
 func Uncached(promptTokens float64, r Replica) float64 { return uncached(promptTokens, &r) }
 
-// uncached is Uncached through a pointer. A Replica is nine fields: too many for Go to
-// keep in registers, so each copy of one is a copy in memory, which the wasm guest paid
-// for in every loop over the replicas (BenchmarkPick22Replicas).
+// uncached is Uncached through a pointer: a Replica is too large for Go to keep in
+// registers, and a copy per loop over the replicas shows in BenchmarkPick22Replicas.
 func uncached(promptTokens float64, r *Replica) float64 {
 	rest := max(promptTokens-r.Cached, 0)
 	off := min(max(r.Offloaded, 0), rest)
@@ -253,7 +266,7 @@ type Picker struct {
 type scored struct {
 	idx  int
 	cost float64
-	u    float64 // U(r, x), for the spill charge
+	u    float64 // U(r, x), for the copy charge
 }
 
 // NewPicker returns a Picker whose near-tie breaking is driven by seed (fixed in tests,
@@ -284,14 +297,15 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) De
 	pk.scored = pk.scored[:0]
 	for i := range replicas {
 		if r := &replicas[i]; eligible(r, &p) {
-			u := uncached(promptTokens, r)
-			pk.scored = append(pk.scored, scored{i, (r.Queued + u) / speed(r), u})
+			pk.scored = append(pk.scored, scored{i, cost(promptTokens, r), uncached(promptTokens, r)})
 		}
 	}
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
 	}
-	pk.chargeSpills(replicas, len(pk.scored))
+	if !hasLoad(replicas) {
+		pk.chargeSpills(replicas, len(pk.scored))
+	}
 	return pk.finish(replicas, d, max)
 }
 
@@ -374,9 +388,10 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 	return d
 }
 
-// chargeSpills adds to each scored candidate what its spill costs the fleet: W(r) x
-// (1/n + u(r)), W(r) = U(r) - the smallest U among the candidates, n the replicas that
-// share the work, u(r) r's KV-cache usage (see the package doc, "What a spill costs").
+// chargeSpills adds to each scored candidate what its copy costs the fleet when the table
+// carries no load values (and in the stale regime, whose load values are as old as its
+// queues): W(r) x (1/n + u(r)), W(r) = U(r) - the smallest U among the candidates, n the
+// replicas that share the work, u(r) r's KV-cache usage.
 func (pk *Picker) chargeSpills(replicas []Replica, n int) {
 	if len(pk.scored) < 2 || n < 1 {
 		return
@@ -440,8 +455,7 @@ func (pk *Picker) finish(replicas []Replica, d Decision, max int) Decision {
 
 // sortByCost sorts candidates by cost, stably, as slices.SortStableFunc with cmp.Compare
 // does. A model's few replicas are sorted in place by insertion, without a call per
-// comparison: in the wasm guest the comparator's calls were most of Pick's 22 us for 22
-// replicas (BenchmarkPick22Replicas).
+// comparison, which costs the wasm guest most of Pick (BenchmarkPick22Replicas).
 func sortByCost(s []scored) {
 	if len(s) > 32 {
 		slices.SortStableFunc(s, func(a, b scored) int { return cmp.Compare(a.cost, b.cost) })

@@ -1,0 +1,97 @@
+package rule
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// loaded is a healthy replica with load values: busy fraction rho, ubar uncached tokens a
+// request, running requests.
+func loaded(queued, cached, rho, ubar, running float64) Replica {
+	return Replica{Queued: queued, Cached: cached, Healthy: true, Busy: rho, MeanUncached: ubar, Running: running}
+}
+
+// The package doc's worked example, to the token: the owner costs 40,000, the idle
+// replica 80,000, and the owner keeps the request.
+func TestWorkedExampleOfTheOthersShare(t *testing.T) {
+	owner := loaded(8000, 6000, 0.5, 2000, 20)
+	cold := loaded(0, 0, 0.5, 2000, 10)
+	assert.InDelta(t, 40000, Cost(8000, owner), 1e-6)
+	assert.InDelta(t, 80000, Cost(8000, cold), 1e-6)
+	d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+	assert.Equal(t, []int{0, 1}, d.Order)
+	assert.False(t, d.Spill)
+}
+
+// 22 replicas, the owner of a 6,000-token prefix prefilling another customer's first
+// request (8,000 tokens deeper than the others). Charging a copy its share of the extra
+// prefill (W/n, all the rule had without load values) sends the request to an idle
+// replica, 6,000 tokens prefilled again; on a fleet that is busy half the time, with ten
+// requests running everywhere, that copy costs the others more than the request saves.
+func TestABusyFleetKeepsTheOwner(t *testing.T) {
+	replicas := []Replica{healthy(8000, 6000)}
+	for range 21 {
+		replicas = append(replicas, healthy(0, 0))
+	}
+	d := NewPicker(exact(), 1).Pick(8000, replicas, nil)
+	require.True(t, d.Spill, "without load values the copy charge alone lets it spill")
+
+	for i := range replicas {
+		replicas[i].Busy, replicas[i].MeanUncached, replicas[i].Running = 0.5, 2000, 10
+	}
+	d = NewPicker(exact(), 1).Pick(8000, replicas, nil)
+	assert.Equal(t, 0, d.Order[0], "the owner keeps it")
+	assert.False(t, d.Spill)
+}
+
+// On an idle fleet (nothing running, never busy) the others' share is zero and a request
+// goes where it is served first, a copy included: the spill point is the saved prefill
+// alone.
+func TestAnIdleFleetSpillsAtTheSavedPrefill(t *testing.T) {
+	for _, c := range []struct {
+		extra float64
+		owner bool
+	}{{5999, true}, {6001, false}} {
+		owner := loaded(1000+c.extra, 6000, 0, 2000, 0)
+		cold := loaded(1000, 0, 0, 2000, 0)
+		d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+		assert.Equal(t, c.owner, d.Order[0] == 0, "owner %v tokens deeper", c.extra)
+	}
+}
+
+// A hot prefix gains owners: as the owner's queue grows, the point comes where a copy
+// costs everyone less than waiting there, and it comes later the busier the fleet.
+func TestAHotPrefixGainsOwnersLaterOnABusierFleet(t *testing.T) {
+	spillPoint := func(rho, running float64) float64 {
+		for q := 0.0; q < 1e7; q += 100 {
+			owner := loaded(q, 6000, rho, 2000, running)
+			cold := loaded(0, 0, rho, 2000, running)
+			if NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil).Order[0] == 1 {
+				return q
+			}
+		}
+		return math.Inf(1)
+	}
+	idle, half, busy := spillPoint(0, 0), spillPoint(0.5, 10), spillPoint(0.9, 30)
+	t.Logf("owner's queue at which a copy wins: idle %v, half busy %v, busy %v tokens", idle, half, busy)
+	assert.Less(t, idle, half)
+	assert.Less(t, half, busy)
+	assert.False(t, math.IsInf(busy, 1), "even a busy fleet copies a prefix whose owner is far behind")
+}
+
+// Load values from a torn or hostile table cannot make a cost negative, infinite or NaN.
+func TestHostileLoadValuesStayFinite(t *testing.T) {
+	for _, r := range []Replica{
+		loaded(100, 0, math.NaN(), 2000, 5),
+		loaded(100, 0, 2, 2000, 5),
+		loaded(100, 0, -1, 2000, -5),
+		loaded(100, 0, 1, 2000, math.NaN()),
+		loaded(100, 0, 0.5, math.Inf(1), 5),
+	} {
+		c := Cost(1000, r)
+		assert.False(t, math.IsNaN(c) || math.IsInf(c, 0) || c < 0, "%+v: cost %v", r, c)
+	}
+}
