@@ -5,7 +5,7 @@ WASM     := $(BIN)/kvroute.wasm
 # Executions per fuzz target inside `make test` (a smoke run, not a campaign; see .ci/fuzz).
 FUZZTIME ?= 50000x
 
-.PHONY: all build first-build wasm native test testdeps vet fmt-check unit fuzz soak run demo bench clean
+.PHONY: all build first-build wasm native test testdeps vet staticcheck fmt-check unit fuzz soak run demo bench clean
 
 all: build ## the default: same as make build
 
@@ -35,6 +35,17 @@ vet: ## go vet, native and wasip1
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
+# staticcheck (honnef.co/go/tools, pinned by go.mod's tool directive), natively on every
+# package and for wasip1 on what the filter is built from, the two runs merged: code one
+# build alone uses (the filter's wasm host calls, helpers of the native tests) counts as
+# used. Each exception is a //lint:ignore line in the code, with its reason.
+staticcheck: ## staticcheck, native and wasip1 runs merged (exceptions: //lint:ignore lines with a reason)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/staticcheck honnef.co/go/tools/cmd/staticcheck
+	$(BIN)/staticcheck -f binary ./... > $(BIN)/staticcheck.native
+	GOOS=wasip1 GOARCH=wasm $(BIN)/staticcheck -f binary ./filter/... ./shared/... ./internal/... > $(BIN)/staticcheck.wasip1
+	$(BIN)/staticcheck -merge $(BIN)/staticcheck.native $(BIN)/staticcheck.wasip1
+
 fmt-check: ## fail if any Go file needs gofmt
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -63,7 +74,7 @@ unit: testdeps ## go test ./... (the openai client test needs Node); the mesh te
 fuzz: ## short fuzz runs of every decoder of untrusted bytes (FUZZTIME=50000x)
 	@./.ci/fuzz $(FUZZTIME)
 
-test: build vet fmt-check unit fuzz ## everything CI runs: build, vet, gofmt check, all tests, fuzz
+test: build vet staticcheck fmt-check unit fuzz ## everything CI runs: build, vet, staticcheck, gofmt check, all tests, fuzz
 
 # 100,000 requests through the compiled filter under every host profile (wazero and V8),
 # the strictest cpp-host included; make test runs 20,000. About 5 minutes.

@@ -330,8 +330,11 @@ func sdkErr(err error) error {
 }
 
 // loadDashboard decodes the dashboard strictly and returns its queries.
+//
+//lint:ignore SA1019 the shipped JSON is Grafana's classic dashboard schema (schemaVersion 39), which dashboardv2 does not decode
 func loadDashboard(b []byte) (*dashboard.Dashboard, []dashboardQuery, error) {
 	plugins.RegisterDefaultPlugins()
+	//lint:ignore SA1019 as above
 	var d dashboard.Dashboard
 	if err := sdkErr(d.UnmarshalJSONStrict(b)); err != nil {
 		return nil, nil, err

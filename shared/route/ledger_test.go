@@ -97,7 +97,8 @@ func TestLedgerSumsReadOnlyWhatIsNewerThanTheSnapshot(t *testing.T) {
 	since := now.Add(-20 * time.Millisecond) // 49 sends and 49 starts after it
 	l.visits = 0
 	c, p := l.Sums(addrs[0], since)
-	assert.Equal(t, 24*100.0-24*100.0, c, "24 sent after the snapshot, 24 sent by it and started after it")
+	const sentAfter, startedAfter = 24 * 100.0, 24 * 100.0
+	assert.Equal(t, sentAfter-startedAfter, c, "24 sent after the snapshot, 24 sent by it and started after it")
 	assert.Equal(t, 125*100.0, p, "250 not started, half of them to this replica")
 	assert.LessOrEqual(t, l.visits, 49+2, "references read (the ledger holds 5,000)")
 }
