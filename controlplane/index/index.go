@@ -11,6 +11,8 @@
 //   - index.go: Config, Spec, the Index type and its lock order, New, unlockReplica.
 //   - replicas.go: the model and replica types; discovery's list (SetReplicas) and
 //     slot assignment.
+//   - modelkeys.go: a model's key set (which slots hold each key) and the keys changed
+//     since the last table build.
 //   - holdings.go: which keys a replica holds (holdings, the LRU of reported keys,
 //     capacity and eviction of reported keys), and the slot changes they publish.
 //   - speculative.go: placements' speculative entries and their expiry.
