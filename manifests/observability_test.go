@@ -505,7 +505,7 @@ func TestObservabilityDashboard(t *testing.T) {
 			})
 		}
 	}
-	// The panels an operator looks at first (issue 17) must stay.
+	// The panels an operator looks at first must stay.
 	for _, m := range []string{"vllm:prefix_cache_hits_total", "kvroute_controlplane_cached_tokens_error_sum",
 		"kvroute_decisions_total", "kvroute_spills_total", "kvroute_fallbacks_total", "kvroute_table_age_ms",
 		"kvroute_table_poll_errors_total", "kvroute_controlplane_replica_queue_tokens", "kvroute_controlplane_replica_kv_usage",

@@ -123,7 +123,7 @@ type Spec struct {
 
 // Index is safe for concurrent use.
 //
-// Locking (issue 15: ingest that scales with cores). mu guards the index's structure
+// Locking, so that ingest scales with cores. mu guards the index's structure
 // (replicas, models, slots, the speculative queue, scrape and learned values); every
 // replica's mu guards its holdings, LRU and KV-event state; every model's mu guards its
 // key -> slots map and changed keys. Order: Index.mu, then replica.mu, then model.mu
@@ -200,9 +200,7 @@ func (ix *Index) unlockReplica(r *replica) {
 // batch's changes stay pending, up to maxPendingFlips, instead of waiting for it: the
 // replica's next batch commits them, or the next Flush does (collectPending). With
 // every stream waiting for the lock at the end of each batch, a one-model fleet's
-// streams queued on it: in IngestEndToEnd on 2 cores the goroutines spent 5 s blocked on
-// it in 4 s of running (the mutex profile), the control plane used 1.47 of the 2 cores,
-// and 8 engines serving 8 models ingested 10-15% more than 8 engines of one model.
+// streams would queue on it (BenchmarkIngestEndToEnd -cpu 2, its mutex profile).
 // Pending changes are whole batches, in order, so a build still sees whole batches.
 func (ix *Index) unlockStream(r *replica) {
 	if r.hasFlips() {

@@ -207,8 +207,8 @@ func TestMapCloneAndClear(t *testing.T) {
 	if v, ok := m.Get(0); !ok || v != 7 || m.Len() != 99 {
 		t.Fatalf("the key 0: %d, %v, Len %d", v, ok, m.Len())
 	}
-	// Get reads the key 0's value without looking at whether it is present (911a2f6:
-	// Get must stay inlinable), so its value must be zero whenever it is absent.
+	// Get reads the key 0's value without looking at whether it is present (Get must
+	// stay inlinable: TestGetIsInlined), so its value must be zero whenever it is absent.
 	m.Delete(0)
 	if v, ok := m.Get(0); ok || v != 0 || m.Len() != 98 {
 		t.Fatalf("the key 0 deleted: %d, %v, Len %d", v, ok, m.Len())
