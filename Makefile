@@ -108,12 +108,12 @@ demo: build ## round robin against kvroute through the same proxy, 30 s each, th
 bench: build ## the fleet simulator: every policy on the same arrivals (ARGS=--help)
 	$(BIN)/kvroute-bench $(ARGS)
 
-# The README's benchmark pictures, regenerated: seed 000 (all eight policies, the full
+# docs/performance.md's pictures, regenerated: seed 000 (all eight policies, the full
 # 10 minutes of arrivals) at 22 replicas, each policy's TTFT distribution, then the
 # fewest-replicas search for a TTFT p95 of 1 s. About 100 s on 2 idle cores (24 s + 74 s),
 # 11 minutes on 2 busy ones; ARGS go to both runs (e.g. ARGS="--duration 2m" for a quick look).
 .PHONY: plots
-plots: ## the README's bench pictures: docs/img/ttft.svg and docs/img/replicas.svg (about 2 minutes)
+plots: ## docs/performance.md's pictures: docs/img/ttft.svg and docs/img/replicas.svg (about 2 minutes)
 	@mkdir -p $(BIN) docs/img
 	$(GO) build -o $(BIN)/ ./wasmtest/cmd/kvroute-bench
 	$(BIN)/kvroute-bench --plot docs/img/ttft.svg $(ARGS)

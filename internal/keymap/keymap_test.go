@@ -235,7 +235,7 @@ func TestMapCloneAndClear(t *testing.T) {
 }
 
 // BenchmarkGet: lookups of the keys of a 100,000-key map (half of them present), a Map
-// beside a Go map; compile for wasip1 to see the guest's numbers (README, "Performance").
+// beside a Go map; compile for wasip1 to see the guest's numbers (docs/performance.md, "In the guest").
 func BenchmarkGet(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	keys := make([]uint64, 200_000)

@@ -3,7 +3,7 @@ package proxy_test
 // The attack suite against the proxy alone: a hostile client of the proxy's
 // port, on loopback, with bounded counts and times. Each test logs its figures (requests
 // answered, refused, failed; time to cut; goroutines and heap before, at peak and after)
-// for the README's reliability table.
+// for docs/testing.md's table of attacks.
 //
 // Without the fixes, the same attacks gave:
 //   - `GET http:@<canary>/debug/state` reached the canary (200, one hit): the upstream
