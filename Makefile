@@ -67,24 +67,25 @@ testdeps: ## the npm packages the end-to-end tests use (npm ci); libzmq's python
 # TestTwentyRepeatsAtZeroSpacingAllHit, 7 of 19, in a cold-cache run).
 MESH := ./wasmtest/mesh
 # The packages that run goroutines run under the race detector (instead of plainly): the
-# control plane, the Envoy stand-ins (host, proxy), the engine simulator's servers and
+# control plane, the proxy in front of the wasm host, the engine simulator's servers and
 # publisher, the fleet simulator's parallel runs, the commands that start them, and the
-# mesh. -race needs cgo (a C compiler). Left plain: shared/ and filter/ (one thread, as in
-# a proxy-wasm VM), and manifests/, whose one goroutine feeds a channel (a raced build of
-# its Istio, Envoy and Grafana modules would cost minutes for nothing). Run plainly too,
-# because -race makes them meaningless: controlplane's memory and freshness floods (they
-# skip themselves under -race) and wasmtest/host's survival run (one thread on a virtual
-# clock, 2 x 20,000 requests; several times slower raced).
-RACE := ./controlplane/... ./wasmtest/host ./wasmtest/proxy ./wasmtest/engine/publisher \
-	./wasmtest/engine/replica ./wasmtest/engine/server ./wasmtest/fleet \
-	./wasmtest/cmd/kvroute-enginesim ./wasmtest/cmd/kvroute-mesh
-RACE_PLAIN_CP   := TestReportFlood|TestKVEventFlood|TestModelFloodSparesOtherModels
-RACE_PLAIN_HOST := TestFilterSurvivesGarbageCollectionUnderEveryProfile
+# mesh. -race needs cgo (a C compiler). The proxy, kvroute-mesh and the mesh wait on the
+# wall clock (timeouts, start-up), several times slower raced, so they run one package at
+# a time, after the rest. Left plain: shared/ and filter/ (one thread, as in a proxy-wasm
+# VM); wasmtest/host, whose tests drive the guest on a virtual clock from one goroutine
+# (its wall-clock calls and parallel VM start are raced through the proxy and the mesh,
+# and its 2 x 20,000-request survival run alone would take minutes raced); manifests/,
+# whose one goroutine feeds a channel. Run plainly too, since -race makes them
+# meaningless: controlplane's memory and freshness floods (they skip themselves raced).
+RACE      := ./controlplane/... ./wasmtest/engine/publisher ./wasmtest/engine/replica \
+	./wasmtest/engine/server ./wasmtest/fleet ./wasmtest/cmd/kvroute-enginesim
+RACE_WALL := ./wasmtest/proxy ./wasmtest/cmd/kvroute-mesh
+RACE_PLAIN_CP := TestReportFlood|TestKVEventFlood|TestModelFloodSparesOtherModels
 unit: testdeps ## go test: most packages plainly, those with goroutines under -race, the mesh last and alone
-	KVROUTE_REQUIRE_NODE=1 $(GO) test $(filter-out $(shell $(GO) list $(RACE) $(MESH)),$(shell $(GO) list ./...))
+	KVROUTE_REQUIRE_NODE=1 $(GO) test $(filter-out $(shell $(GO) list $(RACE) $(RACE_WALL) $(MESH)),$(shell $(GO) list ./...))
 	KVROUTE_REQUIRE_NODE=1 $(GO) test -run '^($(RACE_PLAIN_CP))$$' ./controlplane
-	KVROUTE_REQUIRE_NODE=1 $(GO) test -run '^($(RACE_PLAIN_HOST))$$' ./wasmtest/host
-	KVROUTE_REQUIRE_NODE=1 $(GO) test -race -skip '^($(RACE_PLAIN_HOST))$$' $(RACE)
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -race $(RACE)
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -race -p 1 $(RACE_WALL)
 	KVROUTE_REQUIRE_NODE=1 $(GO) test -race $(MESH)
 
 # Short fuzz runs of every decoder that sees untrusted bytes.
