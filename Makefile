@@ -5,7 +5,7 @@ WASM     := $(BIN)/kvroute.wasm
 # Executions per fuzz target inside `make test` (a smoke run, not a campaign; see .ci/fuzz).
 FUZZTIME ?= 50000x
 
-.PHONY: all build first-build wasm native test testdeps vet fmt-check unit fuzz soak run demo bench clean
+.PHONY: all build first-build wasm native test testdeps vet staticcheck fmt-check unit fuzz soak run demo bench clean
 
 all: build ## the default: same as make build
 
@@ -35,6 +35,17 @@ vet: ## go vet, native and wasip1
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
+# staticcheck (honnef.co/go/tools, pinned by go.mod's tool directive), natively on every
+# package and for wasip1 on what the filter is built from, the two runs merged: code one
+# build alone uses (the filter's wasm host calls, helpers of the native tests) counts as
+# used. Each exception is a //lint:ignore line in the code, with its reason.
+staticcheck: ## staticcheck, native and wasip1 runs merged (exceptions: //lint:ignore lines with a reason)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/staticcheck honnef.co/go/tools/cmd/staticcheck
+	$(BIN)/staticcheck -f binary ./... > $(BIN)/staticcheck.native
+	GOOS=wasip1 GOARCH=wasm $(BIN)/staticcheck -f binary ./filter/... ./shared/... ./internal/... > $(BIN)/staticcheck.wasip1
+	$(BIN)/staticcheck -merge $(BIN)/staticcheck.native $(BIN)/staticcheck.wasip1
+
 fmt-check: ## fail if any Go file needs gofmt
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -55,15 +66,37 @@ testdeps: ## the npm packages the end-to-end tests use (npm ci); libzmq's python
 # on 2 cores a repeat could see the previous request still queued and spill (seen once:
 # TestTwentyRepeatsAtZeroSpacingAllHit, 7 of 19, in a cold-cache run).
 MESH := ./wasmtest/mesh
-unit: testdeps ## go test ./... (the openai client test needs Node); the mesh tests last, alone
-	KVROUTE_REQUIRE_NODE=1 $(GO) test $$($(GO) list ./... | grep -v '/wasmtest/mesh$$')
-	KVROUTE_REQUIRE_NODE=1 $(GO) test $(MESH)
+# The packages that run goroutines run under the race detector (instead of plainly): the
+# control plane, the proxy in front of the wasm host, the engine simulator's servers and
+# publisher, the fleet simulator's parallel runs, the commands that start them, and the
+# mesh. -race needs cgo (a C compiler). The proxy, kvroute-mesh and the mesh wait on the
+# wall clock (timeouts, start-up), several times slower raced, so they run one package at
+# a time, after the rest. Left plain: shared/ and filter/ (one thread, as in a proxy-wasm
+# VM); wasmtest/host, whose tests drive the guest on a virtual clock from one goroutine
+# (its wall-clock calls and parallel VM start are raced through the proxy and the mesh,
+# and its 2 x 20,000-request survival run alone would take minutes raced); manifests/,
+# whose one goroutine feeds a channel. Run plainly instead of raced, since -race makes
+# them meaningless: controlplane's memory and freshness floods (they skip themselves
+# raced), the proxy's slow-client cuts (a 500 ms idle timeout against 12 MB of bodies the
+# raced proxy takes longer than that to take in), and whether the proxy's upstream request
+# carries a Content-Length (decided by whether the filter's body release has landed when
+# the forwarding goroutine starts, a scheduling order -race changes).
+RACE      := ./controlplane/... ./wasmtest/engine/publisher ./wasmtest/engine/replica \
+	./wasmtest/engine/server ./wasmtest/fleet ./wasmtest/cmd/kvroute-enginesim
+RACE_WALL := ./wasmtest/proxy ./wasmtest/cmd/kvroute-mesh
+PLAIN_ONLY := TestReportFlood|TestKVEventFlood|TestModelFloodSparesOtherModels|TestAttackSlowClients|TestForwardsToTheEndpointTheFilterChose
+unit: testdeps ## go test: most packages plainly, those with goroutines under -race, the mesh last and alone
+	KVROUTE_REQUIRE_NODE=1 $(GO) test $(filter-out $(shell $(GO) list $(RACE) $(RACE_WALL) $(MESH)),$(shell $(GO) list ./...))
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -run '^($(PLAIN_ONLY))$$' ./controlplane ./wasmtest/proxy
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -race $(RACE)
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -race -p 1 -skip '^($(PLAIN_ONLY))$$' $(RACE_WALL)
+	KVROUTE_REQUIRE_NODE=1 $(GO) test -race $(MESH)
 
 # Short fuzz runs of every decoder that sees untrusted bytes.
 fuzz: ## short fuzz runs of every decoder of untrusted bytes (FUZZTIME=50000x)
 	@./.ci/fuzz $(FUZZTIME)
 
-test: build vet fmt-check unit fuzz ## everything CI runs: build, vet, gofmt check, all tests, fuzz
+test: build vet staticcheck fmt-check unit fuzz ## everything CI runs: build, vet, staticcheck, gofmt check, all tests, fuzz
 
 # 100,000 requests through the compiled filter under every host profile (wazero and V8),
 # the strictest cpp-host included; make test runs 20,000. About 5 minutes.
@@ -80,12 +113,12 @@ demo: build ## round robin against kvroute through the same proxy, 30 s each, th
 bench: build ## the fleet simulator: every policy on the same arrivals (ARGS=--help)
 	$(BIN)/kvroute-bench $(ARGS)
 
-# The README's benchmark pictures, regenerated: seed 000 (all eight policies, the full
+# docs/performance.md's pictures, regenerated: seed 000 (all eight policies, the full
 # 10 minutes of arrivals) at 22 replicas, each policy's TTFT distribution, then the
 # fewest-replicas search for a TTFT p95 of 1 s. About 100 s on 2 idle cores (24 s + 74 s),
 # 11 minutes on 2 busy ones; ARGS go to both runs (e.g. ARGS="--duration 2m" for a quick look).
 .PHONY: plots
-plots: ## the README's bench pictures: docs/img/ttft.svg and docs/img/replicas.svg (about 2 minutes)
+plots: ## docs/performance.md's pictures: docs/img/ttft.svg and docs/img/replicas.svg (about 2 minutes)
 	@mkdir -p $(BIN) docs/img
 	$(GO) build -o $(BIN)/ ./wasmtest/cmd/kvroute-bench
 	$(BIN)/kvroute-bench --plot docs/img/ttft.svg $(ARGS)

@@ -29,7 +29,7 @@ import (
 	simmetrics "github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
-// Fan-out (issue 15): N simulated proxy leaders follow the table (full, then deltas,
+// Fan-out: N simulated proxy leaders follow the table (full, then deltas,
 // as filter/leader.go does: GET /v1/table?version=V every 100 ms, or long polls with
 // wait_ms) and post report batches every 100 ms (one placement and one outcome per
 // request at -fanout.rps requests/s per proxy, text keys of an 8 KB prompt), while the
@@ -275,7 +275,7 @@ func fanout(b *testing.B, proxies, engines int, mode string, dur time.Duration) 
 			body = oc.AppendBinary(body)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+api.ReportsPath, bytes.NewReader(body))
-		req.Header.Set("Content-Type", api.ReportsContentType) // as filters post them (issue 15)
+		req.Header.Set("Content-Type", api.ReportsContentType) // as filters post them
 		resp, err := client.Do(req)
 		if err != nil {
 			if ctx.Err() == nil {

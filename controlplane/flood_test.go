@@ -100,7 +100,7 @@ func floodBatch(rng *rand.Rand, parts []floodPart) []byte {
 	return append(b, "]}"...)
 }
 
-// TestReportFlood is issue 12's report flood against a control plane at --max-keys 262,144
+// TestReportFlood is a hostile report flood against a control plane at --max-keys 262,144
 // (a global limit the flood fills; the default 256 MiB of index would let it hold about
 // ten times more, and take a pod's RSS to about 600 MB): ten report batches of about 7 MB (3.4 M random placement keys in all) for
 // eight replicas, four with a scraped KV capacity of 16,000 tokens (they get chains
@@ -109,7 +109,7 @@ func floodBatch(rng *rand.Rand, parts []floodPart) []byte {
 // RSS), a filter polling the table meanwhile must keep getting 200/304, the dropped
 // keys must be counted, and memory must fall back once the speculative entries expired.
 //
-// Before the budget (commit 45b9077 plus only the Options.Now clock this test needs),
+// Without the budget (and with only the Options.Now clock this test needs),
 // it measured: before the flood heap 2 MB / RSS 26 MB; the eighth batch took the process
 // past the 1 GiB safety stop (peak heap 1053 MB, RSS 1130 MB); 3 of 87 polls timed out
 // (1 s); after expiry + GC + FreeOSMemory heap 556 MB / RSS 575 MB (maps never shrink);
@@ -117,7 +117,7 @@ func floodBatch(rng *rand.Rand, parts []floodPart) []byte {
 // poll failed (slowest 0.5-0.7 s), after expiry heap 7 MB / RSS 35 MB.
 func TestReportFlood(t *testing.T) {
 	if raceDetector {
-		// Measured at ecae4e6 under -race: RSS 526-583 MB against the 300 MB ceiling,
+		// Measured under -race: RSS 526-583 MB against the 300 MB ceiling,
 		// and versions 4 s old against the 2 s guard; neither says anything about the
 		// control plane.
 		t.Skip("a memory and freshness test: the race detector multiplies memory (5-10x) and CPU time")

@@ -14,7 +14,7 @@ import (
 
 // With --kv-bind, engines connect to the control plane and name themselves by topic;
 // anyone who reaches the port could name any replica (one message with a high sequence
-// number used to wipe its keys, issue 12). A topic is therefore accepted only from the
+// number would wipe its keys). A topic is therefore accepted only from the
 // address of the engine it names: the hosts of its addr, metrics URL and KV endpoints
 // (names resolved, cached for peerTTL), or an address in --kv-bind-allow. go-zeromq
 // tells nobody which connection a message came from, so the check runs in the capped

@@ -212,8 +212,8 @@ func TestRequestPathGuestAllocs(t *testing.T) {
 	// test's clock, 2,500 requests a second, so the steady state is the same on any
 	// machine: on the wall clock, warm-up and measurement ran at whatever rates the
 	// machine gave them, and when the measurement's was higher (CI, other packages' tests
-	// beside it) the ledger's lists were still growing: 7 allocations in 512 requests at
-	// 10782c1, 11 on an idle machine before with a 1.5 s warm-up.
+	// beside it) the ledger's lists were still growing: 7 to 11 allocations in 512
+	// requests with a 1.5 s warm-up.
 	const n, every, gap = 512, 32, 400 * time.Microsecond
 	one := func(i int) {
 		l.one()

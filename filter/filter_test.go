@@ -369,8 +369,7 @@ func TestTableIsDatedFromWhenItWasBuilt(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		// Past max_state_age (2 s) the table is stale: the queue numbers are not used but
 		// the prefix entries are (shared/rule's stale regime), so the owner keeps the
-		// request and the decision counts as stale. Before issue 13 a stale table meant
-		// least-queued (10.1.0.1, a fallback).
+		// request and the decision counts as stale, where least-queued would pick 10.1.0.1.
 		for _, c := range []struct {
 			ageMs string
 			stale bool

@@ -6,9 +6,9 @@ import "strings"
 // written by the host into guest memory it asks the guest for with
 // proxy_on_memory_allocate. The SDK's allocator makes a new buffer each time: 11 a
 // request, one of them the whole 32 KB body, all garbage a moment later. With the SDK's
-// other allocations below that made the guest collect garbage 15 times in 1,000
-// requests (BenchmarkKvrouteThroughProxy), each collection's marking charged, in pieces
-// of 0.4 to 2.6 ms, to the requests that allocated while it ran.
+// other allocations below, that garbage makes the guest collect often, each
+// collection's marking charged to the requests that allocate while it runs
+// (BenchmarkKvrouteThroughProxy counts the collections).
 //
 // The filter has its own allocator (hostcall_wasm.go; `make wasm` exports it as
 // proxy_on_memory_allocate, wasmpatch.UseAllocator): a host call made through a hostBuf

@@ -3,9 +3,9 @@ package main
 import "testing"
 
 // The shared-data names are read by other VMs, some of an older filter during a
-// configuration reload, so they must not move. b4eca14 (shards) put the unsharded
-// report queue at kvroute/kvroute/reports/v2: an older VM's reports, enqueued on
-// kvroute/reports/v2, were never posted by a newer leader.
+// configuration reload, so they must not move: an unsharded report queue moved to
+// kvroute/kvroute/reports/v2 would leave an older VM's reports, enqueued on
+// kvroute/reports/v2, never posted by a newer leader.
 func TestSharedDataKeysKeepTheirNames(t *testing.T) {
 	for _, c := range []struct {
 		shard                 string

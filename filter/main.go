@@ -12,7 +12,7 @@
 // reports), hostmem.go (the buffers host calls write their values into, reused from
 // request to request), hostcall_wasm.go (the filter's proxy_on_memory_allocate and the
 // host calls the request path makes itself; hostcall_native.go: the SDK's, natively),
-// metrics.go.
+// warmup.go (the request path run once on made-up requests at plugin start), metrics.go.
 package main
 
 import (

@@ -39,11 +39,10 @@ const parityConfig = `{
 // bytes that are not UTF-8 (an isolated tenant's among them), token prompts, and a burst
 // whose ledger makes the owner spill.
 //
-// Before issue 16 (the simulator's own copy of the sequence) it failed on the first
-// difference: the unparsable body was routed least-queued by the filter and left
-// unrouted by the simulator ("10.1.0.1:8000,..." vs ""), the LoRA request went unrouted
-// in the simulator, the isolated tenant's request kept its body and chain (no salt), and
-// the counters differed (parse errors routed, fallbacks).
+// A simulator with its own copy of the sequence fails it at the first difference: an
+// unparsable body routed least-queued by one and left unrouted by the other
+// ("10.1.0.1:8000,..." vs ""), a LoRA request unrouted, an isolated tenant's request
+// that keeps its body and chain (no salt), counters that differ.
 func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 	held := chat(system, "Where is order 1?")
 	lora := strings.Replace(chat(system, "Write SQL for order 1."), `"model":"llama"`, `"model":"llama-sql-lora"`, 1)

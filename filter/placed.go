@@ -12,7 +12,7 @@ import (
 	"github.com/kvroute/kvroute/shared/api"
 )
 
-// A proxy's worker VMs share their placements (issue 13): the table learns a placement
+// A proxy's worker VMs share their placements: the table learns a placement
 // only after a report and a new version, some hundreds of milliseconds, and until then
 // each VM also matches the placements its siblings made (route.Local), with their
 // prefill tokens in its ledger until the sibling says the request started (its first
@@ -137,14 +137,13 @@ func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) 
 // learn it now, with the time, so that a snapshot measured before it, which still counts
 // the prefill as queued, is corrected on every VM (route.Ledger.Started) while the entry
 // is younger than peerTTL, as old as a fresh table's snapshots get. Ending the siblings'
-// entries instead left them counting such a snapshot's queue in full: a repeat sent
-// right after the answer, on the other VM, went to another replica in 9 of 80 runs of
-// `make run`'s curl (TestKvrouteSiblingCorrectsASnapshotTakenBeforeTheStart). Holding
-// the notice for the VM's next record or tick (up to 100 ms) left the siblings counting a
-// finished request's prefill on its replica, so a repeat sent right after the answer, on
-// another VM, went elsewhere: TestPrintedCurlRepeatedBackToBackHits and
-// TestTwentyRepeatsAtZeroSpacingAllHit (wasmtest/mesh) failed, 0 of 245 tokens cached
-// and 9 of 19 repeats hit. The notice costs two shared-data writes on the response path.
+// entries instead would leave them counting such a snapshot's queue in full, and a repeat
+// sent right after the answer, on the other VM, could go to another replica
+// (TestKvrouteSiblingCorrectsASnapshotTakenBeforeTheStart). Holding the notice for the
+// VM's next record or tick (up to 100 ms) would leave the siblings counting a finished
+// request's prefill on its replica, with the same effect (TestPrintedCurlRepeatedBackToBackHits
+// and TestTwentyRepeatsAtZeroSpacingAllHit in wasmtest/mesh). The notice costs two
+// shared-data writes on the response path.
 func (s *placed) started(p *plugin, placed uint64, at time.Time) {
 	s.starts = append(s.starts, placed)
 	ms := int64(0)
@@ -192,8 +191,8 @@ func appendStr(b []byte, s string) []byte {
 // there are none.
 func (s *placed) catchUp(p *plugin, now time.Time) {
 	// Siblings' entries go a second after their send, started or not: a few each request
-	// rather than a tick's worth at once (removing the 160 a sibling places in 100 ms took
-	// a tick about 0.5 ms more once started entries were kept for their snapshots).
+	// rather than a tick's worth at once, which would lengthen that tick
+	// (BenchmarkKvrouteLeaderTick).
 	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
 	s.seqFresh = false
 	b, cas, err := p.mem.value.sharedData(placedSeqKey)

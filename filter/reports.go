@@ -14,21 +14,21 @@ import (
 // call; the VM's tick hands the buffer's items to the shared queue; the leader's tick
 // posts its own items from its buffer (leader.go, postOwn), then dequeues every other
 // item (at most maxPostsPerTick in all) and posts each as a binary batch. A
-// report waits at most a tick longer than when every report was its own queue item, and
-// the leader dequeues a few items per VM per tick instead of one per report.
+// report waits at most a tick longer than if it were its own queue item, and the leader
+// dequeues a few items per VM per tick instead of one per report.
 //
 // Each shard has its own buffer in each VM and its own queue (keys.queue:
-// kvroute/reports/v2 for the control_plane block, as before shards existed,
-// kvroute/shard/<name>/reports/v2 for a named shard), so the leader posts each shard's
+// kvroute/reports/v2 for the control_plane block, kvroute/shard/<name>/reports/v2 for
+// a named shard), so the leader posts each shard's
 // reports to that shard's control plane.
 //
 // A queue item is itemMagic, the number of records (uint32, little endian), then a whole
 // binary batch (its header with the proxy's name, then the records): the leader posts
 // each item's batch as it was dequeued, without copying it. An item holds at most
 // maxItemRecords reports (and never more than max_report_batch, the most in one POST), so
-// a VM's buffer holds its items back to back and the tick enqueues each; until issue 15
-// the request that filled an item enqueued it (the host copying it, 280 KB at 256 reports
-// of 8,000-token prompts) and allocated the next buffer. The queue is named for its
+// a VM's buffer holds its items back to back and the tick enqueues each: no request pays
+// for the host's copy of a full item (280 KB at 256 reports of 8,000-token prompts) or
+// allocates the next buffer. The queue is named for its
 // format, so VMs of an older filter (a configuration reload runs both for a while) never
 // mix JSON items into a binary batch.
 //
@@ -39,9 +39,8 @@ import (
 // emptied the queue, writes the count it read before it began (keys.drained): every
 // flush counted up to there has been dequeued. A buffer retired at a flush counted no
 // later than that is free; one whose count is unknown (a failed increment) is left to
-// the garbage collector. Before, a new buffer a quarter larger than the tick's reports
-// (twice, before issue 15) was allocated on every tick, and the garbage collector ran in
-// the ticks every few hundred requests.
+// the garbage collector. So the ticks allocate no buffer in steady state, and the
+// collector does not run in them (TestKvrouteTicksCollectNoGarbage).
 const (
 	reportQueue = "reports/v2" // under the shard's key prefix (store.go, newKeys)
 	itemMagic   = "KVQ2"
@@ -53,10 +52,9 @@ const (
 	// rather than hold more than this many (4,096 reports, 4.5 MB of 8,000-token ones).
 	maxHeldItems = 16
 	// maxPostsPerTick bounds the leader's posts (items) on one tick, for each shard:
-	// 4,096 reports, 40,960 a second. Until issue 15 the leader took at most
-	// max_report_batch reports a tick, 5,120 a second by default (2,560 requests a
-	// second, placement and outcome each), and a proxy busier than that grew the queue
-	// without bound.
+	// 4,096 reports, 40,960 a second, well above a busy proxy's two reports a request
+	// (TestKvrouteLeaderKeepsUpWith3200RequestsASecond); max_report_batch reports a tick
+	// would be 5,120 a second, and a busier proxy's queue would grow without bound.
 	maxPostsPerTick = 16
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// Sharding by model (shards.go, issue 15): one control plane per model; the filter polls
+// Sharding by model (shards.go): one control plane per model; the filter polls
 // each, routes a request on its model's shard's table and reports to that shard.
 
 const (

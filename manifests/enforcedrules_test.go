@@ -89,7 +89,8 @@ var enforcedRules = []enforcedRule{
 	// UNSPECIFIED. The exception rejects the ECDS update, so the placeholder filter stays.
 	{"envoy/wasm-fail-open-xor-failure-policy", srcEnvoyPluginConfig, eachWasm(func(w *wasmv3.Wasm) error {
 		c := w.GetConfig()
-		if c.GetFailOpen() && c.GetFailurePolicy() != wasmextv3.FailurePolicy_UNSPECIFIED { //nolint:staticcheck // the deprecated field is the point
+		//lint:ignore SA1019 the deprecated field is the point: Envoy refuses it beside failure_policy
+		if c.GetFailOpen() && c.GetFailurePolicy() != wasmextv3.FailurePolicy_UNSPECIFIED {
 			return fmt.Errorf("fail_open and failure_policy (%s) are both set: Envoy throws \"only one of fail_open or failure_policy can be set\"", c.GetFailurePolicy())
 		}
 		return nil
@@ -279,12 +280,14 @@ var enforcedRules = []enforcedRule{
 	// never drop a request because the filter failed.
 	{"agent/fail-open-effective", srcAgentFailOpen, eachWasm(func(w *wasmv3.Wasm) error {
 		c := w.GetConfig()
-		open := c.GetFailOpen() //nolint:staticcheck // read as istio-agent reads it
+		//lint:ignore SA1019 read as istio-agent reads it
+		open := c.GetFailOpen()
 		if p := c.GetFailurePolicy(); p != wasmextv3.FailurePolicy_UNSPECIFIED {
 			open = p == wasmextv3.FailurePolicy_FAIL_OPEN
 		}
 		if !open {
-			return fmt.Errorf("failure_policy %s / fail_open %v is not fail-open: a failed pull denies every request", c.GetFailurePolicy(), c.GetFailOpen()) //nolint:staticcheck
+			//lint:ignore SA1019 the deprecated field is part of what istio-agent reads
+			return fmt.Errorf("failure_policy %s / fail_open %v is not fail-open: a failed pull denies every request", c.GetFailurePolicy(), c.GetFailOpen())
 		}
 		return nil
 	})},

@@ -352,7 +352,8 @@ func checkFilterResource(t *testing.T, o object) {
 			// Fail open through failure_policy alone: Envoy >= 1.33 refuses the config when
 			// fail_open is set too (rule envoy/wasm-fail-open-xor-failure-policy), and
 			// istio-agent >= 1.25 reads failure_policy first (agent/fail-open-effective).
-			if c.GetFailurePolicy() != wasmextv3.FailurePolicy_FAIL_OPEN || c.GetFailOpen() { //nolint:staticcheck // checking the deprecated field is unset
+			//lint:ignore SA1019 checking the deprecated field is unset
+			if c.GetFailurePolicy() != wasmextv3.FailurePolicy_FAIL_OPEN || c.GetFailOpen() {
 				t.Errorf("%s %s: want failure_policy FAIL_OPEN and no fail_open", o.Source, ecds)
 			}
 		}

@@ -1,7 +1,7 @@
 package manifests_test
 
 // Only vLLM's OpenAI inference API and its health check reach the engines through the
-// mesh (issue 12): the clients' VirtualService answers every other path with 404, and the
+// mesh: the clients' VirtualService answers every other path with 404, and the
 // AuthorizationPolicy on the vLLM pods refuses it with 403, except /metrics, which the
 // control plane scrapes.
 

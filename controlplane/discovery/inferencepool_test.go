@@ -301,5 +301,6 @@ func TestInferencePoolNeedsClient(t *testing.T) {
 // NewClientset has no structured-merge schema for InferencePool, so its updates fail
 // ("no type found matching ...InferencePool").
 func newPoolClient(objs ...runtime.Object) *inffake.Clientset {
-	return inffake.NewSimpleClientset(objs...) //nolint:staticcheck // see above
+	//lint:ignore SA1019 NewClientset cannot update an InferencePool (see above)
+	return inffake.NewSimpleClientset(objs...)
 }

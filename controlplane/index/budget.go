@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The memory budget (issue 12). Every input that creates state is admitted against two
+// The memory budget. Every input that creates state is admitted against two
 // limits before anything is stored:
 //
 //   - per replica: a replica cannot cache more than num_gpu_blocks x block_size tokens

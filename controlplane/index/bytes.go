@@ -11,8 +11,8 @@ import (
 	"github.com/kvroute/kvroute/internal/keymap"
 )
 
-// The byte budget's accounting (issue 15; the limit itself, Budget.MaxBytes, is
-// admitted in budget.go). The index's bytes are not read from the heap, which holds
+// The byte budget's accounting (the limit itself, Budget.MaxBytes, is admitted in
+// budget.go). The index's bytes are not read from the heap, which holds
 // the publisher's tables and everything else too, but summed from the index's own
 // structures, each priced from its Go layout:
 //

@@ -131,7 +131,7 @@ func TestByteBudgetAdmission(t *testing.T) {
 	}
 }
 
-// The byte budget holds at fleet shape (issue 15): the whole 1,000 x 10,000 load (see
+// The byte budget holds at fleet shape: the whole 1,000 x 10,000 load (see
 // fleetShape), KV events and placements both, offered to an index whose
 // --max-index-bytes is well below what it needs (the load takes 415 MB unbounded:
 // BenchmarkMemoryFleet). The index's live heap stays within the limit plus 5%, what

@@ -13,8 +13,8 @@ import (
 
 // rank is one DP rank's KV-event state: the engine's block hashes mapped to our keys.
 // The engine's hashes (vLLM's sha256, or Python's hash) are spread already, as keymap
-// expects: every block stored and removed probes the map, and Go map operations were
-// about 40% of ingest's CPU (issue 15).
+// expects: every block stored and removed probes the map, and Go map operations would
+// be much of ingest's CPU (BenchmarkIngestEndToEnd's profile).
 type rank struct {
 	blocks keymap.Map[blockRef]
 	// multi holds the checkpoint keys of engine blocks larger than our blocks.

@@ -12,7 +12,7 @@ import (
 	"github.com/kvroute/kvroute/shared/prefix"
 )
 
-// Memory at fleet shape (issue 15). The shape: 1,000 replicas of one model and 10,000
+// Memory at fleet shape. The shape: 1,000 replicas of one model and 10,000
 // distinct prefixes, each prefix a chain of 32 checkpoint keys (128 blocks: 2,048
 // tokens, or 8 KB of canonical text at 64-byte blocks), held by 4 replicas (prefix p on
 // replicas 4p % 1000 .. 4p % 1000 + 3), so each replica holds 40 prefixes (1,280 keys)

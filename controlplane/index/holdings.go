@@ -62,8 +62,8 @@ func (ix *Index) settle(r *replica, i int32, was bool) {
 }
 
 // oneHolder backs the holder lists of a single slot (below its length): a key is often
-// held by one replica, and a list of its own was an allocation for each such key
-// (slices.Insert, 2.6% of IngestEndToEnd's profile) and a cache line more to read. A
+// held by one replica, and a list of its own would be an allocation for each such key
+// (slices.Insert) and a cache line more to read. A
 // list sliced from it has capacity 1, so Insert copies it out instead of writing it.
 var oneHolder = func() (a [4096]uint16) {
 	for i := range a {

@@ -11,6 +11,8 @@
 //   - index.go: Config, Spec, the Index type and its lock order, New, unlockReplica.
 //   - replicas.go: the model and replica types; discovery's list (SetReplicas) and
 //     slot assignment.
+//   - modelkeys.go: a model's key set (which slots hold each key) and the keys changed
+//     since the last table build.
 //   - holdings.go: which keys a replica holds (holdings, the LRU of reported keys,
 //     capacity and eviction of reported keys), and the slot changes they publish.
 //   - speculative.go: placements' speculative entries and their expiry.
@@ -122,7 +124,7 @@ type Spec struct {
 
 // Index is safe for concurrent use.
 //
-// Locking (issue 15: ingest that scales with cores). mu guards the index's structure
+// Locking, so that ingest scales with cores. mu guards the index's structure
 // (replicas, models, slots, the speculative queue, scrape and learned values); every
 // replica's mu guards its holdings, LRU and KV-event state; every model's mu guards its
 // key -> slots map and changed keys. Order: Index.mu, then replica.mu, then model.mu
@@ -199,9 +201,7 @@ func (ix *Index) unlockReplica(r *replica) {
 // batch's changes stay pending, up to maxPendingFlips, instead of waiting for it: the
 // replica's next batch commits them, or the next Flush does (collectPending). With
 // every stream waiting for the lock at the end of each batch, a one-model fleet's
-// streams queued on it: in IngestEndToEnd on 2 cores the goroutines spent 5 s blocked on
-// it in 4 s of running (the mutex profile), the control plane used 1.47 of the 2 cores,
-// and 8 engines serving 8 models ingested 10-15% more than 8 engines of one model.
+// streams would queue on it (BenchmarkIngestEndToEnd -cpu 2, its mutex profile).
 // Pending changes are whole batches, in order, so a build still sees whole batches.
 func (ix *Index) unlockStream(r *replica) {
 	if r.hasFlips() {

@@ -22,7 +22,7 @@ import (
 	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 )
 
-// End-to-end KV-event ingest (issue 15): engines' PUB sockets over loopback, the real
+// End-to-end KV-event ingest: engines' PUB sockets over loopback, the real
 // kvevents.Subscribe per engine (go-zeromq SUB, decode, sequence tracking) and the
 // index. The engines are go-zeromq publishers in a child process (this test binary
 // re-run as TestIngestPublisherProcess), so the control plane's process has only the

@@ -10,7 +10,7 @@ import (
 	"github.com/kvroute/kvroute/shared/prefix"
 )
 
-// Memory per key (issue 15): R replicas x P prefixes, each prefix one confirmed
+// Memory per key: R replicas x P prefixes, each prefix one confirmed
 // outcome whose chain holds K checkpoint keys (text or token domain, replicas without
 // KV events, so the keys live in the replicas' LRUs), then a table build. B/key is the
 // live heap after a GC over the keys held (model key map, replica holdings, LRU). The

@@ -14,9 +14,9 @@ import (
 // listed once.
 //
 // Every slot change of every KV event lands here, under the model's lock, so it is
-// one keymap probe: the entry carries its own changed mark. With Go maps for the
-// holders and the changed set, a change was three map operations, 19% of
-// IngestEndToEnd's profile (issue 15). The keys are spread over keyShards keymaps
+// one keymap probe: the entry carries its own changed mark, where Go maps for the
+// holders and the changed set would make it three map operations
+// (BenchmarkIngestEndToEnd's profile). The keys are spread over keyShards keymaps
 // so that growth doubles one shard's array at a time, not the whole set's at once
 // (a model's keys can be the index's largest structure); the shard is picked by a
 // seeded mix of the key, as each keymap picks its slot, so prompts crafted to

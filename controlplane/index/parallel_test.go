@@ -70,7 +70,7 @@ func heldKeys(ix *Index, name string) map[uint64][]uint16 {
 	return out
 }
 
-// Streams of different replicas are applied in parallel (issue 15): whatever the
+// Streams of different replicas are applied in parallel: whatever the
 // interleaving, and with table builds, reclaims, scrapes, reports and debug reads
 // racing them, the next table build finds the index exactly where applying every
 // replica's stream one after another leaves it, and the versions built meanwhile add up

@@ -52,11 +52,11 @@ func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetr
 
 // reportsPerLock bounds how long one report batch holds the index. Reports are
 // independent, so a batch need not apply at once; holding the lock for a whole batch of
-// long chains (10,000 reports, a few hundred keys each) kept every table build, and so
-// every filter's poll, waiting for it: 0.5-0.7 s in TestReportFlood.
+// long chains (10,000 reports, a few hundred keys each) would keep every table build,
+// and so every filter's poll, waiting for it (TestReportFlood).
 // keysPerLock bounds it by keys too: 64 reports of 16,384 keys each (the flood's
-// longest chains) held it long enough for the versions filters were served to age
-// past the rule's 2 s state-age guard in TestReportFlood.
+// longest chains) could hold it long enough for the versions filters are served to age
+// past the rule's 2 s state-age guard (TestReportFlood).
 const (
 	reportsPerLock = 64
 	keysPerLock    = 4096

@@ -10,7 +10,7 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// Slower KV tiers (issue 14, docs/controlplane.md): engines that offload blocks to a
+// Slower KV tiers (docs/controlplane.md): engines that offload blocks to a
 // medium other than GPU memory publish them on the same stream. vLLM's OffloadingConnector
 // appends its events to the step's GPU events (vllm/v1/core/sched/scheduler.py
 // @00024d31, update_from_output), with medium "CPU" (CPULoadStoreSpec.medium(),

@@ -44,14 +44,6 @@ func (w *tierView) holders(keys []uint64) [][]uint32 {
 	return out
 }
 
-func repeat[T any](v T, n int) []T {
-	out := make([]T, n)
-	for i := range out {
-		out[i] = v
-	}
-	return out
-}
-
 var cpuA = table.Holder(0, 1) // replica a (slot 0) in tier 1, "CPU"
 
 // The engine simulator's CPU tier (vLLM's OffloadingConnector events: hash-only, medium

@@ -1,8 +1,8 @@
 package kvevents
 
 // msgpack's type codes as constants: msgpcode declares them as variables, so every
-// comparison loaded one from memory and no switch on a code became a jump table or
-// range test (issue 15).
+// comparison would load one from memory and no switch on a code could become a jump
+// table or range test.
 // TestCodesMatchMsgpcode checks them against msgpcode.
 const (
 	codePosFixedNumHigh byte = 0x7f

@@ -15,7 +15,7 @@
 //   - eventfields.go: one event field by field, and vLLM's BlockRemoved encodings read
 //     whole (removedFast).
 //   - msgpack.go: the bounded msgpack reader under it (headers, skipping, strings,
-//     integers).
+//     integers); codes.go: msgpack's type codes as constants.
 //   - blockarrays.go: block hashes (every wire form normalised to uint64) and the
 //     block_hashes and token_ids arrays.
 //   - subscriber.go: subscriptions (Subscribe, Listen): sequence numbers, gaps,

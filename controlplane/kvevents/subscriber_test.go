@@ -256,7 +256,7 @@ func (g *gated) Batch(id StreamID, seq uint64, b *Batch) {
 }
 
 // With one bound socket for every engine, each stream is applied by a goroutine of its
-// own (issue 15): a stream whose handler is busy holds up no other, and every stream's
+// own: a stream whose handler is busy holds up no other, and every stream's
 // batches stay in their order.
 func TestListenAppliesStreamsInParallelEachInOrder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())

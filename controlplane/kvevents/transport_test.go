@@ -62,7 +62,7 @@ func TestFrameCapRefusesAnOversizedFrame(t *testing.T) {
 	}
 }
 
-// Reads are buffered (issue 15): what precedes a bad frame in the same read is still
+// Reads are buffered: what precedes a bad frame in the same read is still
 // delivered, none of the bad frame is, and bodies larger than the buffer pass through
 // unchanged whichever way zmq4 reads them.
 func TestFrameCapBuffersReads(t *testing.T) {

@@ -19,8 +19,9 @@ import (
 // (ours says Socket-Type SUB, the peer's must say PUB or XPUB), then the subscription
 // as a data message, 0x01 and the topic. go-zeromq allocates every frame's body and hands
 // each message through two goroutines; a KV-event message is tens of kilobytes, so that
-// was 10% of end-to-end ingest (issue 15). zsub reads the frames into one buffer it
-// keeps, and a message's frames are valid until the next recv.
+// shows in end-to-end ingest (BenchmarkSubscriberRecv, BenchmarkIngestEndToEnd). zsub
+// reads the frames into one buffer it keeps, and a message's frames are valid until the
+// next recv.
 //
 // Frames above max (and messages whose frames add up to more) fail the connection before
 // anything is allocated for them, as frameCap does for go-zeromq's sockets.

@@ -56,7 +56,8 @@ type version struct {
 }
 
 // replicaHistory is how many recent versions keep their replica lists: a filter more
-// than 64 versions (3-6 s) behind gets whole lists in its delta.
+// than 64 versions (at least 3.2 s at the default 50 ms publish interval) behind gets
+// whole lists in its delta.
 const replicaHistory = 64
 
 // frame is one encoded answer, ready when done is closed.
@@ -161,8 +162,8 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		f1.Models = append(f1.Models, mc1)
 		rec.models[u.Name] = ch
 	}
-	// Apply to a copy outside mu: a large delta takes hundreds of milliseconds to apply
-	// (TestReportFlood: 340-680 ms on a loaded machine), and every poll used to wait for it.
+	// Apply to a copy outside mu: a large delta (TestReportFlood's) can take hundreds of
+	// milliseconds to apply, and no poll should wait for it.
 	nt := cur.CloneFor(f)
 	if err := nt.ApplyFrame(f); err != nil {
 		return 0, fmt.Errorf("publish v%d: %w", f.Version, err)

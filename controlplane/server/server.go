@@ -399,8 +399,8 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
 		return
 	}
-	// Binary batches from current filters, JSON from filters before issue 15 (a rollout
-	// runs both); ParseReportBatch tells them apart by their first bytes.
+	// Binary batches from current filters, JSON from older ones (a rollout runs both);
+	// ParseReportBatch tells them apart by their first bytes.
 	if ct := strings.ToLower(r.Header.Get("Content-Type")); ct != "" && !strings.HasPrefix(ct, "application/json") &&
 		!strings.HasPrefix(ct, api.ReportsContentType) {
 		result = "bad_content_type"

@@ -7,9 +7,9 @@
 // any timer exists (runtime/proc.go startTheWorldWithSema calls netpoll(0); the GC's
 // scavenger arms a timer after the first cycle), and when the scheduler idles until a
 // timer. It throws "poll_oneoff failed" on any error but EINTR
-// (runtime/netpoll_wasip1.go). proxy-wasm-cpp-host answered poll_oneoff with ENOSYS (52)
-// in every commit before 94091cd (src/exports.cc, wasi_unstable_poll_oneoff), and before
-// that commit also trapped it as a restricted call inside proxy_on_memory_allocate
+// (runtime/netpoll_wasip1.go). proxy-wasm-cpp-host answers poll_oneoff with ENOSYS (52)
+// in every commit that precedes 94091cd (src/exports.cc, wasi_unstable_poll_oneoff), and
+// there also traps it as a restricted call inside proxy_on_memory_allocate
 // (include/proxy-wasm/wasm.h, allocMemory), where Go's allocator can start a GC. Envoy
 // 1.35 to 1.38 (Istio 1.27 to 1.30) pin such a cpp-host, so an unpatched Go filter dies
 // at its second or third garbage collection there (golang/go#78513).
@@ -17,7 +17,7 @@
 // # What
 //
 // PollOneoffShim adds one function to the module and points every call to the imported
-// poll_oneoff at it. The function answers exactly as cpp-host does since 94091cd: it
+// poll_oneoff at it. The function answers exactly as cpp-host does from 94091cd on: it
 // writes 0 to *nevents and returns 0 (success), without sleeping. For the Go runtime that
 // means netpoll finds no ready descriptor (a filter has none) and an idle scheduler spins
 // to its next timer instead of sleeping in the host, which is what a current Envoy does

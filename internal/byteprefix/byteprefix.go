@@ -7,9 +7,9 @@ import "unsafe"
 
 // Len is the length of the longest common prefix of a and b. It compares 64 bytes a
 // turn as eight words: bytes.Equal compares one byte a turn in Go's wasm port
-// (internal/bytealg/equal_wasm.s), which made a repeated 32 KB prompt cost more there
-// than hashing it (186 against 79 us under wazero), and a turn of a loop costs far more
-// than its loads in Go's wasm code (a word a turn: 30 us). The words are read where they
+// (internal/bytealg/equal_wasm.s), which made comparing a repeated prompt cost more there
+// than hashing it, and a turn of a loop costs far more than its loads in Go's wasm code,
+// so a word a turn is not enough either (BenchmarkLen32KB). The words are read where they
 // lie, unaligned: wasm, amd64 and arm64 load them as any other.
 func Len(a, b []byte) int {
 	end := min(len(a), len(b))

@@ -4,7 +4,7 @@
 // three-quarters full. A slot is the key and the value, nothing else: key 0 marks an
 // empty slot, and the key 0 itself is kept beside the array.
 //
-// Why not a Go map: in the wasm guest each lookup in a Go map cost about 300 ns (the
+// Why not a Go map: in the wasm guest a Go map's lookup is several times as slow (the
 // runtime's hashing and group probing run without the native build's vector
 // instructions), and a request makes hundreds (its checkpoint keys against the table's
 // overlay and the proxy's own placements). BenchmarkGet has the two side by side, native

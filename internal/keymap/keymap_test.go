@@ -207,8 +207,8 @@ func TestMapCloneAndClear(t *testing.T) {
 	if v, ok := m.Get(0); !ok || v != 7 || m.Len() != 99 {
 		t.Fatalf("the key 0: %d, %v, Len %d", v, ok, m.Len())
 	}
-	// Get reads the key 0's value without looking at whether it is present (911a2f6:
-	// Get must stay inlinable), so its value must be zero whenever it is absent.
+	// Get reads the key 0's value without looking at whether it is present (Get must
+	// stay inlinable: TestGetIsInlined), so its value must be zero whenever it is absent.
 	m.Delete(0)
 	if v, ok := m.Get(0); ok || v != 0 || m.Len() != 98 {
 		t.Fatalf("the key 0 deleted: %d, %v, Len %d", v, ok, m.Len())
@@ -235,7 +235,7 @@ func TestMapCloneAndClear(t *testing.T) {
 }
 
 // BenchmarkGet: lookups of the keys of a 100,000-key map (half of them present), a Map
-// beside a Go map; compile for wasip1 to see the guest's numbers (README, "Performance").
+// beside a Go map; compile for wasip1 to see the guest's numbers (docs/performance.md, "In the guest").
 func BenchmarkGet(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	keys := make([]uint64, 200_000)

@@ -8,11 +8,10 @@ import (
 	"github.com/kvroute/kvroute/shared/prefix"
 )
 
-// ReportsContentType is the media type of a binary report batch, what filters post from
-// issue 15 on: about 2.5 times smaller than the JSON form and encoded without reflection
-// or number formatting inside the proxy. The control plane takes both, so filters of
-// either version work with it during a rollout (ParseReportBatch tells them apart by the
-// first bytes).
+// ReportsContentType is the media type of a binary report batch, what filters post:
+// smaller than the JSON form and encoded without reflection or number formatting inside
+// the proxy. The control plane takes both, so older filters that post JSON work with it
+// during a rollout (ParseReportBatch tells them apart by the first bytes).
 //
 // A batch is the magic "KVRB", a version byte (1), the proxy name (a uvarint length and
 // its bytes), then records to the end of the body. A record is its length (uint32, little

@@ -110,7 +110,7 @@ func (r *Report) Validate() error {
 }
 
 // ParseReportBatch decodes a batch in either form: binary (ReportsContentType, told
-// apart by its magic) or JSON (filters before issue 15). Unknown fields are ignored, so
+// apart by its magic) or JSON (what older filters post). Unknown fields are ignored, so
 // filters and control planes of different versions work together during a rollout. A
 // report that fails validation is dropped on its own and described in rejected (with its
 // index); err is only for a body that is not a report batch at all.

@@ -11,8 +11,8 @@ import (
 // each, and each has its own keys in shared data and its own report queue.
 const MaxShards = 16
 
-// Shard is one control plane and the models whose table it serves (issue 15: shard by
-// model). Each shard's control plane watches only its models' engines; the filter polls
+// Shard is one control plane and the models whose table it serves. Each shard's control
+// plane watches only its models' engines; the filter polls
 // every shard, routes a request on the table of the shard that serves its model (the
 // body's "model", or model_header; a LoRA adapter's base model) and sends the request's
 // reports to that shard's control plane. A request for a model no shard serves is left

@@ -50,7 +50,7 @@ func TestLinkedIsXXH64(t *testing.T) {
 
 // BenchmarkBlockHash: one block's key through xxhash.Sum64 of a buffer holding the
 // parent and a copy of the block (how keys were hashed before linked), and through
-// linked / linkedTokens, side by side; run it compiled for wasip1 too (README).
+// linked / linkedTokens, side by side; run it compiled for wasip1 too (docs/performance.md, "In the guest").
 func BenchmarkBlockHash(b *testing.B) {
 	text := make([]byte, 64)
 	for i := range text {

@@ -8,9 +8,8 @@ import "github.com/kvroute/kvroute/internal/byteprefix"
 // and the decoded length. A string whose raw bytes begin as a
 // remembered one's do is decoded from the last checkpoint inside the shared part on, the
 // part before it copied: comparing bytes costs a fraction of decoding them, above all in
-// Go's wasm code, where a 32 KB system prompt in lines (an escaped newline every 65
-// bytes) took 140-260 us to decode under wazero (BenchmarkParseChat32KBLines;
-// BenchmarkStrMemo and BenchmarkParseMemo32KB for the memo).
+// Go's wasm code and for a prompt in lines, an escaped newline every 65 bytes
+// (BenchmarkParseChat32KBLines; BenchmarkStrMemo and BenchmarkParseMemo32KB for the memo).
 //
 // The output is exactly what decoding gives (TestParseMemoDecodesAsAFreshParser,
 // FuzzParseMemo): only raw bytes are compared, and a checkpoint is used only if the

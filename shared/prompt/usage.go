@@ -50,8 +50,8 @@ func (p *Parser) FindUsage(tail []byte) (Usage, bool) {
 }
 
 // lastUsageKey is bytes.LastIndex(b, `"usage"`) as a loop from the end over the quotes:
-// in the wasm guest bytes.LastIndex (Rabin-Karp, hashing every byte it passes) took
-// 1.9 us of FindUsage's 8 on a 150-byte answer (BenchmarkFindUsage).
+// in the wasm guest bytes.LastIndex (Rabin-Karp, hashing every byte it passes) was a
+// large part of FindUsage on a short answer (BenchmarkFindUsage).
 func lastUsageKey(b []byte) int {
 	for i := len(b) - 7; i >= 0; i-- {
 		if b[i] == '"' && string(b[i:i+7]) == `"usage"` {
@@ -95,8 +95,8 @@ func (s *scanner) usage(p *Parser) (Usage, bool) {
 // no space, keys of [a-z0-9_], values unsigned integers or null, or objects of those one
 // level down. It gives what usage gives (FuzzUsageFast); for anything else handled is
 // false and usage decides. usage reads through the scanner's calls (str, object and a
-// closure per member, peek per token), which Go's wasm code pays dearly for: 9.6 us under
-// wazero for a 140-byte answer, on every response (BenchmarkFindUsage).
+// closure per member, peek per token), which Go's wasm code pays dearly for, on every
+// response (BenchmarkFindUsage).
 func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
 	u = Usage{PromptTokens: -1, CachedTokens: -1}
 	if i >= len(b) || b[i] != '{' {

@@ -65,7 +65,7 @@ func FuzzUsageFast(f *testing.F) {
 		`{"prompt_tokens_details":{"cached_tokens":null},"prompt_tokens":1}`,
 		`{"prompt_tokens":4294967296}`, `{"prompt_tokens":01}`, `{"prompt_tokens":1.5}`, `{}`,
 		`{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":3},"prompt_tokens_details":{"cached_tokens":null}}`,
-		// The fuzzer's find in a fresh clone's make test at d868c6d: usageFast took the
+		// A find of FuzzUsageFast in a fresh clone's make test: usageFast took the
 		// object as a nested one and answered 0 where usage errs.
 		`{"prompt_tokens":0,"prompt_tokens":{}}`, `{"prompt_tokens":{"cached_tokens":1}}`,
 	} {

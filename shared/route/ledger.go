@@ -26,14 +26,11 @@ import (
 // after the snapshot and started after it is in both, and cancels). Each is kept as a
 // running sum up to a cursor in a list in time order (ledgerlists.go), which Sums moves
 // to the snapshot's time: a snapshot advances by the entries of one table period, so a
-// decision reads a few entries, not all those newer than its snapshot. Reading those
-// (newest first, until the snapshot) cost a decision at 2,560 requests/s and 22
-// replicas 41 us in the wasm guest with snapshots 50-150 ms old, 170 us with 1 s old
-// ones; the cursors, 20 us either way, with a send and a start (BenchmarkLedgerSums).
-// Walking every entry for every replica cost 7.7 ms. Expiry pops the oldest end of
+// decision reads a few entries, not all those newer than its snapshot: its cost does not
+// grow with the snapshot's age (BenchmarkLedgerSums). Expiry pops the oldest end of
 // lists kept the same way.
 type Ledger struct {
-	entries keymap.Map[int32] // request id -> its slot (a Go map's lookup cost 3x as much in the guest)
+	entries keymap.Map[int32] // request id -> its slot (keymap: a Go map's lookup costs more in the guest)
 	slots   []sent            // lists name entries by slot: no map lookup on a walk
 	free    []int32
 	seq     uint64 // numbers entries: a list's reference to a slot reused since is dead

@@ -2,8 +2,7 @@ package route
 
 import "time"
 
-// refLedger is the Ledger as it was before Sums read only recent entries (commit
-// acf44ad): every call walks every entry. TestLedgerMatchesReference holds the Ledger to
+// refLedger is the Ledger without Sums' cursors: every call walks every entry. TestLedgerMatchesReference holds the Ledger to
 // its answers; BenchmarkLedgerSums runs the two side by side.
 type refLedger struct {
 	entries map[uint64]refSent

@@ -82,7 +82,8 @@ func TestLedgerMatchesReference(t *testing.T) {
 
 // A decision's Sums read the entries sent or started after the snapshot, not the
 // thousands of starts a busy proxy keeps for 2 s: the walk over every entry for every
-// replica cost 7.7 ms a decision in the wasm guest at 2,560 requests/s (commit b2474c5).
+// replica cost 7.7 ms a decision in the wasm guest at 2,560 requests/s
+// (BenchmarkLedgerSums, impl=reference).
 func TestLedgerSumsReadOnlyWhatIsNewerThanTheSnapshot(t *testing.T) {
 	l := NewLedger()
 	now := time.Unix(1_800_000_000, 0)
@@ -97,7 +98,8 @@ func TestLedgerSumsReadOnlyWhatIsNewerThanTheSnapshot(t *testing.T) {
 	since := now.Add(-20 * time.Millisecond) // 49 sends and 49 starts after it
 	l.visits = 0
 	c, p := l.Sums(addrs[0], since)
-	assert.Equal(t, 24*100.0-24*100.0, c, "24 sent after the snapshot, 24 sent by it and started after it")
+	const sentAfter, startedAfter = 24 * 100.0, 24 * 100.0
+	assert.Equal(t, sentAfter-startedAfter, c, "24 sent after the snapshot, 24 sent by it and started after it")
 	assert.Equal(t, 125*100.0, p, "250 not started, half of them to this replica")
 	assert.LessOrEqual(t, l.visits, 49+2, "references read (the ledger holds 5,000)")
 }
@@ -192,7 +194,7 @@ func requireBounded(t *testing.T, l *Ledger, most int) {
 // replicas against a snapshot that a table version renews every 100 ms and that is
 // then age old (so between age and age+100 ms old), with the decision's own send and
 // the start of one sent 300 ms before. impl=reference walks every entry for each
-// replica (the Ledger before b2474c5: 7.7 ms a decision in the wasm guest).
+// replica, the cost the Ledger's cursors avoid.
 //
 //	go test ./shared/route -run '^$' -bench LedgerSums
 func BenchmarkLedgerSums(b *testing.B) {

@@ -35,10 +35,8 @@ type Local struct {
 	// The log and the arena are rings addressed by absolute numbers that only grow, so
 	// nothing is ever moved down as placements expire: placement i is log[i&(len-1)],
 	// the key at position p is arena[p&(len-1)], and ways name absolute positions. A
-	// ring grows (doubles, copying what is live) only when what is live does not fit.
-	// Until issue 15 they were slices compacted every ~1,000 dropped placements, a copy
-	// of everything live inside one tick: 350-430 us in the guest every 11th tick of the
-	// leader-tick benchmark, up to 1 ms.
+	// ring grows (doubles, copying what is live) only when what is live does not fit, so
+	// no tick pays for compacting (BenchmarkKvrouteLeaderTick's p99).
 	log   []localPlacement // in the order added (times non-decreasing in practice)
 	arena []uint64         // the log's keys, in the log's order: log[i] holds positions off..off+n-1
 	// held has bit p set (in ring order) while an entry's way names position p (its
@@ -86,9 +84,8 @@ const localWays = 4
 
 // localModel is one model's entries. The map holds each key's place in slots, so that
 // renewing a key (most keys of a placement: prompts share prefixes) is one map lookup and
-// an update in place; with the entries in the map it was a lookup and a store of the
-// 48-byte entry, each copying it (BenchmarkLocalAdd: 2.4 times as long under wasm, 2 times
-// natively).
+// an update in place; with the entries in the map it would be a lookup and a store of
+// the 48-byte entry, each copying it (BenchmarkLocalAdd).
 type localModel struct {
 	id      int32 // its place in Local.byID
 	entries keymap.Map[int32]
@@ -225,10 +222,9 @@ func (l *Local) Add(model string, keys []uint64, addr string, at time.Time) {
 // first key to the same address, if it is live and at most RenewAfter apart, still holds
 // them, in the same order. Every request of a busy prefix places the same keys on the
 // same replica until a table lists them, and each sibling VM applies its copy of the
-// placement (filter/placed.go): under wazero a renewal cost 100-200 ns a key, 9-10 us
-// for the 34 keys of BenchmarkKvrouteRequestPath's placements, 8 of them a request at 8
-// worker VMs, and more where the table lists none of a prompt (-coldtable: a control
-// plane restarted or behind). Comparing costs a few ns a key.
+// placement (filter/placed.go), so a renewal's map operations are paid per key, per
+// sibling, per request, more where the table lists none of a prompt (-coldtable: a
+// control plane restarted or behind; BenchmarkLocalAdd). Comparing costs a few loads a key.
 func (l *Local) covered(m *localModel, id uint16, keys []uint64, atMs int64) int {
 	if l.RenewAfter <= 0 {
 		return 0

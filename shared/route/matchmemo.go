@@ -11,8 +11,8 @@ import (
 // and its hits, for as long as the model is in the same state (table.Model.Gen): a chain
 // that shares its first blocks with it takes their hits from here and reads the table
 // only past them. Versions come every 50 ms or so and requests many times more often,
-// and those that share a system prompt share most of their chain; the table's lookups
-// were half of a decision in the wasm guest (Match 29 us of 60 for 125 checkpoints).
+// and those that share a system prompt share most of their chain, whose lookups are
+// much of a decision in the wasm guest (BenchmarkKvrouteRequestPath's -guestprofile).
 // The answer is Match's (TestMatchMemoAnswersAsMatch).
 type matchMemo struct {
 	model *table.Model

@@ -137,8 +137,8 @@ func TestLedgerSpreadsABurstBetweenSnapshots(t *testing.T) {
 
 // A stale table (control plane unreachable) keeps its prefix entries: the owner keeps
 // the request, with this router's own pending work as the load term (shared/rule's
-// stale regime). Only past MaxCacheAge is the order cache-blind least-queued. Before
-// issue 13 the 2 s table already gave least-queued (10.0.0.2 first, a spill).
+// stale regime). Only past MaxCacheAge is the order cache-blind least-queued (at 2 s
+// that would put 10.0.0.2 first, a spill).
 func TestStaleTableKeepsAffinity(t *testing.T) {
 	system := strings.Repeat("abc ", 3000)
 	c := chainOf(t, chatBody(system, "q"), Identity{Model: "llama"})
@@ -229,8 +229,8 @@ func tableOf(m *table.Model) *table.Table {
 }
 
 // A repeat of a new prefix goes where the first went before the table knows it: the
-// router's own placement counts like a table entry. Before issue 13 the repeat found
-// nothing cached (PredictedCached 0) and went to the least-queued replica.
+// router's own placement counts like a table entry. Without it the repeat would find
+// nothing cached (PredictedCached 0) and go to the least-queued replica.
 func TestRepeatFollowsItsOwnPlacementBeforeTheTable(t *testing.T) {
 	system := strings.Repeat("A brand-new agent system prompt. ", 700)
 	m := model(t, 4)

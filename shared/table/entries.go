@@ -71,8 +71,7 @@ func (e *entries) base(key uint64) (uint32, bool) {
 		lo, hi = int(e.index[b]), int(e.index[b+1])
 	}
 	// The binary search written out: in the wasm guest the call to slices.BinarySearch
-	// cost about as much as the search (BenchmarkMatch500Blocks under wazero: 27-33 us
-	// with it, 17-24 us without; natively 1.9-2.8 and 1.6-1.9 us).
+	// costs about as much as the search (BenchmarkMatch500Blocks, under wazero).
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if keys[mid] < key {

@@ -347,7 +347,7 @@ func fixup(b []byte) []byte {
 	return resum(out)
 }
 
-// A fleet the size issue 2 names: 22 replicas, 200 prefixes of 8,000 tokens (about
+// A fleet the size of docs/rule.md's example: 22 replicas, 200 prefixes of 8,000 tokens (about
 // 500 text blocks each), each prefix on one or two replicas.
 func benchTable(b *testing.B, stride uint32) *Table {
 	tb := New()

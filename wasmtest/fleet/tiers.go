@@ -11,8 +11,8 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
-// GPUOnlyName is kvroute whose proxies read table format 1 (GPU holders only), as
-// filters did before slower tiers (issue 14): run beside kvroute when replicas have a
+// GPUOnlyName is kvroute whose proxies read table format 1 (GPU holders only), as a
+// filter that does not know slower tiers does: run beside kvroute when replicas have a
 // CPU tier, it shows what counting CPU-tier hits at their load cost is worth.
 const GPUOnlyName = "kvroute-gpu-only"
 

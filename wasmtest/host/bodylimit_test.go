@@ -19,7 +19,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
 )
 
-// Request bodies around max_body_bytes (issue 11), sent chunk by chunk through the real
+// Request bodies around max_body_bytes, sent chunk by chunk through the real
 // kvroute.wasm. Every case checks that each byte the client sent reaches the upstream
 // exactly once and in order, that no request is answered locally or reset, and which
 // requests got a routing header.
@@ -33,7 +33,7 @@ import (
 // ActiveStreamDecoderFilter::requestDataTooLarge, reached from the watermark buffer of
 // createBuffer); the filter returning Continue on that chunk comes too late.
 //
-// Before the fix (filter/request.go as of 45b9077) these failed; the byte-exactness
+// Without the fix in filter/request.go these fail; the byte-exactness
 // checks passed even then, because the host forwards whatever the filter continued with:
 //   - limit+1: "Envoy would answer 413 before the filter sees chunk 16: it buffers 32768
 //     held + 1 = 32769 bytes" (the filter held exactly the limit and decided only on the

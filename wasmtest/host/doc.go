@@ -20,7 +20,7 @@
 //     and wasi_unstable, and cpp-host's answers (src/exports.cc): fd_write to stdout and
 //     stderr is one info or error log entry per call, other descriptors EBADF; environ from
 //     Config.Env; no arguments; realtime and monotonic clocks, others ENOTSUP; random_get
-//     up to 64 KiB; proc_exit logs and returns; poll_oneoff ENOSYS before 94091cd, no
+//     up to 64 KiB; proc_exit logs and returns; poll_oneoff ENOSYS until 94091cd, no
 //     events and success from 94091cd on; files and sockets are stubs;
 //   - restricted callbacks: while _initialize runs and while proxy_on_memory_allocate runs
 //     only the host calls on the profile's lists are allowed (src/wasm.cc startVm,

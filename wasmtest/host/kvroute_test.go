@@ -771,7 +771,7 @@ func TestKvrouteRequestPathAllocatesNothing(t *testing.T) {
 		}
 	}
 	// Past route.Local's settle time (a second) and the ledger's window of recorded
-	// starts (max_state_age, 2 s: d497572 keeps a started request until then), so their
+	// starts (max_state_age, 2 s: a started request is kept until then), so their
 	// storage is at its steady size: 2,500 requests, 1.25 s, measured 0.012 after it.
 	for i := range 5000 {
 		one(i, false)
@@ -786,13 +786,12 @@ func TestKvrouteRequestPathAllocatesNothing(t *testing.T) {
 }
 
 // The leader posts every report the VMs queued on each tick (up to 16 items, 4,096
-// reports), each item as it is dequeued. Until issue 15 it took at most max_report_batch
-// (512) reports a tick, 2,560 requests a second: at 3,200 a second the queue grew by an
-// item a tick, for good (24 items waiting at the end of this test). Its own reports it
-// posts from its buffer: none goes through the shared queue, whose enqueue and dequeue
-// each copied every item (before 13ed951, a VM alone enqueued its items here and dequeued
-// them back on the same tick; the other VMs' still go through the queue,
-// TestKvrouteLeaderTableAndReportsAcrossVMs).
+// reports), each item as it is dequeued. A leader that took at most max_report_batch
+// (512) reports a tick would keep up with 2,560 requests a second: at 3,200 a second its
+// queue would grow by an item a tick, for good (24 items waiting at the end of this
+// test). Its own reports it posts from its buffer: none goes through the shared queue,
+// whose enqueue and dequeue each copy every item (the other VMs' still go through the
+// queue, TestKvrouteLeaderTableAndReportsAcrossVMs).
 func TestKvrouteLeaderKeepsUpWith3200RequestsASecond(t *testing.T) {
 	h, clk := loadQuiet(t, host.Config{VMs: 1, Rand: host.SeededRand(5)})
 	// Short prompts: the reports' count is what matters here, not their size.
@@ -844,10 +843,9 @@ func TestKvrouteTicksReadSharedDataAndCallStatusIntoBuffers(t *testing.T) {
 
 // In steady state the ticks do not make the guest collect garbage either: a VM's report
 // buffer is reused once the leader has drained it, and the leader reads each queue item
-// into one reused buffer. The module before issue 15 collected 26 times in these 20
-// ticks (5,120 requests); with the request path's buffers but still a new report buffer
-// each tick (twice the last tick's reports) and a copy of every item, 4 times, each
-// collection's marking charged to a tick.
+// into one reused buffer. A module with a new report buffer each tick and a copy of every
+// item collects in these 20 ticks (5,120 requests), each collection's marking charged to
+// a tick.
 func TestKvrouteTicksCollectNoGarbage(t *testing.T) {
 	h, clk := loadQuiet(t, host.Config{VMs: 1, Rand: host.SeededRand(5), CountCalls: []string{gcCycle}})
 	req := kvRequest(kv32K)

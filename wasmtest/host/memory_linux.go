@@ -12,9 +12,9 @@ import (
 // it by making more of it readable and writable (BackingStore::GrowWasmMemoryInPlace in
 // src/objects/backing-store.cc; nodejs/node's deps/v8 at ad55fbf6). By itself wazero
 // grows a memory by appending to a Go slice, a copy of the whole memory when its capacity
-// runs out: a guest heap's growth after warm-up then cost one request 4-32 ms
-// (BenchmarkKvrouteRequestPath, runtime.(*mheap).grow in the guest profile), a stall no
-// proxy running V8 has.
+// runs out: a guest heap's growth after warm-up would stall the one request it lands in
+// (BenchmarkKvrouteRequestPath's maximum, runtime.(*mheap).grow in the guest profile), a
+// stall no proxy running V8 has.
 func withReservedMemory(ctx context.Context) context.Context {
 	return experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(reserveMemory))
 }

@@ -29,7 +29,7 @@ type Profile struct {
 }
 
 // CppHostC4d7bb0 is proxy-wasm-cpp-host from c4d7bb0 (2024-12-19, the first with every WASI
-// import of Go's wasip1 runtime) to 3930b7b (2026-04-01, the last before 94091cd). Its WASI
+// import of Go's wasip1 runtime) to 3930b7b (2026-04-01, the last without 94091cd). Its WASI
 // functions are in include/proxy-wasm/exports.h (FOR_ALL_WASI_FUNCTIONS) and
 // src/exports.cc, identical across the range; poll_oneoff answers ENOSYS (52), and during
 // proxy_on_memory_allocate only proxy_log, fd_write and clock_time_get may be called

@@ -95,8 +95,8 @@ type survival struct {
 // the first VM failure. env is the guest's environment (Istio's vmConfig.env).
 //
 // The control plane publishes a new table version every 100 ms of the clock, with new
-// queue numbers and keys, as a busy one does (about 1,100 keys). Since issue 15 the
-// request path makes no garbage, so what keeps the guest's collector running is what a
+// queue numbers and keys, as a busy one does (about 1,100 keys). The request path makes
+// no garbage, so what keeps the guest's collector running is what a
 // proxy receives: with one table for the whole run the guest collected about 10 times
 // at its start and once more in the next 80,000 requests (make soak's 100,000: 11
 // cycles, where the test asks for 50), and the CI run's 20,000 made exactly the 10 it
@@ -170,7 +170,7 @@ func runSurvival(t *testing.T, path string, profile *host.Profile, n int, env ma
 
 // The filter as shipped survives many GC cycles under every profile, the strictest
 // included. As go build alone writes it (the shipped module before filter/wasmpatch), it
-// dies under cpp-host before 94091cd, which a host as forgiving as wazero's full WASI
+// dies under a cpp-host older than 94091cd, which a host as forgiving as wazero's full WASI
 // never showed: VM 0 failed at request 85 (77 after the filter's allocation cuts), in its
 // first GC cycle, with the stack proxy_on_memory_allocate > runtime.gcStart >
 // startTheWorldWithSema > netpoll > poll_oneoff, a call cpp-host does not allow inside
@@ -187,8 +187,8 @@ func TestFilterSurvivesGarbageCollectionUnderEveryProfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := survivalRequests(t)
-	// Since issue 15 the filter's request path allocates nothing and its ticks little: at
-	// the default GOGC the guest collected 6 times in 20,000 requests (51 before). GOGC=1
+	// The filter's request path allocates nothing and its ticks little: at the default
+	// GOGC the guest collected 6 times in 20,000 requests. GOGC=1
 	// (which Istio's vmConfig.env can set) and a table that changes (runSurvival) make it
 	// 88; each cycle ends in the poll_oneoff call the shim answers, wherever it started.
 	gogc := map[string]string{"GOGC": "1"}

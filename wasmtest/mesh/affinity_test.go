@@ -16,14 +16,15 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
 
-// Affinity from the first repeat, and through a control-plane outage (issue 13). The
+// Affinity from the first repeat, and through a control-plane outage. The
 // mesh runs two proxy VMs, so a repeat may reach the VM that did not place the first
 // request: these tests also cover the placements the VMs share (filter/placed.go).
 //
-// Run against the filter before issue 13 (KVROUTE_WASM=<old kvroute.wasm>), they failed:
-// the printed curl's repeat got 0 cached tokens, the 20 repeats hit 0 of 19 (every one
-// arrived before the table knew the prefix), and during the outage the stale table sent
-// the warm prefixes least-queued (hits 2 of 12, the new prefix's repeat 0).
+// Run against a filter without local placements and with a stale table routed
+// least-queued (KVROUTE_WASM=<that kvroute.wasm>), they fail: the printed curl's repeat
+// gets 0 cached tokens, the 20 repeats hit 0 of 19 (every one arrives before the table
+// knows the prefix), and during the outage the warm prefixes go least-queued (hits 2 of
+// 12, the new prefix's repeat 0).
 
 // curlChat sends the request `kvroute-mesh` prints (a non-streamed chat completion) and
 // returns the usage and the replica that served it.
@@ -88,8 +89,8 @@ func TestTwentyRepeatsAtZeroSpacingAllHit(t *testing.T) {
 }
 
 // outage is how long the control plane stays down in TestControlPlaneOutageKeepsAffinity:
-// 8 s, four times the 2 s state-age guard (issue 13 asks for 60 s in the fleet
-// simulation, kvroute-bench --cp-outage 300:60; the suite affords seconds).
+// 8 s, four times the 2 s state-age guard (the fleet simulation runs 60 s,
+// kvroute-bench --cp-outage 300:60; the suite affords seconds).
 const outage = 8 * time.Second
 
 // With the control plane down the table ages past the 2 s guard; the warm prefixes still

@@ -1,10 +1,10 @@
 package mesh_test
 
-// Issue 12's attacks on the whole mesh, on loopback: the engines' admin paths through the
+// Attacks on the whole mesh, on loopback: the engines' admin paths through the
 // proxy, request-target tricks aimed at the control plane, clients leaving mid-stream,
 // and a mesh started on a taken port.
 //
-// Before the fixes (45b9077): POST /admin/restart and /reset_prefix_cache through the
+// Without the fixes: POST /admin/restart and /reset_prefix_cache through the
 // proxy reset the replicas' caches (200); mesh.Start on a taken proxy port (or with a bad
 // profile) ended in a nil-pointer panic in its deferred m.Close (the named result was
 // already nil), leaking the engines it had started.

@@ -41,7 +41,7 @@ const Cluster = "outbound|8080||kvroute-controlplane.kvroute-system.svc.cluster.
 type Options struct {
 	Replicas int    // simulated vLLM replicas (4), per model with Models
 	Model    string // served model name ("llama")
-	// Models, when set, shards the mesh by model (issue 15): Replicas simulated engines
+	// Models, when set, shards the mesh by model: Replicas simulated engines
 	// for each model, one control plane per model that watches only that model's
 	// engines, and the filter configured with one shard per model (api.Shard, named
 	// after the model, on the cluster ShardCluster(model)). Model is then unused.

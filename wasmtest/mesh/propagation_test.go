@@ -18,7 +18,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
 
-// Placement-to-other-proxy latency (issue 13): the test plays a first proxy posting a
+// Placement-to-other-proxy latency: the test plays a first proxy posting a
 // placement report to the control plane; the mesh's proxy is the other one. Measured from
 // the control plane's answer to the report to the other proxy's table (the version its
 // leader published in shared data, which its worker VMs read on their next tick)
@@ -75,8 +75,8 @@ func TestPlacementPropagation(t *testing.T) {
 	t.Logf("placement-to-other-proxy latency over %d placements: p50 %v, p99 %v, max %v",
 		n, p50.Round(time.Millisecond), p99.Round(time.Millisecond), lat[n-1].Round(time.Millisecond))
 	// Long polls: the control plane's publish delay (a version at most every 50 ms) plus a
-	// loopback round trip; measured p50 25 ms, p99 58 ms. Polling every 100 ms (before
-	// issue 13's long poll) adds up to a poll interval: measured p50 75 ms, p99 138 ms.
+	// loopback round trip; measured p50 25 ms, p99 58 ms. Polling every 100 ms (wait_ms
+	// negative) adds up to a poll interval: measured p50 75 ms, p99 138 ms.
 	assert.Less(t, p50, 50*time.Millisecond, "p50")
 }
 

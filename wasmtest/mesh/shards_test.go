@@ -9,7 +9,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
 
-// Sharded by model (issue 15): engines for two models, one control plane per model
+// Sharded by model: engines for two models, one control plane per model
 // watching only its model's engines, and the proxy's filter polling both (one shard per
 // model). Each model's requests route on its own shard's table, and one control plane
 // going down leaves the other model's routing as it was.

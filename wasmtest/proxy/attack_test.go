@@ -1,11 +1,11 @@
 package proxy_test
 
-// The attack suite of issue 12, against the proxy alone: a hostile client of the proxy's
+// The attack suite against the proxy alone: a hostile client of the proxy's
 // port, on loopback, with bounded counts and times. Each test logs its figures (requests
 // answered, refused, failed; time to cut; goroutines and heap before, at peak and after)
-// for the README's reliability table.
+// for docs/testing.md's table of attacks.
 //
-// Before the fixes (commit 45b9077), the same attacks gave:
+// Without the fixes, the same attacks gave:
 //   - `GET http:@<canary>/debug/state` reached the canary (200, one hit): the upstream
 //     URL was "http://" + endpoint + target, so the endpoint became userinfo;
 //   - absolute-form targets, `GET *` and `PRI * HTTP/2.0` got 503 "upstream connect

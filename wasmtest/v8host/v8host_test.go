@@ -70,7 +70,7 @@ func TestFilterOnCppHost3930b7b(t *testing.T) {
 // itself sleeps through poll_oneoff again and ends in `unreachable`.
 //
 // Measured with the driver's defaults (virtual clock, 1 ms per request, 100 ms ticks, two
-// worker VMs, 32 KB bodies): with the filter before issue 15's allocation cuts, VM 0, the
+// worker VMs, 32 KB bodies): with a filter that allocated on every request, VM 0, the
 // leader, failed in proxy_on_tick right after request 99 ("poll_oneoff failed", then
 // `unreachable`) and VM 1 at request 157, when its GC reached poll_oneoff inside
 // proxy_on_memory_allocate and cpp-host's restricted-callback rule trapped it; since the

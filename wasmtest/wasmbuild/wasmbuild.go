@@ -53,7 +53,7 @@ func Build(dir, out string) error {
 }
 
 // BuildUnpatched compiles the main package in directory dir into the module file out as
-// go build alone writes it: what proxy-wasm-cpp-host before 94091cd cannot keep alive.
+// go build alone writes it: what a proxy-wasm-cpp-host older than 94091cd cannot keep alive.
 func BuildUnpatched(dir, out string) error {
 	abs, err := filepath.Abs(out)
 	if err != nil {
@@ -156,6 +156,7 @@ func moduleRoot() (string, error) {
 
 // goTool prefers the go command of the toolchain running the tests.
 func goTool() string {
+	//lint:ignore SA1019 the tests' binary runs where it was built; "go" on PATH is the fallback
 	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
 		return p
 	}

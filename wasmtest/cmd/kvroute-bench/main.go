@@ -239,16 +239,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
-	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval, the filter before the long poll)")
+	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval)")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
 	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL, as the control plane's --spec-ttl (seconds or a duration)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")
-	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once, the rule before issue 13)")
+	fs.Var(durFlag{&o.KVRoute.Rule.MaxCacheAge, time.Second}, "max-cache-age", "kvroute: past --max-state-age, route on cached prefixes and the proxy's own load until the state is this old (0: cache-blind least-queued at once)")
 	fs.IntVar(&o.CPUTierTokens, "cpu-tier-tokens", 0, "every replica keeps this many tokens of KV in CPU memory (vLLM's OffloadingConnector, LRU) and loads hits from there; adds policy "+fleet.GPUOnlyName+" (kvroute reading GPU holders only) and a GPU/CPU hit split")
 	fs.Var(durFlag{&cpuLoad, time.Microsecond}, "cpu-load-per-token", "with --cpu-tier-tokens: what loading a token back costs (us or a duration; 3.28 us: docs/rule.md)")
-	fs.BoolVar(&o.KVRoute.LedgerStarts, "ledger-starts", true, "kvroute: the proxy records each request's first response byte as its start and takes its tokens off a queue snapshot measured before it (false: drops the ledger entry there, the filter's behaviour before route.Ledger.Started)")
-	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements (the behaviour before issue 13)")
+	fs.BoolVar(&o.KVRoute.LedgerStarts, "ledger-starts", true, "kvroute: the proxy records each request's first response byte as its start and takes its tokens off a queue snapshot measured before it (false: drops the ledger entry there)")
+	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}

@@ -79,7 +79,7 @@ func TestParseRefusesReplicasOnOnePort(t *testing.T) {
 	_, err = parse([]string{"--port", "5557", "--replicas", "2", "--kv-events-config", strings.Replace(usual, "5558", "5567", 1)}, &bytes.Buffer{})
 	require.ErrorContains(t, err, "port 5557")
 	_, err = parse([]string{"--port", "8000", "--replicas", "2", "--kv-events-config", strings.Replace(usual, "5558", "5567", 1)}, &bytes.Buffer{})
-	require.NoError(t, err, "the README's example with --replicas 2")
+	require.NoError(t, err, "docs/testing.md's example with --replicas 2")
 }
 
 func TestParseRejectsBadFlags(t *testing.T) {

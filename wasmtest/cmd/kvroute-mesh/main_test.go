@@ -41,8 +41,8 @@ func TestBadFlagsAreErrors(t *testing.T) {
 }
 
 // `make run` with a port taken prints one line naming the port and the flag that moves
-// it, and exits non-zero. Before (45b9077) mesh.Start panicked on a nil *Mesh in its
-// deferred Close, after the engines had started.
+// it, and exits non-zero (mesh.Start once panicked on a nil *Mesh in its deferred Close,
+// after the engines had started).
 func TestTakenPortIsOneLineAndExit1(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

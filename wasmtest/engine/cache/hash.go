@@ -18,7 +18,7 @@ const (
 	// AlgoSHA256CBOR is vLLM's sha256_cbor: sha256(canonical CBOR of
 	// (parent digest, tokens, extra keys)), NONE_HASH = sha256(CBOR(seed string)), wire
 	// hash = last 8 bytes big-endian. With the same seed as PYTHONHASHSEED it reproduces
-	// a real vLLM's block hashes (tested against captured events). About 10x slower.
+	// a real vLLM's block hashes (tested against captured events). Much slower.
 	AlgoSHA256CBOR = "sha256_cbor"
 )
 

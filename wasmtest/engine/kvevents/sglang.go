@@ -1,5 +1,7 @@
 package kvevents
 
+//lint:file-ignore U1000 the _msgpack fields hold vmihailenco/msgpack's struct options (as_array), read by reflection
+
 import (
 	"bytes"
 	"fmt"

@@ -537,7 +537,7 @@ func BenchmarkSimulatedRequest(b *testing.B) {
 }
 
 func BenchmarkFleet24kRequests50Replicas(b *testing.B) {
-	// The fleet simulator's load for one policy (issue 8): 50 seed-000 replicas,
+	// The fleet simulator's load for one policy: 50 seed-000 replicas,
 	// 24,000 requests at 40 req/s (10 simulated minutes), 8,000-token prompts whose
 	// first 6,000 tokens are one of 200 prefixes, 300 output tokens, round robin. Prompt
 	// chains are hashed once, as a fleet simulator would. Reported per request.

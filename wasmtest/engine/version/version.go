@@ -29,7 +29,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/metrics"
 )
 
-// Default is the newest release the README's matrix lists; GET /version reports it.
+// Default is the newest release docs/testing.md's matrix lists; GET /version reports it.
 const Default = "0.26.0"
 
 // Version is a vLLM release number.
