@@ -328,8 +328,8 @@ func BenchmarkPick22Replicas(b *testing.B) {
 
 // The stale regime (table older than MaxStateAge): the snapshot's queue numbers are not
 // used, the cached tokens are, and this router's own pending work is the load term under
-// a bounded-load cap. Before issue 13 every replica was excluded and the order was
-// least-queued (the owner lost the request).
+// a bounded-load cap, so the owner keeps the request rather than the order falling back
+// to least-queued.
 func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	const prompt, shared = 8000, 6000
 	age := 30 * time.Second

@@ -80,8 +80,8 @@ type Config struct {
 	// numbers. False dates it from the poll's return, the filter's earlier behaviour,
 	// kept for comparison.
 	AgeFromGeneration bool
-	// GPUOnly: the proxies get table format 1 (GPU holders only), as filters before
-	// slower tiers (issue 14) did, so a CPU-tier hit counts for nothing.
+	// GPUOnly: the proxies get table format 1 (GPU holders only), the format that
+	// predates slower tiers, so a CPU-tier hit counts for nothing.
 	GPUOnly bool
 }
 

@@ -155,10 +155,9 @@ func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
 
 // A control-plane outage (no tables, reports lost) keeps the hit rate: past the 2 s
 // state-age guard the rule routes on the last table's prefix entries and the proxy's
-// own placements with its ledger as the load (shared/rule's stale regime). With the
-// rule as it was before issue 13 (MaxCacheAge 0: least-queued once the table is 2 s
-// old, no local placements) the same run falls to the cache-blind rate, which is what
-// this test saw fail: 0.799 cached before the outage, 0.289 during it.
+// own placements with its ledger as the load (shared/rule's stale regime). Without
+// that regime (MaxCacheAge 0: least-queued once the table is 2 s old, no local
+// placements) the same run falls to the cache-blind rate, so the test can fail.
 func TestControlPlaneOutageKeepsAffinity(t *testing.T) {
 	// 60 customers of 3,000-token prefixes: all of them fit the 4 replicas' caches only
 	// when each replica keeps its own customers.
@@ -186,7 +185,7 @@ func TestControlPlaneOutageKeepsAffinity(t *testing.T) {
 	old := kvroute.DefaultConfig()
 	old.Rule.MaxCacheAge, old.NoLocal = 0, true
 	res = runOutage(old)
-	t.Logf("before issue 13: cached before %.3f, during the outage %.3f", res.Phases[0].CachedTokenRate, res.Phases[1].CachedTokenRate)
+	t.Logf("cache-blind fallback: cached before %.3f, during the outage %.3f", res.Phases[0].CachedTokenRate, res.Phases[1].CachedTokenRate)
 	assert.Less(t, res.Phases[1].CachedTokenRate, 0.8*res.Phases[0].CachedTokenRate, "the cache-blind fallback")
 }
 

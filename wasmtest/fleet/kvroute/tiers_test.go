@@ -16,7 +16,7 @@ import (
 
 // Replicas with a CPU tier, prefixes that do not fit their GPU memory: kvroute, whose
 // table carries the CPU tier, routes more of them to where they can be loaded than
-// kvroute reading GPU holders only (as a filter before issue 14 did).
+// kvroute reading GPU holders only (table format 1).
 func TestCPUTierHitsCountWhenTheTableCarriesThem(t *testing.T) {
 	c := workload.DefaultSeed()
 	c.Customers, c.Rate, c.Duration = 300, 20, 60*time.Second
