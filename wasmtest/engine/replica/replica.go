@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 // Config configures a Replica.
@@ -44,7 +45,9 @@ type Config struct {
 	// Kind is the engine imitated beyond the event layout: "" or EngineVLLM, or
 	// EngineSGLang (SGLang's /metrics names and buckets, and AllBlocksCleared as the
 	// first event of every process start).
-	Kind   string
+	Kind string
+	// SGLang is the SGLang revision imitated with EngineSGLang (its metric labels).
+	SGLang version.SGLang
 	Logger *slog.Logger
 }
 

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/server"
+)
+
+// sglangServer starts one --engine sglang replica from command-line flags and records
+// every event batch it publishes.
+func sglangServer(t *testing.T, args ...string) (*server.Server, func() []kvevents.Event) {
+	t.Helper()
+	cfgs, err := parse(append([]string{"--engine", "sglang", "--profile", "fast", "--time-scale", "0.001", "--port", "0"}, args...), &bytes.Buffer{})
+	require.NoError(t, err)
+	cfgs[0].Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := server.Start(cfgs[0])
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	var mu sync.Mutex
+	var evs []kvevents.Event
+	s.Replica().ObserveEvents(func(b kvevents.Batch) {
+		mu.Lock()
+		evs = append(evs, b.Events...)
+		mu.Unlock()
+	})
+	return s, func() []kvevents.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		out := evs
+		evs = nil
+		return out
+	}
+}
+
+func complete(t *testing.T, s *server.Server, prompt []int, maxTokens int) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(`{"prompt":[`)
+	for i, p := range prompt {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(p))
+	}
+	b.WriteString(`],"max_tokens":` + strconv.Itoa(maxTokens) + `}`)
+	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(b.String()))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, 200, resp.StatusCode, string(body))
+}
+
+func seqPrompt(lo, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = lo + i
+	}
+	return out
+}
+
+// waitPages collects events until they hold stored BlockStored pages or a deadline
+// passes.
+func waitPages(t *testing.T, take func() []kvevents.Event, stored int) (got []kvevents.Event) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		got = append(got, take()...)
+		n := 0
+		for _, e := range got {
+			if e.Kind == kvevents.BlockStored {
+				n += len(e.BlockHashes)
+			}
+		}
+		if n >= stored {
+			return got
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return got
+}
+
+// SGLang at page size 1 (its default) caches every computed token: a 40-token prompt
+// answered with 4 tokens publishes its 40 prompt pages and, when it finishes, the 3
+// output tokens whose KV exists (cache_finished_req up to kv_committed_len), one
+// BlockStored per page. A second prompt sharing 30 tokens publishes only its 10 new
+// prompt pages (and its output), chained to the shared 30th page.
+func TestSGLangPageSizeOnePublishesEveryCachedToken(t *testing.T) {
+	s, take := sglangServer(t)
+	take()
+	complete(t, s, seqPrompt(1000, 40), 4)
+	evs := waitPages(t, take, 43)
+	var stored []kvevents.Event
+	for _, e := range evs {
+		if e.Kind == kvevents.BlockStored {
+			stored = append(stored, e)
+		}
+	}
+	require.Len(t, stored, 43, "40 prompt pages + 3 output pages")
+	for i, e := range stored {
+		assert.Len(t, e.BlockHashes, 1)
+		assert.Equal(t, 1, e.BlockSize)
+		assert.Equal(t, kvevents.MediumGPU, e.Medium)
+		if i < 40 {
+			assert.Equal(t, []uint32{uint32(1000 + i)}, e.TokenIDs)
+		}
+	}
+	assert.False(t, stored[0].HasParent, "SGLang main: the root's child names no parent")
+
+	prompt := append(seqPrompt(1000, 30), seqPrompt(7000, 10)...)
+	complete(t, s, prompt, 1)
+	evs = waitPages(t, take, 10)
+	var fresh []kvevents.Event
+	for _, e := range evs {
+		if e.Kind == kvevents.BlockStored {
+			fresh = append(fresh, e)
+		}
+	}
+	require.Len(t, fresh, 10, "only the new prompt pages (one output token leaves no KV)")
+	assert.Equal(t, []uint32{7000}, fresh[0].TokenIDs)
+	assert.Equal(t, stored[29].BlockHashes[0], fresh[0].ParentBlockHash)
+}

@@ -1,0 +1,78 @@
+package version
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/radix"
+)
+
+// SGLangDefault is what --sglang-version imitates unless told otherwise: SGLang's main
+// branch as read on 2026-07-20.
+const SGLangDefault = "main"
+
+// SGLang is an SGLang revision (--sglang-version) and what changed between them, each
+// switch citing the SGLang change it follows (PR numbers are sgl-project/sglang):
+//
+//		revision          page hash, root parent       medium  BlockRemoved  split events  metrics
+//		0.4.7-0.5.0rc0    hash(tuple(page)), hash(())  none    one per page  yes           old labels
+//		main              SHA-256 chain, None          "GPU"   one per node  none          new labels
+//
+//	  - Page hashes: #6824 (June 2025) published CPython's hash() of each page's tokens,
+//	    #13488 (v0.5.6) a SHA-256 chain; the root's children named hash(()) as their
+//	    parent until #9030 made it None (radix_cache.py @95769b28 and @006b0e3d; package
+//	    radix has the details).
+//	  - medium "GPU" on BlockStored and BlockRemoved: #18205; one BlockRemoved per radix
+//	    node: #29265; no events on a node split: #13488.
+//	  - Metrics (python/sglang/srt/metrics/collector.py and the scheduler's labels):
+//	    scheduler gauges gain moe_ep_rank, tokenizer metrics engine_type,
+//	    cached_tokens_total a cache_source label; sglang:max_total_num_tokens and
+//	    sglang:page_size are new gauges; E2E latency buckets end at 800 s in 0.4.7-0.5.0rc0
+//	    and at 2400 s later (package metrics, SGLangMetrics).
+//
+// The revisions in between (0.5.0 to main) mix these changes in ways not modelled
+// here, so they are refused.
+type SGLang struct{ main bool }
+
+// ParseSGLang reads "main", or a release from 0.4.7 to 0.5.0rc0 ("v" prefix allowed).
+func ParseSGLang(s string) (SGLang, error) {
+	v := strings.TrimPrefix(strings.TrimSpace(s), "v")
+	if v == "" || v == "main" {
+		return SGLang{main: true}, nil
+	}
+	if v == "0.5.0rc0" {
+		return SGLang{}, nil
+	}
+	parts := strings.Split(v, ".")
+	if len(parts) == 3 && parts[0] == "0" && parts[1] == "4" {
+		if p, err := strconv.Atoi(parts[2]); err == nil && p >= 7 {
+			return SGLang{}, nil
+		}
+	}
+	return SGLang{}, fmt.Errorf("sglang version %q: not modelled (0.4.7 to 0.5.0rc0, and main, are)", s)
+}
+
+func (v SGLang) String() string {
+	if v.main {
+		return "main"
+	}
+	return "0.5.0rc0"
+}
+
+// Radix returns the radix cache's event behaviour at page size pageSize.
+func (v SGLang) Radix(pageSize int) radix.Options {
+	if !v.main {
+		return radix.Options{PageSize: pageSize, Scheme: radix.SchemeTuple, SplitEvents: true}
+	}
+	return radix.Options{PageSize: pageSize, Scheme: radix.SchemeSHA256, Medium: kvevents.MediumGPU, RemovePerNode: true}
+}
+
+// NewLabels: scheduler gauges carry moe_ep_rank, tokenizer metrics engine_type and
+// cached_tokens_total cache_source, and sglang:max_total_num_tokens and
+// sglang:page_size are exported (main; not in 0.4.7-0.5.0rc0).
+func (v SGLang) NewLabels() bool { return v.main }
+
+// EmptyPromptRefused: an empty prompt answers 400 "Prompt cannot be empty" (main).
+func (v SGLang) EmptyPromptRefused() bool { return v.main }
