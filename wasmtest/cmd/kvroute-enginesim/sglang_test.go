@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -130,4 +131,69 @@ func TestSGLangPageSizeOnePublishesEveryCachedToken(t *testing.T) {
 	require.Len(t, fresh, 10, "only the new prompt pages (one output token leaves no KV)")
 	assert.Equal(t, []uint32{7000}, fresh[0].TokenIDs)
 	assert.Equal(t, stored[29].BlockHashes[0], fresh[0].ParentBlockHash)
+}
+
+func httpDo(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// SGLang's HTTP surface (http_server.py @0025436e, protocol.py, serving_base.py): any
+// model name serves the base model; errors are the flat ErrorResponse with a null
+// param; an empty prompt is "Prompt cannot be empty"; /v1/models lists a ModelCard
+// owned by sglang; /get_model_info and /flush_cache exist, the latter clearing the
+// cache with AllBlocksCleared.
+func TestSGLangHTTP(t *testing.T) {
+	s, take := sglangServer(t, "--served-model-name", "served")
+	u := "http://" + s.Addr()
+
+	code, body := httpDo(t, "POST", u+"/v1/completions", `{"model":"anything-else","prompt":[1,2,3],"max_tokens":1}`)
+	assert.Equal(t, 200, code, body)
+
+	code, body = httpDo(t, "POST", u+"/v1/completions", `{"model":"served","prompt":"","max_tokens":1}`)
+	assert.Equal(t, 400, code)
+	assert.JSONEq(t, `{"object":"error","message":"Prompt cannot be empty","type":"BadRequestError","param":null,"code":400}`, body)
+
+	code, body = httpDo(t, "GET", u+"/v1/models", "")
+	require.Equal(t, 200, code)
+	var models struct {
+		Object string           `json:"object"`
+		Data   []map[string]any `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &models))
+	assert.Equal(t, "list", models.Object)
+	require.Len(t, models.Data, 1)
+	card := models.Data[0]
+	assert.Equal(t, "served", card["id"])
+	assert.Equal(t, "sglang", card["owned_by"])
+	assert.Equal(t, "served", card["root"])
+	assert.Contains(t, card, "max_model_len")
+	assert.NotContains(t, card, "permission")
+
+	code, body = httpDo(t, "GET", u+"/get_model_info", "")
+	require.Equal(t, 200, code)
+	assert.JSONEq(t, `{"model_path":"served","tokenizer_path":"served","is_generation":true,"preferred_sampling_params":null,"weight_version":"default"}`, body)
+
+	take()
+	code, body = httpDo(t, "POST", u+"/flush_cache", "")
+	assert.Equal(t, 200, code)
+	assert.Equal(t, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n", body)
+	deadline := time.Now().Add(5 * time.Second)
+	var cleared bool
+	for !cleared && time.Now().Before(deadline) {
+		for _, e := range take() {
+			cleared = cleared || e.Kind == kvevents.AllBlocksCleared
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	assert.True(t, cleared, "flush_cache publishes AllBlocksCleared")
+	code, _ = httpDo(t, "GET", u+"/flush_cache", "")
+	assert.Equal(t, 200, code, "GET works too")
 }

@@ -120,6 +120,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if e == nil {
 		prompts, e = openai.ParsePrompts(req.Prompt, s.cfg.VocabSize)
 	}
+	if e == nil && s.isSGLang() && s.cfg.Replica.SGLang.EmptyPromptRefused() {
+		for _, p := range prompts {
+			if (p.IsIDs && len(p.IDs) == 0) || (!p.IsIDs && p.Text == "") {
+				e = openai.BadRequest("Prompt cannot be empty") // SGLang main's serving_completions _validate_request, before tokenizing
+			}
+		}
+	}
 	if e == nil {
 		j.maxTokens = s.maxTokens(req.MaxTokens)
 		e = s.sampling(j, &req.Sampling)

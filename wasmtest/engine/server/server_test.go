@@ -766,5 +766,18 @@ func TestSGLangEngine(t *testing.T) {
 		assert.Contains(t, page, "\n"+name)
 	}
 	assert.NotContains(t, page, "vllm:")
-	assert.Contains(t, page, `sglang:num_queue_reqs{model_name="`+model+`",engine_type="unified",tp_rank="0",pp_rank="0"} 0.0`)
+	// SGLang main's labels (metrics/sglang.go): moe_ep_rank on scheduler gauges,
+	// engine_type on tokenizer metrics, cache_source on cached tokens; the pool's
+	// capacity and page size as gauges; the inter-token latency histogram.
+	for _, line := range []string{
+		`sglang:num_queue_reqs{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.0`,
+		`sglang:max_total_num_tokens{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} `,
+		`sglang:page_size{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 1.0`,
+		`sglang:cached_tokens_total{model_name="` + model + `",engine_type="unified",cache_source="device"} `,
+		`sglang:prompt_tokens_total{model_name="` + model + `",engine_type="unified"} `,
+		`sglang:inter_token_latency_seconds_bucket{model_name="` + model + `",engine_type="unified",le="0.002"} `,
+		`sglang:e2e_request_latency_seconds_bucket{model_name="` + model + `",engine_type="unified",le="2400.0"} `,
+	} {
+		assert.Contains(t, page, "\n"+line)
+	}
 }

@@ -33,37 +33,37 @@ const SGLangDefault = "main"
 //	    and at 2400 s later (package metrics, SGLangMetrics).
 //
 // The revisions in between (0.5.0 to main) mix these changes in ways not modelled
-// here, so they are refused.
-type SGLang struct{ main bool }
+// here, so they are refused. The zero SGLang is main.
+type SGLang struct{ old bool }
 
 // ParseSGLang reads "main", or a release from 0.4.7 to 0.5.0rc0 ("v" prefix allowed).
 func ParseSGLang(s string) (SGLang, error) {
 	v := strings.TrimPrefix(strings.TrimSpace(s), "v")
 	if v == "" || v == "main" {
-		return SGLang{main: true}, nil
+		return SGLang{}, nil
 	}
 	if v == "0.5.0rc0" {
-		return SGLang{}, nil
+		return SGLang{old: true}, nil
 	}
 	parts := strings.Split(v, ".")
 	if len(parts) == 3 && parts[0] == "0" && parts[1] == "4" {
 		if p, err := strconv.Atoi(parts[2]); err == nil && p >= 7 {
-			return SGLang{}, nil
+			return SGLang{old: true}, nil
 		}
 	}
 	return SGLang{}, fmt.Errorf("sglang version %q: not modelled (0.4.7 to 0.5.0rc0, and main, are)", s)
 }
 
 func (v SGLang) String() string {
-	if v.main {
-		return "main"
+	if v.old {
+		return "0.5.0rc0"
 	}
-	return "0.5.0rc0"
+	return "main"
 }
 
 // Radix returns the radix cache's event behaviour at page size pageSize.
 func (v SGLang) Radix(pageSize int) radix.Options {
-	if !v.main {
+	if v.old {
 		return radix.Options{PageSize: pageSize, Scheme: radix.SchemeTuple, SplitEvents: true}
 	}
 	return radix.Options{PageSize: pageSize, Scheme: radix.SchemeSHA256, Medium: kvevents.MediumGPU, RemovePerNode: true}
@@ -72,7 +72,7 @@ func (v SGLang) Radix(pageSize int) radix.Options {
 // NewLabels: scheduler gauges carry moe_ep_rank, tokenizer metrics engine_type and
 // cached_tokens_total cache_source, and sglang:max_total_num_tokens and
 // sglang:page_size are exported (main; not in 0.4.7-0.5.0rc0).
-func (v SGLang) NewLabels() bool { return v.main }
+func (v SGLang) NewLabels() bool { return !v.old }
 
 // EmptyPromptRefused: an empty prompt answers 400 "Prompt cannot be empty" (main).
-func (v SGLang) EmptyPromptRefused() bool { return v.main }
+func (v SGLang) EmptyPromptRefused() bool { return !v.old }
