@@ -318,3 +318,17 @@ func (e *Engine) Advance(now time.Duration) {
 	}
 	e.clock = max(e.clock, now)
 }
+
+// RunUntilIdle advances the engine step by step from now until nothing is left to run
+// and returns the time the last step ended (now if none ran): a whole workload in
+// virtual time.
+func (e *Engine) RunUntilIdle(now time.Duration) time.Duration {
+	for {
+		at, ok := e.NextStepAt()
+		if !ok {
+			return now
+		}
+		e.Advance(at)
+		now = at
+	}
+}

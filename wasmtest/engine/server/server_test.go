@@ -722,12 +722,9 @@ func TestSGLangEngine(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ec, _, err := publisher.ParseConfig(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`)
 	require.NoError(t, err)
-	sgv, err := version.ParseSGLang(version.SGLangDefault)
-	require.NoError(t, err)
-	prof, ro := timing.Fast(), sgv.Radix(1)
-	prof.BlockSize = 1
+	var sgv version.SGLang // main
 	s, err := Start(Config{ModelName: model, EnableAdmin: true, Logger: quiet, Replica: replica.Config{
-		Engine: sched.Config{Profile: prof, Radix: &ro}, TimeScale: 0.01, Kind: replica.EngineSGLang, Events: ec, SGLang: sgv,
+		Engine: sgv.Engine(timing.Fast(), 1, 0), TimeScale: 0.01, Kind: replica.EngineSGLang, Events: ec, SGLang: sgv,
 		EventsOptions: publisher.Options{Encoding: kvevents.SGLang, LegacyReplay: true, BindHost: "127.0.0.1"}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })

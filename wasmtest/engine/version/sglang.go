@@ -7,6 +7,8 @@ import (
 
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/radix"
+	"github.com/kvroute/kvroute/wasmtest/engine/sched"
+	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 )
 
 // SGLangDefault is what --sglang-version imitates unless told otherwise: SGLang's main
@@ -76,3 +78,28 @@ func (v SGLang) NewLabels() bool { return !v.old }
 
 // EmptyPromptRefused: an empty prompt answers 400 "Prompt cannot be empty" (main).
 func (v SGLang) EmptyPromptRefused() bool { return !v.old }
+
+// Engine returns the engine configuration of an SGLang replica with profile prof:
+// pages of pageSize tokens in place of vLLM blocks, poolTokens of KV (0: the profile's
+// pool), and this revision's radix cache.
+func (v SGLang) Engine(prof timing.Profile, pageSize, poolTokens int) sched.Config {
+	ro := v.Radix(pageSize)
+	prof.BlockSize = pageSize
+	return sched.Config{Profile: prof, NumGPUBlocks: max(poolTokens, 0) / pageSize, Radix: &ro}
+}
+
+// SGLangSetup is an SGLang revision at a page size.
+type SGLangSetup struct {
+	Version  SGLang
+	PageSize int
+}
+
+// SGLangSetups are the modelled revisions, newest first, each at page size 1 (SGLang's
+// default) and 16: what a test of SGLang's events runs through.
+func SGLangSetups() []SGLangSetup {
+	var out []SGLangSetup
+	for _, v := range []SGLang{{}, {old: true}} {
+		out = append(out, SGLangSetup{v, 1}, SGLangSetup{v, 16})
+	}
+	return out
+}
