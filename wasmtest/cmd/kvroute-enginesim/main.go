@@ -96,7 +96,7 @@ type options struct {
 	enableAdmin                              bool
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
-	forceIncludeUsage                        bool
+	forceIncludeUsage, cacheReport           bool
 	cpuOffloadTokens                         int
 	cpuLoadUsPerToken                        float64
 }
@@ -138,6 +138,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs carry ids and token counts, never prompt text)")
 	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&o.cacheReport, "enable-cache-report", false, "--engine sglang: SGLang's flag: usage carries prompt_tokens_details.cached_tokens when the prompt hit the cache")
 	fs.BoolVar(&o.forceIncludeUsage, "enable-force-include-usage", false, "vLLM's: every stream carries usage (in each chunk and a last chunk of its own), whatever stream_options says")
 	return fs
 }
@@ -272,8 +273,8 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
-			ForceIncludeUsage: o.forceIncludeUsage,
-			Logger:            log.With("replica", i),
+			ForceIncludeUsage: o.forceIncludeUsage, SGLangCacheReport: o.cacheReport,
+			Logger: log.With("replica", i),
 			Replica: replica.Config{
 				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,
 					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond)),

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -156,6 +157,18 @@ func TestSGLangHTTP(t *testing.T) {
 
 	code, body := httpDo(t, "POST", u+"/v1/completions", `{"model":"anything-else","prompt":[1,2,3],"max_tokens":1}`)
 	assert.Equal(t, 200, code, body)
+	// SGLang's CompletionResponse: matched_stop and metadata, usage.reasoning_tokens,
+	// and no prompt_tokens_details without --enable-cache-report.
+	var resp map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &resp))
+	assert.Contains(t, resp, "metadata")
+	assert.NotContains(t, resp, "kv_transfer_params")
+	choice := resp["choices"].([]any)[0].(map[string]any)
+	assert.Contains(t, choice, "matched_stop")
+	assert.NotContains(t, choice, "stop_reason")
+	usage := resp["usage"].(map[string]any)
+	assert.Equal(t, 0.0, usage["reasoning_tokens"])
+	assert.Nil(t, usage["prompt_tokens_details"])
 
 	code, body = httpDo(t, "POST", u+"/v1/completions", `{"model":"served","prompt":"","max_tokens":1}`)
 	assert.Equal(t, 400, code)
@@ -196,4 +209,24 @@ func TestSGLangHTTP(t *testing.T) {
 	assert.True(t, cleared, "flush_cache publishes AllBlocksCleared")
 	code, _ = httpDo(t, "GET", u+"/flush_cache", "")
 	assert.Equal(t, 200, code, "GET works too")
+}
+
+// With SGLang's --enable-cache-report, usage reports a prompt's cache hit as
+// prompt_tokens_details.cached_tokens (and still nothing for a miss).
+func TestSGLangCacheReport(t *testing.T) {
+	s, _ := sglangServer(t, "--enable-cache-report")
+	u := "http://" + s.Addr() + "/v1/completions"
+	prompt := `{"prompt":[` + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(seqPrompt(500, 32))), ","), "[]") + `],"max_tokens":1}`
+	var usages []map[string]any
+	for range 2 {
+		code, body := httpDo(t, "POST", u, prompt)
+		require.Equal(t, 200, code, body)
+		var resp struct {
+			Usage map[string]any `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &resp))
+		usages = append(usages, resp.Usage)
+	}
+	assert.Nil(t, usages[0]["prompt_tokens_details"], "a miss reports no details")
+	assert.Equal(t, map[string]any{"cached_tokens": 31.0}, usages[1]["prompt_tokens_details"], "the repeat hits all but its last token")
 }

@@ -325,6 +325,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job, handle
 	created := time.Now().Unix()
 	usage := usageOf(j.n, 0, results...)
 	s.logDone(j, usage)
+	usage = s.usage(usage)
+	if s.isSGLang() && !j.chat {
+		resp := openai.SGLangCompletionResponse{ID: j.id, Object: "text_completion", Created: created, Model: j.model, Usage: usage}
+		for i, p := range results {
+			fr := p.FinishReason
+			resp.Choices = append(resp.Choices, openai.SGLangCompletionChoice{Index: i, Text: outputText(p.Tokens), FinishReason: &fr})
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
 	if j.chat {
 		resp := openai.ChatResponse{ID: j.id, Object: "chat.completion", Created: created, Model: j.model, Usage: usage}
 		for i, p := range results {
@@ -417,7 +427,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 		}
 		var usage *openai.Usage
 		if j.contUsage {
-			usage = usageOf(1, 0, p)
+			usage = s.usage(usageOf(1, 0, p))
 		}
 		var chunk any
 		if j.chat {
@@ -444,6 +454,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 	}
 	usage := usageOf(j.n, 0, final...)
 	s.logDone(j, usage)
+	usage = s.usage(usage)
 	if j.usage {
 		var chunk any
 		if j.chat {

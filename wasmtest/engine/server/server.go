@@ -52,6 +52,9 @@ type Config struct {
 	// (should_include_usage in vllm/entrypoints/serve/utils/api_utils.py @00a5fdd2;
 	// releases before vLLM PR #37923 forced only the last chunk).
 	ForceIncludeUsage bool
+	// SGLangCacheReport is SGLang's --enable-cache-report: usage carries
+	// prompt_tokens_details.cached_tokens (--engine sglang; vLLM's always does here).
+	SGLangCacheReport bool
 	// EnableAdmin serves /admin/* (to loopback clients only).
 	EnableAdmin bool
 	// Version is the vLLM release imitated (zero: version.Default): it picks the

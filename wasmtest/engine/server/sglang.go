@@ -80,3 +80,19 @@ func sglangError(e *openai.Error) *openai.Error {
 	c.Param = ""
 	return &c
 }
+
+// usage renders u as the engine does: vLLM's as it is; SGLang's UsageInfo adds
+// reasoning_tokens (0) and reports prompt_tokens_details only with
+// --enable-cache-report and a hit (UsageProcessor._details_if_cached, "only when
+// N > 0", entrypoints/openai/usage_processor.py).
+func (s *Server) usage(u *openai.Usage) *openai.Usage {
+	if !s.isSGLang() {
+		return u
+	}
+	zero := 0
+	u.ReasoningTokens = &zero
+	if !s.cfg.SGLangCacheReport || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == 0 {
+		u.PromptTokensDetails = nil
+	}
+	return u
+}
