@@ -188,6 +188,8 @@ func TestSGLangHTTP(t *testing.T) {
 	assert.Equal(t, "sglang", card["owned_by"])
 	assert.Equal(t, "served", card["root"])
 	assert.Contains(t, card, "max_model_len")
+	assert.Contains(t, card, "parent")
+	assert.Nil(t, card["parent"])
 	assert.NotContains(t, card, "permission")
 
 	code, body = httpDo(t, "GET", u+"/get_model_info", "")

@@ -49,15 +49,17 @@ type sglangModelInfo struct {
 	WeightVersion           string  `json:"weight_version"`
 }
 
-// sglangModelCard is protocol.py's ModelCard: id, object, created, owned_by "sglang",
-// root, max_model_len (the model's context length); no permission list, no parent.
+// sglangModelCard is protocol.py's ModelCard (@004c82e0): id, object, created,
+// owned_by "sglang", root, parent (null for the base model), max_model_len (the
+// model's context length); no permission list.
 type sglangModelCard struct {
-	ID          string `json:"id"`
-	Object      string `json:"object"`
-	Created     int64  `json:"created"`
-	OwnedBy     string `json:"owned_by"`
-	Root        string `json:"root"`
-	MaxModelLen int    `json:"max_model_len"`
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len"`
 }
 
 type sglangModelList struct {
