@@ -2,6 +2,8 @@ package index
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"slices"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 // SGLang's KV events, as SGLang's own source writes them, through the production
@@ -34,9 +37,16 @@ type sgPage struct {
 	hash   int64
 	parent *int64
 	toks   []uint32
+	medium string // "" = the 6-element layout without medium
 }
 
 type sgRemoved int64
+
+// sgRemovedNode is one BlockRemoved of several pages, with medium unless "".
+type sgRemovedNode struct {
+	hashes []int64
+	medium string
+}
 
 // sgPayload encodes one SGLang EventBatch by hand (msgspec array_like: every field,
 // nil included; non-negative ints in their smallest unsigned form, negative ones
@@ -57,7 +67,7 @@ func sgPayload(t *testing.T, rank int, evs ...any) []byte {
 	for _, ev := range evs {
 		switch ev := ev.(type) {
 		case sgPage:
-			must(e.EncodeArrayLen(6))
+			must(e.EncodeArrayLen(6 + min(len(ev.medium), 1)))
 			must(e.EncodeString("BlockStored"))
 			must(e.EncodeArrayLen(1))
 			must(e.EncodeInt(ev.hash))
@@ -72,6 +82,19 @@ func sgPayload(t *testing.T, rank int, evs ...any) []byte {
 			}
 			must(e.EncodeInt(int64(len(ev.toks))))
 			must(e.EncodeNil())
+			if ev.medium != "" {
+				must(e.EncodeString(ev.medium))
+			}
+		case sgRemovedNode:
+			must(e.EncodeArrayLen(2 + min(len(ev.medium), 1)))
+			must(e.EncodeString("BlockRemoved"))
+			must(e.EncodeArrayLen(len(ev.hashes)))
+			for _, h := range ev.hashes {
+				must(e.EncodeInt(h))
+			}
+			if ev.medium != "" {
+				must(e.EncodeString(ev.medium))
+			}
 		case sgRemoved:
 			must(e.EncodeArrayLen(2))
 			must(e.EncodeString("BlockRemoved"))
@@ -234,25 +257,28 @@ func TestSGLangPagesSmallerThanOurBlocks(t *testing.T) {
 	}
 }
 
-// The engine simulator's SGLang mode (SGLang @95769b28's hashes and root parent, page
-// size 1 by default) through the production decoder: every prompt the engine has
-// cached is indexed, including two prompts that share a page after different first
-// blocks, and evicted prompts leave the table.
+// The engine simulator's SGLang mode (its radix tree, package radix) at each modelled
+// SGLang revision and page size 1 and 16, through the production decoder: every prompt
+// the engine has cached is indexed, including two prompts that share a page after
+// different first blocks, and evicted prompts leave the table. At main the first page
+// names no parent (None), hashes are a SHA-256 chain, every event carries medium "GPU"
+// and an eviction is one BlockRemoved per radix node; at 0.5.0rc0 the first page's
+// parent is hash(()), hashes are per-page hash(tuple(page)) and a split republishes
+// the node.
 func TestSGLangSimulatorEventsGiveTheFilterKeys(t *testing.T) {
-	for _, ps := range []int{1, 16} {
+	for _, c := range version.SGLangSetups() {
+		v := c.Version
 		enc := sim.NewEncoder(sim.SGLang)
-		if err := enc.SetSGLangPageSize(ps); err != nil {
-			t.Fatal(err)
-		}
 		var payloads [][]byte
-		eng, err := sched.New(sched.Config{Profile: timing.Fast(), NumGPUBlocks: 13,
-			OnEvents: func(at time.Duration, evs []sim.Event) {
-				b, err := enc.Encode(sim.Batch{TS: at.Seconds(), Events: evs})
-				if err != nil {
-					t.Fatal(err)
-				}
-				payloads = append(payloads, b)
-			}})
+		ec := v.Engine(timing.Fast(), c.PageSize, 12*16+c.PageSize) // the null block is one page
+		ec.OnEvents = func(at time.Duration, evs []sim.Event) {
+			b, err := enc.Encode(sim.Batch{TS: at.Seconds(), Events: evs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			payloads = append(payloads, b)
+		}
+		eng, err := sched.New(ec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,14 +294,7 @@ func TestSGLangSimulatorEventsGiveTheFilterKeys(t *testing.T) {
 			if err := eng.Submit(now, &sched.Request{ID: id, Prompt: p, MaxTokens: 1}); err != nil {
 				t.Fatal(err)
 			}
-			for {
-				at, ok := eng.NextStepAt()
-				if !ok {
-					break
-				}
-				eng.Advance(at)
-				now = at
-			}
+			now = eng.RunUntilIdle(now)
 			now += time.Second
 			sgFeed(t, ix, &seq, payloads[fed:]...)
 			fed = len(payloads)
@@ -283,17 +302,76 @@ func TestSGLangSimulatorEventsGiveTheFilterKeys(t *testing.T) {
 		}
 		run("a", p1)
 		run("b", p2)
+		run("a2", p1) // a repeat: matches p1[:-1], which splits p1's node
 		k1, k2 := expectedKeys("m", "", "", p1, 1), expectedKeys("m", "", "", p2, 1)
 		if g1, g2 := w.held("m", 0, k1), w.held("m", 0, k2); !all(g1) || !all(g2) {
-			t.Fatalf("page size %d: p1 %v p2 %v", ps, g1, g2)
+			t.Fatalf("%s page size %d: p1 %v p2 %v", v, c.PageSize, g1, g2)
 		}
-		run("c", p3) // 10 blocks into 12 usable: p1's blocks (least recently used) go
+		run("c", p3) // 160 tokens into 192: the least recently used prompt goes
 		k3 := expectedKeys("m", "", "", p3, 1)
-		if g1, g3 := w.held("m", 0, k1), w.held("m", 0, k3); anyHeld(g1) || !all(g3) {
-			t.Fatalf("page size %d: after eviction p1 %v p3 %v", ps, g1, g3)
+		if g2, g3 := w.held("m", 0, k2), w.held("m", 0, k3); anyHeld(g2) || !all(g3) {
+			t.Fatalf("%s page size %d: after eviction p2 %v p3 %v", v, c.PageSize, g2, g3)
 		}
 		st := ix.DebugState(t0)[0]
 		if st.orphans != 0 || st.skipped != 0 {
+			t.Fatalf("%s page size %d: debug %+v", v, c.PageSize, st)
+		}
+	}
+}
+
+// sha256Chain is SGLang main's page hash (mem_cache get_hash_str, hash_str_to_int64),
+// written out independently: page i's digest is SHA-256 of page i-1's digest and the
+// page's tokens as little-endian uint32; its hash is the digest's first 8 bytes,
+// big-endian, as a signed int64.
+func sha256Chain(toks []uint32, ps int) []int64 {
+	var out []int64
+	var prev []byte
+	for i := 0; i+ps <= len(toks); i += ps {
+		h := sha256.New()
+		h.Write(prev)
+		for _, tk := range toks[i : i+ps] {
+			h.Write(binary.LittleEndian.AppendUint32(nil, tk))
+		}
+		prev = h.Sum(nil)
+		out = append(out, int64(binary.BigEndian.Uint64(prev[:8])))
+	}
+	return out
+}
+
+// SGLang main's layout written by hand: 7-element BlockStored with medium "GPU", the
+// root's child naming no parent, SHA-256 chain hashes, and one 3-element BlockRemoved
+// per radix node listing every page of the node. At page size 1 and 16 the index holds
+// the chain, and one BlockRemoved of the leaf node takes exactly that node's blocks.
+func TestSGLangMainLayoutPerNodeRemoval(t *testing.T) {
+	for _, ps := range []int{1, 16} {
+		ix, w := sgFixture(t, Config{Stride: 1})
+		toks := tokens(96, 4242)
+		hs := sha256Chain(toks, ps)
+		var pages []any
+		var parent *int64
+		for i, h := range hs {
+			pages = append(pages, sgPage{hash: h, parent: parent, toks: toks[i*ps : (i+1)*ps], medium: "GPU"})
+			parent = &hs[i]
+		}
+		var seq uint64
+		split := 64 / ps // two nodes: the first 64 tokens, then 32 more
+		sgFeed(t, ix, &seq, sgPayload(t, 0, pages[:split]...), sgPayload(t, 0, pages[split:]...))
+		w.apply(t, ix.Flush(t0, false), t0)
+		keys := expectedKeys("m", "", "", toks, 1)
+		if got := w.held("m", 0, keys); !all(got) {
+			t.Fatalf("page size %d: held %v", ps, got)
+		}
+		sgFeed(t, ix, &seq, sgPayload(t, 0, sgRemovedNode{hashes: hs[split:], medium: "GPU"}))
+		w.apply(t, ix.Flush(t0, false), t0)
+		if got := w.held("m", 0, keys); !all(got[:4]) || anyHeld(got[4:]) {
+			t.Fatalf("page size %d: after removing the leaf node held %v, want the first 4", ps, got)
+		}
+		sgFeed(t, ix, &seq, sgPayload(t, 0, sgRemovedNode{hashes: hs[:split], medium: "GPU"}))
+		w.apply(t, ix.Flush(t0, false), t0)
+		if got := w.held("m", 0, keys); anyHeld(got) {
+			t.Fatalf("page size %d: after removing both nodes held %v", ps, got)
+		}
+		if st := ix.DebugState(t0)[0]; st.orphans != 0 || st.skipped != 0 {
 			t.Fatalf("page size %d: debug %+v", ps, st)
 		}
 	}

@@ -43,13 +43,18 @@ func vllmPage(tb testing.TB, tpot simmetrics.TPOTMode) []byte {
 	return buf.Bytes()
 }
 
-func sglangPage(tb testing.TB) []byte {
+func sglangPage(tb testing.TB) []byte { return sglangPageOf(tb, simmetrics.SGLangPage{PageSize: 1}) }
+
+// sglangPageOf is the simulator's SGLang page at the revision o describes (NewLabels:
+// SGLang main's labels and capacity gauge).
+func sglangPageOf(tb testing.TB, o simmetrics.SGLangPage) []byte {
 	tb.Helper()
 	var buf bytes.Buffer
 	err := simmetrics.WriteSGLang(&buf, simmetrics.Snapshot{ModelName: "m", Created: 1.7e9, Running: 3, Waiting: 4,
 		KVUsage: 0.5, QueuedPrefillTokens: 1200, PrefixQueries: 1000, PrefixHits: 400, PromptTokens: 1000,
 		GenerationTokens: 50, Success: map[string]int64{"length": 2}, CapacityTokens: 4096,
-		TTFT: simmetrics.NewHistogram(simmetrics.SGLangTTFTBuckets), E2E: simmetrics.NewHistogram(simmetrics.SGLangE2EBuckets)})
+		TTFT: simmetrics.NewHistogram(simmetrics.SGLangTTFTBuckets), ITL: simmetrics.NewHistogram(simmetrics.SGLangITLBuckets),
+		E2E: simmetrics.NewHistogram(simmetrics.SGLangE2EBuckets)}, o)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -76,7 +81,8 @@ func same(t *testing.T, body []byte, n *names) (fast bool) {
 // The pages engines serve are read by parseFast, never handed to the reference parser:
 // the whole point is not paying for expfmt on every scrape.
 func TestParseFastReadsEnginePages(t *testing.T) {
-	pages := map[string][]byte{"vllmText": []byte(vllmText), "sglang": sglangPage(t)}
+	pages := map[string][]byte{"vllmText": []byte(vllmText), "sglang": sglangPage(t),
+		"sglangMain": sglangPageOf(t, simmetrics.SGLangPage{NewLabels: true, PageSize: 1})}
 	for _, m := range []simmetrics.TPOTMode{simmetrics.TPOTHidden, simmetrics.TPOTOnly, simmetrics.TPOTDeprecated} {
 		pages[fmt.Sprintf("vllm tpot %d", m)] = vllmPage(t, m)
 	}
@@ -179,6 +185,7 @@ func FuzzParseFastIsReference(f *testing.F) {
 	}
 	f.Add(vllmPage(f, simmetrics.TPOTDeprecated), false)
 	f.Add(sglangPage(f), true)
+	f.Add(sglangPageOf(f, simmetrics.SGLangPage{NewLabels: true, PageSize: 16}), true)
 	f.Fuzz(func(t *testing.T, body []byte, sglang bool) {
 		n := vllmNames
 		if sglang {

@@ -1,6 +1,10 @@
 package scrape
 
-import "testing"
+import (
+	"testing"
+
+	simmetrics "github.com/kvroute/kvroute/wasmtest/engine/metrics"
+)
 
 // SGLang's /metrics as SGLang @93d04878 exposes it (python/sglang/srt/metrics/
 // collector.py: SchedulerMetricsCollector gauges sglang:num_running_reqs,
@@ -68,5 +72,21 @@ func TestParseSimulatedSGLangPage(t *testing.T) {
 	// The same page read with vLLM's names finds nothing of it.
 	if v, err := Parse(page, VLLM); err != nil || v.Waiting != 0 || v.HasKVUsage || v.HitRate != 0 {
 		t.Fatalf("vLLM names on an SGLang page: %+v %v", v, err)
+	}
+}
+
+// SGLang main's page (moe_ep_rank on scheduler gauges, engine_type on tokenizer
+// metrics, cache_source on cached tokens, sglang:max_total_num_tokens) reads the same,
+// and now gives the pool's capacity.
+func TestParseSimulatedSGLangMainPage(t *testing.T) {
+	s, err := Parse(sglangPageOf(t, simmetrics.SGLangPage{NewLabels: true, PageSize: 1}), SGLang)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting != 4 || s.Running != 3 || !s.HasKVUsage || s.KVUsage != 0.5 || !s.HasQueuedTokens || s.QueuedTokens != 1200 {
+		t.Fatalf("sample %+v", s)
+	}
+	if s.HitRate != 0.4 || s.CapacityTokens != 4096 {
+		t.Fatalf("hit rate %v, capacity %d", s.HitRate, s.CapacityTokens)
 	}
 }

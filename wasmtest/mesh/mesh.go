@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/server"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 	"github.com/kvroute/kvroute/wasmtest/host"
 	"github.com/kvroute/kvroute/wasmtest/proxy"
 	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
@@ -60,6 +61,11 @@ type Options struct {
 	KVBlocks int
 	// MaxNumSeqs caps running sequences per replica (0: the profile's).
 	MaxNumSeqs int
+	// SGLangReplicas of each model's Replicas are SGLang stand-ins instead of vLLM ones
+	// (the last ones: --engine sglang at SGLang main, page size 1, the same KV pool in
+	// tokens): SGLang's metric names, KV-event layout, hashes and radix-tree events,
+	// which the control plane reads with its SGLang names and bookkeeping.
+	SGLangReplicas int
 	// NoForcedUsage starts the simulated engines without vLLM's
 	// --enable-force-include-usage (which the manifests and `make run` set): their
 	// streams then carry usage only when the request asks (stream_options.include_usage).
@@ -185,6 +191,9 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.SGLangReplicas < 0 || o.SGLangReplicas > o.Replicas {
+		return nil, fmt.Errorf("SGLangReplicas %d: want 0 to Replicas (%d)", o.SGLangReplicas, o.Replicas)
+	}
 	proxyLn, err := listen("proxy", o.ProxyAddr)
 	if err != nil {
 		return nil, err
@@ -234,20 +243,24 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 		prof.MaxNumSeqs = o.MaxNumSeqs
 	}
 	for i := 0; i < o.Replicas*max(1, len(o.Models)) && len(o.Engines) == 0; i++ {
+		rc := replica.Config{
+			Engine:    sched.Config{Profile: prof, NumGPUBlocks: max(o.KVBlocks, 0)},
+			TimeScale: o.TimeScale,
+			// "*" makes vLLM (and the simulator) bind rather than connect; the
+			// bind host keeps it on loopback, port 0 picks a free port.
+			Events: publisher.Config{EnableKVCacheEvents: true, Publisher: "zmq",
+				Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0",
+				BufferSteps: publisher.DefaultBufferSteps, HWM: publisher.DefaultHWM, MaxQueueSize: publisher.DefaultQueueSize},
+			EventsOptions: publisher.Options{Encoding: kvevents.Map, BindHost: "127.0.0.1"},
+		}
+		if m.isSGLang(i) {
+			sglangReplica(&rc, o.KVBlocks*prof.BlockSize)
+		}
 		s, err := server.Start(server.Config{
 			Host: "127.0.0.1", ModelName: m.engineModel(i), EnableAdmin: true, DefaultMaxTokens: 16,
-			ForceIncludeUsage: !o.NoForcedUsage,
-			Logger:            o.Logger.With("replica", i),
-			Replica: replica.Config{
-				Engine:    sched.Config{Profile: prof, NumGPUBlocks: max(o.KVBlocks, 0)},
-				TimeScale: o.TimeScale,
-				// "*" makes vLLM (and the simulator) bind rather than connect; the
-				// bind host keeps it on loopback, port 0 picks a free port.
-				Events: publisher.Config{EnableKVCacheEvents: true, Publisher: "zmq",
-					Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0",
-					BufferSteps: publisher.DefaultBufferSteps, HWM: publisher.DefaultHWM, MaxQueueSize: publisher.DefaultQueueSize},
-				EventsOptions: publisher.Options{Encoding: kvevents.Map, BindHost: "127.0.0.1"},
-			},
+			ForceIncludeUsage: !o.NoForcedUsage, SGLangCacheReport: true, // SGLang's --enable-cache-report
+			Logger:  o.Logger.With("replica", i),
+			Replica: rc,
 		})
 		if err != nil {
 			return fmt.Errorf("engine %d: %w", i, err)
@@ -307,6 +320,23 @@ func (m *Mesh) engineModel(i int) string {
 	return m.opts.Models[i/m.opts.Replicas]
 }
 
+// isSGLang reports whether simulated engine i is an SGLang stand-in: the last
+// SGLangReplicas of its model's replicas.
+func (m *Mesh) isSGLang(i int) bool {
+	return i%m.opts.Replicas >= m.opts.Replicas-m.opts.SGLangReplicas
+}
+
+// sglangReplica turns rc into SGLang main's stand-in (kvroute-enginesim --engine
+// sglang): pages of one token, the pool kept at poolTokens (0: the profile's), its
+// radix tree's events in SGLang's layout, replayed in SGLang's [seq, payload] shape.
+func sglangReplica(rc *replica.Config, poolTokens int) {
+	const pageSize = 1 // SGLang's default --page-size
+	v := version.SGLang{}
+	rc.Engine = v.Engine(rc.Engine.Profile, pageSize, poolTokens)
+	rc.Kind, rc.SGLang = replica.EngineSGLang, v
+	rc.EventsOptions.Encoding, rc.EventsOptions.LegacyReplay = kvevents.SGLang, true
+}
+
 // node is the proxy's Envoy node: its id, and Istio's NAMESPACE metadata when set.
 func (m *Mesh) node() host.Node {
 	n := host.Node{ID: "kvroute-mesh"}
@@ -324,8 +354,12 @@ func (m *Mesh) EngineList() []discovery.Engine {
 	}
 	var es []discovery.Engine
 	for i, s := range m.Engines {
-		es = append(es, discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: m.engineModel(i), Addr: s.Addr(),
-			KV: s.EventsEndpoint(), Replay: s.ReplayEndpoint()})
+		e := discovery.Engine{ID: fmt.Sprintf("vllm-%d", i), Model: m.engineModel(i), Addr: s.Addr(),
+			KV: s.EventsEndpoint(), Replay: s.ReplayEndpoint()}
+		if m.isSGLang(i) {
+			e.ID, e.Kind = fmt.Sprintf("sglang-%d", i), replica.EngineSGLang
+		}
+		es = append(es, e)
 	}
 	return es
 }

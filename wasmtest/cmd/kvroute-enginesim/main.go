@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
+	"github.com/kvroute/kvroute/wasmtest/engine/radix"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/server"
@@ -84,6 +85,7 @@ type options struct {
 	maxNumSeqs, maxBatchedTokens, maxLen     int
 	timeScale                                float64
 	kvEventsConfig, encoding, vllmVersion    string
+	sglangVersion                            string
 	engine                                   string
 	sglangPageSize                           int
 	legacyReplay                             bool
@@ -94,7 +96,7 @@ type options struct {
 	enableAdmin                              bool
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
-	forceIncludeUsage                        bool
+	forceIncludeUsage, cacheReport           bool
 	cpuOffloadTokens                         int
 	cpuLoadUsPerToken                        float64
 }
@@ -124,7 +126,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.vllmVersion, "vllm-version", version.Default, "vLLM release to imitate: error envelope (flat <= 0.10.0, nested >= 0.10.1), KV event layout (0.9.0, 0.10.x, 0.23.x arrays; maps >= 0.24) and replay shape (topic frame >= 0.26)")
 	fs.StringVar(&o.encoding, "kv-events-encoding", "", "KV event layout, overriding --vllm-version's (and --engine sglang's): map (vLLM >= 0.24), array (0.23), array-v0.10, array-v0.9, sglang")
 	fs.StringVar(&o.engine, "engine", "vllm", "engine to imitate: vllm, or sglang (SGLang's /metrics names, its KV event layout and hashes, legacy replay, AllBlocksCleared at every process start)")
-	fs.IntVar(&o.sglangPageSize, "sglang-page-size", 1, "SGLang's --page-size for the sglang event layout: tokens per published page, a divisor of the block size (as SGLang's)")
+	fs.IntVar(&o.sglangPageSize, "sglang-page-size", 1, "--engine sglang: SGLang's --page-size, tokens per cached and published page (it replaces the block size)")
+	fs.StringVar(&o.sglangVersion, "sglang-version", version.SGLangDefault, "--engine sglang: SGLang revision to imitate: main (SHA-256 page hashes, medium, one BlockRemoved per radix node, new metric labels) or 0.4.7 to 0.5.0rc0 (hash(tuple(page)), per-page removals, split events)")
 	fs.BoolVar(&o.legacyReplay, "kv-events-legacy-replay", false, "overriding --vllm-version's: answer replay requests in the <= v0.25 shape ([seq, payload], end [END_SEQ, \"\"]) instead of v0.26's ([topic, seq, payload], end [\"\", END_SEQ, \"\"])")
 	fs.IntVar(&o.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the KV event ports (vLLM offset_endpoint_port) and fills data_parallel_rank")
 	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", cache.AlgoSimXXH64, "block hash: sim_xxh64 (fast, simulator-private) or sha256_cbor (vLLM's, identical hashes given the same seed)")
@@ -135,6 +138,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs carry ids and token counts, never prompt text)")
 	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&o.cacheReport, "enable-cache-report", false, "--engine sglang: SGLang's flag: usage carries prompt_tokens_details.cached_tokens when the prompt hit the cache")
 	fs.BoolVar(&o.forceIncludeUsage, "enable-force-include-usage", false, "vLLM's: every stream carries usage (in each chunk and a last chunk of its own), whatever stream_options says")
 	return fs
 }
@@ -198,8 +202,21 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 	if o.engine != replica.EngineVLLM && o.engine != replica.EngineSGLang {
 		return nil, fmt.Errorf("--engine %q: want vllm or sglang", o.engine)
 	}
-	if o.sglangPageSize <= 0 || prof.BlockSize%o.sglangPageSize != 0 {
-		return nil, fmt.Errorf("--sglang-page-size %d must divide the block size %d", o.sglangPageSize, prof.BlockSize)
+	sgv, err := version.ParseSGLang(o.sglangVersion)
+	if err != nil {
+		return nil, fmt.Errorf("--sglang-version: %w", err)
+	}
+	var radixOpt *radix.Options
+	if o.engine == replica.EngineSGLang {
+		if o.sglangPageSize <= 0 {
+			return nil, fmt.Errorf("--sglang-page-size %d must be positive", o.sglangPageSize)
+		}
+		if o.blockSize > 0 && o.blockSize != o.sglangPageSize {
+			return nil, fmt.Errorf("--block-size %d: SGLang caches pages of --sglang-page-size %d tokens", o.blockSize, o.sglangPageSize)
+		}
+		prof.BlockSize = o.sglangPageSize // SGLang's radix cache holds pages, not vLLM blocks
+		ro := sgv.Radix(o.sglangPageSize)
+		radixOpt = &ro
 	}
 	if o.cpuOffloadTokens < 0 || o.cpuLoadUsPerToken < 0 || math.IsNaN(o.cpuLoadUsPerToken) {
 		return nil, fmt.Errorf("--cpu-offload-tokens %d and --cpu-load-us-per-token %v must be >= 0", o.cpuOffloadTokens, o.cpuLoadUsPerToken)
@@ -221,7 +238,11 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 			legacyReplay = o.legacyReplay
 		}
 	})
-	ev, unknown, err := publisher.ParseConfig(o.kvEventsConfig)
+	parseEvents := publisher.ParseConfig
+	if o.engine == replica.EngineSGLang {
+		parseEvents = publisher.ParseSGLangConfig // SGLang's KVEventsConfig, not vLLM's
+	}
+	ev, unknown, err := parseEvents(o.kvEventsConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -252,16 +273,17 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
-			ForceIncludeUsage: o.forceIncludeUsage,
-			Logger:            log.With("replica", i),
+			ForceIncludeUsage: o.forceIncludeUsage, SGLangCacheReport: o.cacheReport,
+			Logger: log.With("replica", i),
 			Replica: replica.Config{
 				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,
-					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond))},
-				TimeScale: o.timeScale,
-				Events:    rev,
-				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host,
-					SGLangPageSize: o.sglangPageSize},
-				Kind: o.engine,
+					CPUTierTokens: o.cpuOffloadTokens, CPULoadPerToken: time.Duration(o.cpuLoadUsPerToken * float64(time.Microsecond)),
+					Radix: radixOpt},
+				TimeScale:     o.timeScale,
+				Events:        rev,
+				EventsOptions: publisher.Options{Encoding: enc, DataParallelRank: o.dpRank, LegacyReplay: legacyReplay, BindHost: o.host},
+				Kind:          o.engine,
+				SGLang:        sgv,
 			},
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/radix"
 	"github.com/kvroute/kvroute/wasmtest/engine/replica"
 	"github.com/kvroute/kvroute/wasmtest/engine/server"
 )
@@ -159,11 +160,28 @@ func TestParseSGLangEngine(t *testing.T) {
 	assert.Equal(t, replica.EngineSGLang, c.Kind)
 	assert.Equal(t, kvevents.SGLang, c.EventsOptions.Encoding, "SGLang's layout by default")
 	assert.True(t, c.EventsOptions.LegacyReplay, "SGLang replays [seq, payload]")
-	assert.Equal(t, 4, c.EventsOptions.SGLangPageSize)
+	assert.Equal(t, 4, c.Engine.Profile.BlockSize, "SGLang caches pages")
+	require.NotNil(t, c.Engine.Radix)
+	assert.Equal(t, radix.Options{PageSize: 4, Scheme: radix.SchemeSHA256, Medium: "GPU", RemovePerNode: true}, *c.Engine.Radix, "main by default")
+	cfgs, err = parse([]string{"--engine", "sglang", "--sglang-version", "0.5.0rc0"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, radix.Options{PageSize: 1, Scheme: radix.SchemeTuple, SplitEvents: true}, *cfgs[0].Replica.Engine.Radix)
 	cfgs, err = parse([]string{"--engine", "sglang", "--kv-events-encoding", "map"}, &bytes.Buffer{})
 	require.NoError(t, err)
 	assert.Equal(t, kvevents.Map, cfgs[0].Replica.EventsOptions.Encoding, "an explicit layout wins")
-	for _, args := range [][]string{{"--engine", "trtllm"}, {"--sglang-page-size", "3"}, {"--sglang-page-size", "0"}} {
+
+	// SGLang's own --kv-events-config publishes; without "publisher":"zmq" it does not,
+	// whatever vLLM's enable_kv_cache_events says.
+	cfgs, err = parse([]string{"--engine", "sglang", "--kv-events-config", `{"publisher":"zmq","endpoint":"tcp://*:5557"}`}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.True(t, cfgs[0].Replica.Events.Enabled())
+	cfgs, err = parse([]string{"--engine", "sglang", "--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}`}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.False(t, cfgs[0].Replica.Events.Enabled(), "SGLang's publisher defaults to null")
+
+	for _, args := range [][]string{{"--engine", "trtllm"}, {"--engine", "sglang", "--sglang-page-size", "0"},
+		{"--engine", "sglang", "--sglang-version", "0.5.2"}, {"--engine", "sglang", "--block-size", "16", "--sglang-page-size", "4"},
+		{"--engine", "sglang", "--kv-events-config", `{"publisher":"kafka"}`}} {
 		_, err := parse(args, &bytes.Buffer{})
 		assert.Error(t, err, "%v", args)
 	}

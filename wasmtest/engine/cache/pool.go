@@ -274,3 +274,16 @@ func (p *Pool) unlink(id int32) {
 	b.prev, b.next = -1, -1
 	p.numFree--
 }
+
+// Drop uncaches every copy of hash without calling OnRemove: the owner removed it
+// itself (SGLang mode, where a radix node's pages leave together).
+func (p *Pool) Drop(hash uint64) {
+	for {
+		id, ok := p.index.get(hash)
+		if !ok {
+			return
+		}
+		p.uncache(id)
+		p.blocks[id].hash = 0
+	}
+}

@@ -197,7 +197,6 @@ type Encoder struct {
 	enc  Encoding
 	buf  bytes.Buffer
 	menc *msgpack.Encoder
-	sg   *sglangState // sglang.go
 }
 
 // NewEncoder returns an encoder for enc.

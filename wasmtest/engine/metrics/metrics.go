@@ -74,6 +74,8 @@ type Snapshot struct {
 	Success map[string]int64
 
 	TTFT, E2E *Histogram
+	// ITL is SGLang's sglang:inter_token_latency_seconds (vLLM's is in Request).
+	ITL *Histogram
 	// Request holds the other request-level histograms (request.go); nil: not shown.
 	Request *RequestHistograms
 	// CacheConfig are vllm:cache_config_info's labels (engine is appended).

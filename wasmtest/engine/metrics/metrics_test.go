@@ -87,3 +87,21 @@ func TestWrite(t *testing.T) {
 	}
 	assert.True(t, strings.HasSuffix(page, "\n"))
 }
+
+// SGLang 0.4.7-0.5.0rc0's page: no moe_ep_rank, tokenizer metrics labelled by model
+// alone, cached_tokens_total without cache_source, no capacity or page-size gauge, and
+// E2E buckets ending at 800 s.
+func TestSGLangOldPage(t *testing.T) {
+	var b strings.Builder
+	s := Snapshot{ModelName: "m", CapacityTokens: 100, TTFT: NewHistogram(SGLangTTFTBuckets),
+		ITL: NewHistogram(SGLangITLBuckets), E2E: NewHistogram(SGLangOldE2EBuckets)}
+	require.NoError(t, WriteSGLang(&b, s, SGLangPage{PageSize: 16}))
+	page := b.String()
+	assert.Contains(t, page, "\nsglang:num_running_reqs{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"} 0.0\n")
+	assert.Contains(t, page, "\nsglang:cached_tokens_total{model_name=\"m\"} 0.0\n")
+	assert.Contains(t, page, "\nsglang:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"800.0\"} 0.0\n")
+	assert.Contains(t, page, "\nsglang:inter_token_latency_seconds_bucket{model_name=\"m\",le=\"8.0\"} 0.0\n")
+	for _, absent := range []string{"moe_ep_rank", "cache_source", "max_total_num_tokens", "sglang:page_size", "le=\"2400.0\""} {
+		assert.NotContains(t, page, absent)
+	}
+}

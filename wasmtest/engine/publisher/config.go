@@ -126,3 +126,43 @@ func localize(endpoint, host string) string {
 	}
 	return "tcp://" + host + endpoint[len("tcp://*"):]
 }
+
+// ParseSGLangConfig parses SGLang's --kv-events-config: its KVEventsConfig
+// (python/sglang/srt/utils/event_publisher.py @1b5a3291, earlier in
+// disaggregation/kv_events.py @006d053f) is a pydantic model with publisher "null" by
+// default and no enable_kv_cache_events field (pydantic ignores unknown fields, so
+// vLLM's flag is accepted and means nothing): {"publisher":"zmq","endpoint":...}
+// publishes, a config without "publisher":"zmq" publishes nothing. Unknown fields are
+// returned for the caller to warn about.
+func ParseSGLangConfig(s string) (cfg Config, unknown []string, err error) {
+	cfg = Config{Endpoint: DefaultEndpoint, BufferSteps: DefaultBufferSteps, HWM: DefaultHWM, MaxQueueSize: DefaultQueueSize, Publisher: "null"}
+	if strings.TrimSpace(s) == "" {
+		return cfg, nil, nil // EventPublisherFactory.create: no config, NullEventPublisher
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return cfg, nil, fmt.Errorf("kv-events-config: %w", err)
+	}
+	for k := range raw {
+		switch k {
+		case "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size", "topic":
+		default:
+			unknown = append(unknown, k)
+		}
+	}
+	if err := json.Unmarshal([]byte(s), &cfg); err != nil {
+		return cfg, unknown, fmt.Errorf("kv-events-config: %w", err)
+	}
+	switch cfg.Publisher {
+	case "zmq":
+		cfg.EnableKVCacheEvents = true
+	case "null":
+		cfg.EnableKVCacheEvents = false
+	default:
+		return cfg, unknown, fmt.Errorf("kv-events-config: Unknown event publisher '%s'", cfg.Publisher)
+	}
+	if cfg.Endpoint == "" {
+		return cfg, unknown, fmt.Errorf("kv-events-config: empty endpoint")
+	}
+	return cfg, unknown, nil
+}

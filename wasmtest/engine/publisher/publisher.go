@@ -30,10 +30,7 @@ type Options struct {
 	// BindHost replaces the "*" host of tcp bind endpoints ("tcp://*:5557"). Default
 	// 127.0.0.1 (loopback only); "0.0.0.0" binds every interface, as vLLM does.
 	BindHost string
-	// SGLangPageSize is SGLang's --page-size for the sglang encoding (0: SGLang's
-	// default, kvevents.SGLangPageSize).
-	SGLangPageSize int
-	Logger         *slog.Logger
+	Logger   *slog.Logger
 }
 
 type entry struct {
@@ -206,13 +203,7 @@ func (p *Publisher) Reset() {
 
 // newEncoder returns the encoder of opt's layout.
 func newEncoder(opt Options) (*kvevents.Encoder, error) {
-	enc := kvevents.NewEncoder(opt.Encoding)
-	if opt.Encoding == kvevents.SGLang && opt.SGLangPageSize != 0 {
-		if err := enc.SetSGLangPageSize(opt.SGLangPageSize); err != nil {
-			return nil, fmt.Errorf("publisher: %w", err)
-		}
-	}
-	return enc, nil
+	return kvevents.NewEncoder(opt.Encoding), nil
 }
 
 // SetPaused stops (true) or resumes (false) sending; batches keep their sequence

@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/engine/publisher"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
+	"github.com/kvroute/kvroute/wasmtest/engine/version"
 )
 
 // Config configures a Replica.
@@ -44,7 +45,9 @@ type Config struct {
 	// Kind is the engine imitated beyond the event layout: "" or EngineVLLM, or
 	// EngineSGLang (SGLang's /metrics names and buckets, and AllBlocksCleared as the
 	// first event of every process start).
-	Kind   string
+	Kind string
+	// SGLang is the SGLang revision imitated with EngineSGLang (its metric labels).
+	SGLang version.SGLang
 	Logger *slog.Logger
 }
 
@@ -66,6 +69,7 @@ type Replica struct {
 	eng        *sched.Engine
 	ttft       *metrics.Histogram
 	e2e        *metrics.Histogram
+	itl        *metrics.Histogram // SGLang's; nil for vLLM (its ITL is in reqHist)
 	reqHist    *metrics.RequestHistograms
 	success    map[string]int64
 	created    time.Time
@@ -128,9 +132,14 @@ func New(cfg Config) (*Replica, error) {
 func (r *Replica) resetMetrics() {
 	r.ttft = metrics.NewHistogram(metrics.TTFTBuckets)
 	r.e2e = metrics.NewHistogram(metrics.E2EBuckets)
+	r.itl = nil
 	if r.cfg.Kind == EngineSGLang {
 		r.ttft = metrics.NewHistogram(metrics.SGLangTTFTBuckets)
+		r.itl = metrics.NewHistogram(metrics.SGLangITLBuckets)
 		r.e2e = metrics.NewHistogram(metrics.SGLangE2EBuckets)
+		if !r.cfg.SGLang.NewLabels() {
+			r.e2e = metrics.NewHistogram(metrics.SGLangOldE2EBuckets)
+		}
 	}
 	r.reqHist = metrics.NewRequestHistograms(r.eng.Profile().MaxModelLen, r.cfg.TPOT)
 	r.success = map[string]int64{}
@@ -307,6 +316,9 @@ func (r *Replica) onToken(sr *sched.Request, at time.Duration) {
 		// vLLM's inter-token latency: this output's time - the previous one's
 		// (vllm/v1/metrics/stats.py @28ed1fb8, update_from_output).
 		r.reqHist.ITL.Observe((at - h.lastAt).Seconds())
+		if r.itl != nil {
+			r.itl.Observe((at - h.lastAt).Seconds())
+		}
 	}
 	h.lastAt = at
 	h.mu.Unlock()
@@ -442,6 +454,9 @@ func (r *Replica) Metrics() metrics.Snapshot {
 		PromptTokens: stats.PromptTokens, GenerationTokens: stats.GenerationTokens, Success: success,
 		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(), Request: r.reqHist.Clone(),
 		CapacityTokens: int64(r.eng.NumGPUBlocks()) * int64(r.eng.Profile().BlockSize),
+	}
+	if r.itl != nil {
+		s.ITL = r.itl.Clone()
 	}
 	r.mu.Unlock()
 	p := r.eng.Profile()

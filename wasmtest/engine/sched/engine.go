@@ -35,6 +35,7 @@ import (
 
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
+	"github.com/kvroute/kvroute/wasmtest/engine/radix"
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 )
 
@@ -51,6 +52,9 @@ type Config struct {
 	// blocks), and CPULoadPerToken is what loading a token back costs (cpu.go).
 	CPUTierTokens   int
 	CPULoadPerToken time.Duration
+	// Radix, when set, imitates SGLang's radix cache (radix.go): the profile's block
+	// size must be its page size, and the events are the tree's.
+	Radix *radix.Options
 
 	// OnEvents receives the KV events of each step that produced some, at the step's
 	// start (one vLLM EventBatch). The slice is the receiver's; BlockStored.TokenIDs may
@@ -120,11 +124,13 @@ type Engine struct {
 
 	events        []kvevents.Event
 	cpu           *cpuTier      // nil without a CPU tier
+	tree          *radix.Tree   // SGLang mode only (radix.go)
 	loadTime      time.Duration // CPU-tier loads of the step being built
 	queuedPrefill int
 	stats         Stats
 	ids           []int32  // scratch: cache hits
 	tokBuf        []uint32 // scratch: block tokens spanning prompt and output
+	radixBuf      []uint32 // scratch: a request's tokens for the radix tree
 }
 
 // New returns an idle engine with an empty cache.
@@ -159,6 +165,17 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("CPU tier of %d tokens holds no %d-token block", cfg.CPUTierTokens, p.BlockSize)
 		}
 		e.cpu = newCPUTier(blocks, cfg.CPULoadPerToken, cfg.OnEvents != nil)
+	}
+	if cfg.Radix != nil {
+		if e.cpu != nil {
+			return nil, errors.New("the CPU tier is vLLM's; SGLang mode has none")
+		}
+		if cfg.Radix.PageSize != p.BlockSize {
+			return nil, fmt.Errorf("SGLang page size %d must be the block size %d", cfg.Radix.PageSize, p.BlockSize)
+		}
+		if e.tree, err = radix.New(*cfg.Radix); err != nil {
+			return nil, err
+		}
 	}
 	return e, nil
 }
@@ -300,4 +317,18 @@ func (e *Engine) Advance(now time.Duration) {
 		}
 	}
 	e.clock = max(e.clock, now)
+}
+
+// RunUntilIdle advances the engine step by step from now until nothing is left to run
+// and returns the time the last step ended (now if none ran): a whole workload in
+// virtual time.
+func (e *Engine) RunUntilIdle(now time.Duration) time.Duration {
+	for {
+		at, ok := e.NextStepAt()
+		if !ok {
+			return now
+		}
+		e.Advance(at)
+		now = at
+	}
 }

@@ -47,17 +47,7 @@ func newHarness(t testing.TB, p timing.Profile, numBlocks int) *harness {
 }
 
 // run drives the engine in virtual time until it is idle.
-func (h *harness) run() time.Duration {
-	var last time.Duration
-	for {
-		at, ok := h.NextStepAt()
-		if !ok {
-			return last
-		}
-		h.Advance(at)
-		last = at
-	}
-}
+func (h *harness) run() time.Duration { return h.RunUntilIdle(0) }
 
 func (h *harness) events(kind kvevents.Kind) []kvevents.Event {
 	var out []kvevents.Event

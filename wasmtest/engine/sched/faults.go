@@ -54,6 +54,10 @@ func (e *Engine) Restart(at time.Duration) {
 	e.lastEnd, e.clock = at, at
 	e.events = e.events[:0]
 	e.pool.Clear()
+	if e.tree != nil {
+		e.tree.Reset() // a new process's tree is empty; the replica publishes its AllBlocksCleared
+		e.tree.Take()
+	}
 	if e.cpu != nil {
 		e.cpu.clear() // a new process's CPU tier is empty too
 	}
@@ -67,8 +71,16 @@ func (e *Engine) Restart(at time.Duration) {
 // ResetPrefixCache drops every cached block, as vLLM's reset_prefix_cache: it refuses
 // (false) while any request holds blocks, and publishes AllBlocksCleared on success.
 func (e *Engine) ResetPrefixCache(at time.Duration) bool {
+	if e.tree != nil && e.waiting.len() > 0 {
+		return false // SGLang's flush_cache also waits for an empty queue (radix.go)
+	}
 	if !e.pool.Reset() {
 		return false
+	}
+	if e.tree != nil {
+		e.tree.Reset()
+		e.flushEvents(max(at, e.clock))
+		return true
 	}
 	e.cleared(max(at, e.clock))
 	return true

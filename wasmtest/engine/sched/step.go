@@ -78,6 +78,9 @@ func (e *Engine) startStep(t time.Duration) bool {
 			e.loadTime += time.Duration(loaded*e.bs) * e.cpu.loadPerToken
 			e.stats.CPUHits += int64(loaded * e.bs)
 		}
+		if e.tree != nil {
+			e.radixMatch(r, (total-1)/e.bs*e.bs)
+		}
 		e.pool.Pin(e.ids)
 		r.blocks = append(r.blocks[:0], e.ids...)
 		r.blocks, _ = e.pool.Allocate(need, r.blocks)
@@ -117,12 +120,28 @@ func (e *Engine) schedule(r *Request, numNew int) {
 	r.scheduled = numNew
 	e.batch = append(e.batch, r)
 	full := (r.numComputed + numNew) / e.bs
+	if e.tree != nil {
+		full = min(full, r.prefillTarget/e.bs) // SGLang caches decoded tokens at the end (radix.go)
+	}
+	e.commit(r, full)
+}
+
+// commit caches r's blocks up to full and records their BlockStored events.
+func (e *Engine) commit(r *Request, full int) {
 	if full <= r.numCommitted {
 		return
 	}
 	for b := len(r.chain.Hashes); b < full; b++ {
 		e.tokBuf = r.tokensRange(b*e.bs, (b+1)*e.bs, e.tokBuf)
 		e.hasher.ExtendBlock(&r.chain, e.tokBuf)
+	}
+	if e.tree != nil {
+		for b := r.numCommitted; b < full; b++ {
+			e.pool.Commit(r.blocks[b], r.chain.Hashes[b])
+		}
+		e.radixInsert(r, full)
+		r.numCommitted = full
+		return
 	}
 	runStart := -1
 	for b := r.numCommitted; b < full; b++ {
@@ -172,6 +191,10 @@ func (e *Engine) stored(r *Request, lo, hi int) {
 }
 
 func (e *Engine) onRemove(hash uint64) {
+	if e.tree != nil {
+		e.radixEvicted(hash)
+		return
+	}
 	if e.cfg.OnEvents == nil {
 		return
 	}
@@ -185,6 +208,9 @@ func (e *Engine) onRemove(hash uint64) {
 func (e *Engine) flushEvents(t time.Duration) {
 	if e.cpu != nil && e.cfg.OnEvents != nil {
 		e.events = append(e.events, e.cpu.take()...) // the connector's follow the GPU's
+	}
+	if e.tree != nil {
+		e.events = append(e.events, e.tree.Take()...)
 	}
 	if len(e.events) == 0 || e.cfg.OnEvents == nil {
 		e.events = e.events[:0]
@@ -242,6 +268,9 @@ func (e *Engine) finishStep() {
 			e.cfg.OnToken(r, at)
 		}
 		if len(r.Output) >= r.MaxTokens {
+			if e.tree != nil {
+				e.commit(r, r.numComputed/e.bs) // cache_finished_req: up to kv_committed_len
+			}
 			e.pool.Release(r.blocks)
 			r.blocks = r.blocks[:0]
 			e.stats.Finished++
@@ -252,6 +281,9 @@ func (e *Engine) finishStep() {
 	e.batch = e.batch[:0]
 	if finished {
 		e.compactRunning()
+		if e.tree != nil {
+			e.flushEvents(at) // what finished requests inserted, published with this step's results
+		}
 	}
 	if stepGen > 0 && e.cfg.OnStep != nil {
 		e.cfg.OnStep(at, stepPrompt, stepGen)

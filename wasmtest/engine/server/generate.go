@@ -120,6 +120,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if e == nil {
 		prompts, e = openai.ParsePrompts(req.Prompt, s.cfg.VocabSize)
 	}
+	if e == nil && s.isSGLang() && s.cfg.Replica.SGLang.EmptyPromptRefused() {
+		for _, p := range prompts {
+			if (p.IsIDs && len(p.IDs) == 0) || (!p.IsIDs && p.Text == "") {
+				e = openai.BadRequest("Prompt cannot be empty") // SGLang main's serving_completions _validate_request, before tokenizing
+			}
+		}
+	}
 	if e == nil {
 		j.maxTokens = s.maxTokens(req.MaxTokens)
 		e = s.sampling(j, &req.Sampling)
@@ -318,6 +325,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job, handle
 	created := time.Now().Unix()
 	usage := usageOf(j.n, 0, results...)
 	s.logDone(j, usage)
+	usage = s.usage(usage)
+	if s.isSGLang() && !j.chat {
+		resp := openai.SGLangCompletionResponse{ID: j.id, Object: "text_completion", Created: created, Model: j.model, Usage: usage}
+		for i, p := range results {
+			fr := p.FinishReason
+			resp.Choices = append(resp.Choices, openai.SGLangCompletionChoice{Index: i, Text: outputText(p.Tokens), FinishReason: &fr})
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
 	if j.chat {
 		resp := openai.ChatResponse{ID: j.id, Object: "chat.completion", Created: created, Model: j.model, Usage: usage}
 		for i, p := range results {
@@ -410,7 +427,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 		}
 		var usage *openai.Usage
 		if j.contUsage {
-			usage = usageOf(1, 0, p)
+			usage = s.usage(usageOf(1, 0, p))
 		}
 		var chunk any
 		if j.chat {
@@ -437,6 +454,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 	}
 	usage := usageOf(j.n, 0, final...)
 	s.logDone(j, usage)
+	usage = s.usage(usage)
 	if j.usage {
 		var chunk any
 		if j.chat {

@@ -52,6 +52,9 @@ type Config struct {
 	// (should_include_usage in vllm/entrypoints/serve/utils/api_utils.py @00a5fdd2;
 	// releases before vLLM PR #37923 forced only the last chunk).
 	ForceIncludeUsage bool
+	// SGLangCacheReport is SGLang's --enable-cache-report: usage carries
+	// prompt_tokens_details.cached_tokens (--engine sglang; vLLM's always does here).
+	SGLangCacheReport bool
 	// EnableAdmin serves /admin/* (to loopback clients only).
 	EnableAdmin bool
 	// Version is the vLLM release imitated (zero: version.Default): it picks the
@@ -106,8 +109,8 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, loras: map[string]int{}, failStatus: 500,
 		rng: rand.New(rand.NewPCG(1, 2)), served: make(chan struct{})}
-	if !cfg.Version.NestedErrors() {
-		s.env = openai.Flat
+	if !cfg.Version.NestedErrors() || cfg.Replica.Kind == replica.EngineSGLang {
+		s.env = openai.Flat // SGLang's ErrorResponse is vLLM 0.10.0's flat shape (sglang.go)
 	}
 	for i, m := range cfg.LoRAModules {
 		if m.Name == "" || m.Name == cfg.ModelName {
@@ -220,7 +223,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
-	mux.HandleFunc("GET /v1/models", s.models)
+	if s.isSGLang() {
+		mux.HandleFunc("GET /v1/models", s.sglangModels)
+		s.sglangRoutes(mux)
+	} else {
+		mux.HandleFunc("GET /v1/models", s.models)
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version.String() + "+kvroute.enginesim"})
@@ -333,7 +341,12 @@ func (s *statusOnly) WriteHeader(code int) {
 }
 
 // fail answers with e in the imitated release's error envelope.
-func (s *Server) fail(w http.ResponseWriter, e *openai.Error) { e.WriteAs(w, s.env) }
+func (s *Server) fail(w http.ResponseWriter, e *openai.Error) {
+	if s.isSGLang() {
+		e = sglangError(e)
+	}
+	e.WriteAs(w, s.env)
+}
 
 // admin wraps a fault switch: loopback clients only; 204 on success, 400 on bad input.
 func (s *Server) admin(f func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
@@ -365,7 +378,8 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	write := metrics.Write
 	if s.cfg.Replica.Kind == replica.EngineSGLang {
-		write = metrics.WriteSGLang // SGLang's names (metrics/sglang.go)
+		o := metrics.SGLangPage{NewLabels: s.cfg.Replica.SGLang.NewLabels(), PageSize: s.rep.Profile().BlockSize}
+		write = func(w io.Writer, snap metrics.Snapshot) error { return metrics.WriteSGLang(w, snap, o) } // SGLang's names (metrics/sglang.go)
 	}
 	if err := write(w, s.rep.Metrics()); err != nil {
 		s.log.Debug("metrics write", "err", err)
@@ -395,6 +409,9 @@ func (s *Server) model(name string) (lora string, loraID int, e *openai.Error) {
 	}
 	if id, ok := s.loras[name]; ok {
 		return name, id, nil
+	}
+	if s.isSGLang() {
+		return "", 0, nil // SGLang reads model only for a LoRA adapter; any other name is the base model
 	}
 	return "", 0, openai.NotFound("model", "The model `%s` does not exist.", name)
 }

@@ -722,8 +722,9 @@ func TestSGLangEngine(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ec, _, err := publisher.ParseConfig(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`)
 	require.NoError(t, err)
+	var sgv version.SGLang // main
 	s, err := Start(Config{ModelName: model, EnableAdmin: true, Logger: quiet, Replica: replica.Config{
-		Engine: sched.Config{Profile: timing.Fast()}, TimeScale: 0.01, Kind: replica.EngineSGLang, Events: ec,
+		Engine: sgv.Engine(timing.Fast(), 1, 0), TimeScale: 0.01, Kind: replica.EngineSGLang, Events: ec, SGLang: sgv,
 		EventsOptions: publisher.Options{Encoding: kvevents.SGLang, LegacyReplay: true, BindHost: "127.0.0.1"}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
@@ -762,5 +763,18 @@ func TestSGLangEngine(t *testing.T) {
 		assert.Contains(t, page, "\n"+name)
 	}
 	assert.NotContains(t, page, "vllm:")
-	assert.Contains(t, page, `sglang:num_queue_reqs{model_name="`+model+`",engine_type="unified",tp_rank="0",pp_rank="0"} 0.0`)
+	// SGLang main's labels (metrics/sglang.go): moe_ep_rank on scheduler gauges,
+	// engine_type on tokenizer metrics, cache_source on cached tokens; the pool's
+	// capacity and page size as gauges; the inter-token latency histogram.
+	for _, line := range []string{
+		`sglang:num_queue_reqs{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.0`,
+		`sglang:max_total_num_tokens{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} `,
+		`sglang:page_size{model_name="` + model + `",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 1.0`,
+		`sglang:cached_tokens_total{model_name="` + model + `",engine_type="unified",cache_source="device"} `,
+		`sglang:prompt_tokens_total{model_name="` + model + `",engine_type="unified"} `,
+		`sglang:inter_token_latency_seconds_bucket{model_name="` + model + `",engine_type="unified",le="0.002"} `,
+		`sglang:e2e_request_latency_seconds_bucket{model_name="` + model + `",engine_type="unified",le="2400.0"} `,
+	} {
+		assert.Contains(t, page, "\n"+line)
+	}
 }

@@ -1,5 +1,6 @@
-// Package version names the vLLM release the simulator imitates (--vllm-version) and
-// derives from it every behaviour that changed between releases. Each switch cites
+// Package version names the vLLM release the simulator imitates (--vllm-version), or
+// the SGLang revision (--sglang-version, sglang.go), and derives from it every
+// behaviour that changed between releases. Each switch cites
 // the vLLM change it follows (PR numbers are vllm-project/vllm):
 //
 //   - Error envelope: flat {"object":"error","message",...} up to 0.10.0; nested

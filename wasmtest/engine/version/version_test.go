@@ -46,3 +46,24 @@ func TestTPOTMode(t *testing.T) {
 	assert.Equal(t, metrics.TPOTHidden, MustParse("0.12.0").TPOT())
 	assert.Equal(t, metrics.TPOTHidden, MustParse(Default).TPOT())
 }
+
+func TestParseSGLang(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string
+	}{{"main", "main"}, {"", "main"}, {"0.4.7", "0.5.0rc0"}, {"v0.4.10", "0.5.0rc0"}, {"0.5.0rc0", "0.5.0rc0"}} {
+		v, err := ParseSGLang(c.in)
+		require.NoError(t, err, c.in)
+		assert.Equal(t, c.want, v.String(), c.in)
+	}
+	for _, in := range []string{"0.4.6", "0.5.0", "0.5.6", "1.0", "latest"} {
+		_, err := ParseSGLang(in)
+		assert.ErrorContains(t, err, "not modelled", in)
+	}
+	var zero SGLang
+	assert.True(t, zero.NewLabels(), "the zero value is main")
+	old, _ := ParseSGLang("0.5.0rc0")
+	assert.False(t, old.NewLabels())
+	assert.True(t, old.Radix(1).SplitEvents)
+	assert.True(t, zero.Radix(16).RemovePerNode)
+}

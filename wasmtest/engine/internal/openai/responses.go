@@ -8,6 +8,9 @@ type Usage struct {
 	TotalTokens         int                  `json:"total_tokens"`
 	CompletionTokens    int                  `json:"completion_tokens"`
 	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details"`
+	// ReasoningTokens is SGLang's UsageInfo.reasoning_tokens (0 without a reasoning
+	// parser); nil for vLLM, which has no such member.
+	ReasoningTokens *int `json:"reasoning_tokens,omitempty"`
 }
 
 // PromptTokensDetails carries cached_tokens (the prefix-cache hit).
@@ -33,6 +36,30 @@ type CompletionResponse struct {
 	Choices          []CompletionChoice `json:"choices"`
 	Usage            *Usage             `json:"usage"`
 	KVTransferParams any                `json:"kv_transfer_params"`
+}
+
+// SGLangCompletionChoice is SGLang's CompletionResponseChoice: matched_stop (the stop
+// string or token that ended the choice, null at max_tokens) where vLLM has
+// stop_reason; hidden_states, token_ids and prompt_token_ids are dropped when unset
+// (python/sglang/srt/entrypoints/openai/protocol.py @004c82e0).
+type SGLangCompletionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	MatchedStop  any     `json:"matched_stop"`
+}
+
+// SGLangCompletionResponse is SGLang's CompletionResponse: metadata (null) where vLLM
+// has kv_transfer_params; sglext is dropped when unset (protocol.py @004c82e0).
+type SGLangCompletionResponse struct {
+	ID       string                   `json:"id"`
+	Object   string                   `json:"object"`
+	Created  int64                    `json:"created"`
+	Model    string                   `json:"model"`
+	Choices  []SGLangCompletionChoice `json:"choices"`
+	Usage    *Usage                   `json:"usage"`
+	Metadata any                      `json:"metadata"`
 }
 
 // CompletionChunk is one SSE chunk of a streaming completion.
