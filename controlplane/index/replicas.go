@@ -86,10 +86,8 @@ type replica struct {
 	lruText, lruTok  int
 	specN, tokenKeys int
 	evictDebt        float64
-	// busy and running are the time-weighted averages of recent scrapes: the share
-	// that found prefill work waiting, and the requests running, as of loadAt (load.go).
-	busy, running float64
-	loadAt        time.Time
+	// load is the time-weighted averages of recent scrapes (load.go).
+	load Load
 
 	ranks []*rank // by DP rank, ascending (a few: a slice, walked on the KV-event path)
 	meter meter   // the byte budget's measurement (bytes.go)

@@ -207,9 +207,9 @@ func WriteSearchJSON(w io.Writer, name string, slo time.Duration, ceiling worklo
 }
 
 // OracleNote says what the oracle policy is, wherever its numbers are printed.
-const OracleNote = `oracle: kvroute's own rule (shared/rule) fed every engine's exact GPU prefix cache and
-queued prefill tokens at the moment of each decision, where kvroute sees them through
-reports, KV events, scrapes and table polls. kvroute's distance from it measures that
+const OracleNote = `oracle: kvroute's own rule (shared/rule) fed every engine's exact GPU prefix cache,
+queued prefill tokens and load at the moment of each decision, where kvroute sees them
+through reports, KV events, scrapes and table polls. kvroute's distance from it measures that
 information pipeline, not the rule; it is not an upper bound on routing: another rule
 can beat it.`
 

@@ -69,8 +69,8 @@ Every table is printed with the workload's reuse ceiling: the cached rate of one
 infinite prefix cache every request reaches (each prompt's longest block-aligned prefix
 that an earlier request sent, up to prompt-1 tokens), whatever the routing.
 
-oracle is kvroute's own rule fed every engine's exact GPU prefix cache and queued
-prefill tokens at the moment of each decision. kvroute's distance from it measures
+oracle is kvroute's own rule fed every engine's exact GPU prefix cache, queued
+prefill tokens and load (busy fraction, running requests) at the moment of each decision. kvroute's distance from it measures
 kvroute's information pipeline (reports, KV events, scrapes, table polls), not the rule;
 it is not an upper bound on routing: another rule can beat it.
 

@@ -3,14 +3,17 @@ package policy
 import (
 	"time"
 
+	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/shared/rule"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
 // Oracle is kvroute's rule (package shared/rule, the same Picker) with perfect,
 // instant knowledge: every engine's exact GPU cached prefix for the request and its
-// queued prefill tokens, read at decision time. kvroute's distance from it measures
-// kvroute's information pipeline, not the rule; it is no upper bound on routing.
+// queued prefill tokens, read at decision time, and its load averages (index.Load) fed
+// the engines' exact state at every decision rather than scrapes. kvroute's distance
+// from it measures kvroute's information pipeline, not the rule; it is no upper bound on
+// routing.
 type Oracle struct {
 	Base
 	// UncachedWeight, when above 1, scores (Q + w U) instead of (Q + U) by feeding the
@@ -19,9 +22,14 @@ type Oracle struct {
 	UncachedWeight float64
 	f              Fleet
 	picker         *rule.Picker
-	cands          []rule.Replica
-	idx            []int
-	order          []int
+	load           []index.Load
+	// uncached is the mean uncached prompt tokens of the requests routed so far
+	// (rule.Replica.MeanUncached), exact at each decision; n counts them.
+	uncached float64
+	n        int
+	cands    []rule.Replica
+	idx      []int
+	order    []int
 }
 
 // NewOracle returns the oracle with the rule's parameters p.
@@ -31,13 +39,19 @@ func NewOracle(f Fleet, p rule.Params, seed uint64) *Oracle {
 
 func (p *Oracle) Name() string { return "oracle" }
 
-func (p *Oracle) Route(r *workload.Request, _ time.Duration) Choice {
+func (p *Oracle) Route(r *workload.Request, now time.Duration) Choice {
 	p.cands, p.idx = p.cands[:0], p.idx[:0]
+	if len(p.load) < p.f.Len() {
+		p.load = append(p.load, make([]index.Load, p.f.Len()-len(p.load))...)
+	}
+	at := time.Unix(0, 0).Add(now)
 	for i := range p.f.Len() {
 		if !p.f.Up(i) {
 			continue
 		}
 		st := p.f.State(i)
+		p.load[i].Note(at, st.QueuedPrefillTokens > 0, float64(st.Running))
+		running, busy := p.load[i].Values()
 		q := float64(st.QueuedPrefillTokens)
 		if p.UncachedWeight > 1 {
 			q /= p.UncachedWeight
@@ -47,17 +61,38 @@ func (p *Oracle) Route(r *workload.Request, _ time.Duration) Choice {
 			Cached:  float64(p.f.CachedPrefix(i, r)),
 			KVUsage: st.KVUsage,
 			Healthy: p.f.Reachable(i),
+			Running: running,
+			Busy:    busy,
+			// 0 before the first decision: the rule without load values.
+			MeanUncached: p.uncached,
 		})
 		p.idx = append(p.idx, i)
 	}
 	if len(p.cands) == 0 {
 		return Choice{}
 	}
-	d := p.picker.Pick(float64(len(r.Tokens)), p.cands, p.order)
+	prompt := float64(len(r.Tokens))
+	d := p.picker.Pick(prompt, p.cands, p.order)
 	p.order = d.Order
+	if len(d.Order) > 0 {
+		p.noteUncached(prompt - p.cands[d.Order[0]].Cached)
+	}
 	out := make([]int, len(d.Order))
 	for k, j := range d.Order {
 		out[k] = p.idx[j]
 	}
 	return Choice{Order: out, Rule: true, Spill: d.Spill}
+}
+
+// noteUncached folds one routed request's uncached tokens into the mean the control
+// plane learns from outcome reports: a plain mean for the first 20, then a weight of
+// 0.05 (controlplane/index, learn.go).
+func (p *Oracle) noteUncached(u float64) {
+	const alpha = 0.05
+	if p.n < int(1/alpha) {
+		p.uncached += (u - p.uncached) / float64(p.n+1)
+	} else {
+		p.uncached += alpha * (u - p.uncached)
+	}
+	p.n++
 }

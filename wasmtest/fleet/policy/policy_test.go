@@ -251,18 +251,39 @@ func TestOracleRule(t *testing.T) {
 	// Owner: 6,000 + 2,000 = 8,000 vs cold 1,000 + 8,000 + 6,000/3 = 11,000: the owner.
 	assert.Equal(t, 1, ch.Order[0])
 	assert.False(t, ch.Spill)
-	// The owner's queue grows past the 6,000 tokens it saves plus the spill's charge
-	// (shared/rule: 6,000/3): spill to the coldest.
+	// The owner's queue grows, an idle replica appears: on a fleet that has been idle
+	// (rho near 0) the rule is Q + U, 10,500 against 8,000: spill to the coldest.
 	f.states[1].QueuedPrefillTokens = 8500
 	f.states[2].QueuedPrefillTokens = 0
 	ch = p.Route(r, 0)
 	assert.Equal(t, 2, ch.Order[0])
 	assert.True(t, ch.Spill)
 	assert.True(t, ch.Rule)
-	// A busy cache makes the spill dearer: at 97% KV usage the copy pays 6,000 x 0.97 more
-	// (shared/rule: W x u), 15,820 against the owner's 10,500.
-	f.states[2].KVUsage = 0.97
-	assert.Equal(t, 1, p.Route(r, 0).Order[0])
+}
+
+// The oracle feeds the rule exact load values (busy fraction, running requests, mean
+// uncached tokens), so on a fleet busy for a minute a copy costs what it makes everyone
+// wait: the owner keeps a request that the same queues on an idle fleet would copy.
+func TestOracleRuleSeesLoad(t *testing.T) {
+	f := newFake(3)
+	p := NewOracle(f, rule.DefaultParams(), 1)
+	r := chat(0, "s", "q", 8000)
+	f.cached[[2]int{1, 0}] = 6000
+	f.states[0].QueuedPrefillTokens = 500
+	f.states[1].QueuedPrefillTokens = 9000
+	f.states[2].QueuedPrefillTokens = 500
+	// First decision, no load known yet: owner 9,000 + 2,000 against a cold 500 + 8,000
+	// + 6,000/3: a copy.
+	ch := p.Route(r, 0)
+	assert.True(t, ch.Spill)
+	for s := 1; s < 60; s++ {
+		p.Route(r, time.Duration(s)*time.Second)
+	}
+	// A minute of prefill always waiting everywhere: rho at its cap, and the cold
+	// replica's 8,000 tokens delay every later arrival 4 times as much as the owner's 2,000.
+	ch = p.Route(r, 60*time.Second)
+	assert.Equal(t, 1, ch.Order[0])
+	assert.False(t, ch.Spill)
 }
 
 func TestSplitKeepsRoutersApart(t *testing.T) {
