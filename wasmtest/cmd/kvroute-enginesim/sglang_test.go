@@ -149,8 +149,8 @@ func httpDo(t *testing.T, method, url, body string) (int, string) {
 // SGLang's HTTP surface (http_server.py @0025436e, protocol.py, serving_base.py): any
 // model name serves the base model; errors are the flat ErrorResponse with a null
 // param; an empty prompt is "Prompt cannot be empty"; /v1/models lists a ModelCard
-// owned by sglang; /get_model_info and /flush_cache exist, the latter clearing the
-// cache with AllBlocksCleared.
+// owned by sglang; /get_model_info (main's model_info) and /flush_cache exist, the
+// latter clearing the cache with AllBlocksCleared.
 func TestSGLangHTTP(t *testing.T) {
 	s, take := sglangServer(t, "--served-model-name", "served")
 	u := "http://" + s.Addr()
@@ -194,7 +194,8 @@ func TestSGLangHTTP(t *testing.T) {
 
 	code, body = httpDo(t, "GET", u+"/get_model_info", "")
 	require.Equal(t, 200, code)
-	assert.JSONEq(t, `{"model_path":"served","tokenizer_path":"served","is_generation":true,"preferred_sampling_params":null,"weight_version":"default"}`, body)
+	assert.JSONEq(t, `{"model_path":"served","tokenizer_path":"served","is_generation":true,"preferred_sampling_params":null,"weight_version":"default",`+
+		`"has_image_understanding":false,"has_audio_understanding":false,"model_type":null,"architectures":null}`, body)
 
 	take()
 	code, body = httpDo(t, "POST", u+"/flush_cache", "")

@@ -80,7 +80,8 @@ type Snapshot struct {
 	Request *RequestHistograms
 	// CacheConfig are vllm:cache_config_info's labels (engine is appended).
 	CacheConfig []Label
-	// CapacityTokens is the KV pool in tokens (SGLang's sglang:num_used_tokens).
+	// CapacityTokens is the KV the pool can hand out, in tokens (SGLang's
+	// sglang:max_total_num_tokens, and the scale of sglang:num_used_tokens).
 	CapacityTokens int64
 }
 

@@ -453,7 +453,9 @@ func (r *Replica) Metrics() metrics.Snapshot {
 		PrefixQueries: stats.PrefixQueries, PrefixHits: stats.PrefixHits, Preemptions: stats.Preemptions,
 		PromptTokens: stats.PromptTokens, GenerationTokens: stats.GenerationTokens, Success: success,
 		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(), Request: r.reqHist.Clone(),
-		CapacityTokens: int64(r.eng.NumGPUBlocks()) * int64(r.eng.Profile().BlockSize),
+		// The pool's null block is never handed out; SGLang's max_total_num_tokens is
+		// what its allocator can hand out (mem_cache/allocator.py: pages 1..num_pages).
+		CapacityTokens: int64(r.eng.NumGPUBlocks()-1) * int64(r.eng.Profile().BlockSize),
 	}
 	if r.itl != nil {
 		s.ITL = r.itl.Clone()

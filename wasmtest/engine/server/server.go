@@ -404,14 +404,14 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 
 // model resolves a request's model to a LoRA adapter ("" = base model).
 func (s *Server) model(name string) (lora string, loraID int, e *openai.Error) {
+	if s.isSGLang() {
+		return s.sglangModel(name)
+	}
 	if name == "" || name == s.cfg.ModelName {
 		return "", 0, nil
 	}
 	if id, ok := s.loras[name]; ok {
 		return name, id, nil
-	}
-	if s.isSGLang() {
-		return "", 0, nil // SGLang reads model only for a LoRA adapter; any other name is the base model
 	}
 	return "", 0, openai.NotFound("model", "The model `%s` does not exist.", name)
 }

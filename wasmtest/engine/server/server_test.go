@@ -778,3 +778,122 @@ func TestSGLangEngine(t *testing.T) {
 		assert.Contains(t, page, "\n"+line)
 	}
 }
+
+// startSGLang starts an SGLang replica of revision v with pages of pageSize tokens and
+// a pool of poolTokens, without KV events.
+func startSGLang(t *testing.T, v version.SGLang, pageSize, poolTokens int) *Server {
+	t.Helper()
+	return startSGLangWith(t, Config{Replica: replica.Config{Engine: v.Engine(timing.Fast(), pageSize, poolTokens), SGLang: v}})
+}
+
+// startSGLangWith starts cfg as an SGLang replica of the test model, without KV events.
+func startSGLangWith(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	cfg.ModelName, cfg.Logger = model, slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Replica.TimeScale, cfg.Replica.Kind = 0.01, replica.EngineSGLang
+	s, err := Start(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// sglang:max_total_num_tokens is what SGLang's allocator can hand out (every page of
+// the pool: PagedTokenToKVPoolAllocator frees pages 1..num_pages, mem_cache/allocator.py),
+// so a request of exactly that many tokens runs.
+func TestSGLangMaxTotalNumTokensFits(t *testing.T) {
+	var sgv version.SGLang // main
+	s := startSGLang(t, sgv, 16, 96)
+	code, body := get(t, s, "/metrics")
+	require.Equal(t, 200, code)
+	var capacity int
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "sglang:max_total_num_tokens{") {
+			f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			require.NoError(t, err)
+			capacity = int(f)
+		}
+	}
+	require.Positive(t, capacity, "sglang:max_total_num_tokens on the page")
+	prompt := make([]string, capacity-1)
+	for i := range prompt {
+		prompt[i] = strconv.Itoa(100 + i)
+	}
+	code, body = post(t, s, "/v1/completions", `{"prompt":[`+strings.Join(prompt, ",")+`],"max_tokens":1}`)
+	assert.Equal(t, 200, code, "%d prompt tokens + 1 output = max_total_num_tokens %d: %s", len(prompt), capacity, body)
+}
+
+// SGLang main serves the model information at /model_info, with /get_model_info a
+// deprecated alias answering the same JSON, which carries the multimodal flags and the
+// HF config's model_type and architectures (entrypoints/http_server.py model_info, in
+// main since the gateway followed it, sgl-project/sglang#24167); 0.5.0rc0 has only
+// /get_model_info.
+func TestSGLangModelInfo(t *testing.T) {
+	var sgv version.SGLang // main
+	s := startSGLang(t, sgv, 1, 0)
+	code, info := get(t, s, "/model_info")
+	require.Equal(t, 200, code)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(info, &m))
+	for _, key := range []string{"model_path", "tokenizer_path", "is_generation", "preferred_sampling_params",
+		"weight_version", "has_image_understanding", "has_audio_understanding", "model_type", "architectures"} {
+		assert.Contains(t, m, key)
+	}
+	assert.Equal(t, model, m["model_path"])
+	assert.Equal(t, false, m["has_image_understanding"])
+	code, alias := get(t, s, "/get_model_info")
+	require.Equal(t, 200, code)
+	assert.JSONEq(t, string(info), string(alias), "the deprecated alias answers the same")
+
+	old, err := version.ParseSGLang("0.5.0rc0")
+	require.NoError(t, err)
+	s = startSGLang(t, old, 1, 0)
+	code, _ = get(t, s, "/model_info")
+	assert.Equal(t, http.StatusNotFound, code)
+	code, _ = get(t, s, "/get_model_info")
+	assert.Equal(t, 200, code)
+}
+
+// SGLang takes a LoRA adapter from the model field only as "base:adapter" (main:
+// serving_base.py _parse_model_parameter, split at the first colon, sgl-project/sglang
+// #11570); a bare adapter name is the base model, and an adapter that is not loaded is
+// 400 from the LoRA registry (lora_registry.py acquire). 0.5.0rc0 reads no adapter from
+// the model field.
+func TestSGLangModelFieldAdapter(t *testing.T) {
+	prompt := make([]string, 40)
+	for i := range prompt {
+		prompt[i] = strconv.Itoa(200 + i)
+	}
+	body := func(name string) string {
+		return `{"model":` + jsonString(name) + `,"prompt":[` + strings.Join(prompt, ",") + `],"max_tokens":1}`
+	}
+	cached := func(t *testing.T, s *Server, name string) int {
+		t.Helper()
+		code, b := post(t, s, "/v1/completions", body(name))
+		require.Equal(t, 200, code, "%s", b)
+		if d := decode(t, b).Usage.PromptTokensDetails; d != nil {
+			return d.CachedTokens
+		}
+		return 0
+	}
+	start := func(t *testing.T, v version.SGLang) *Server {
+		return startSGLangWith(t, Config{LoRAModules: []LoRAModule{{Name: "sql", Path: "/adapters/sql"}},
+			SGLangCacheReport: true, Replica: replica.Config{Engine: v.Engine(timing.Fast(), 1, 0), SGLang: v}})
+	}
+
+	var sgv version.SGLang // main
+	s := start(t, sgv)
+	require.Zero(t, cached(t, s, model))
+	assert.Positive(t, cached(t, s, "sql"), "a bare adapter name is the base model: the base prompt hits")
+	assert.Zero(t, cached(t, s, model+":sql"), "base:adapter is the adapter's namespace")
+	assert.Positive(t, cached(t, s, "anything:sql"), "the adapter again: only the part after the colon counts")
+	code, b := post(t, s, "/v1/completions", body(model+":nope"))
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, string(b), `"message":"The following requested LoRA adapters are not loaded: nope\nLoaded adapters: dict_keys(['sql']).","type":"BadRequestError"`)
+
+	old, err := version.ParseSGLang("0.5.0rc0")
+	require.NoError(t, err)
+	s = start(t, old)
+	require.Zero(t, cached(t, s, model))
+	assert.Positive(t, cached(t, s, model+":sql"), "0.5.0rc0: the model field names no adapter")
+	assert.Positive(t, cached(t, s, "sql"))
+}

@@ -79,6 +79,15 @@ func (v SGLang) NewLabels() bool { return !v.old }
 // EmptyPromptRefused: an empty prompt answers 400 "Prompt cannot be empty" (main).
 func (v SGLang) EmptyPromptRefused() bool { return !v.old }
 
+// ModelFieldAdapter: a request's model "base:adapter" picks the LoRA adapter after the
+// first colon (main; 0.4.7-0.5.0rc0 read no adapter from the model field).
+func (v SGLang) ModelFieldAdapter() bool { return !v.old }
+
+// ModelInfo: the model information is served at /model_info, /get_model_info being a
+// deprecated alias, and carries the multimodal flags, model_type and architectures
+// (main; 0.4.7-0.5.0rc0 have /get_model_info alone).
+func (v SGLang) ModelInfo() bool { return !v.old }
+
 // Engine returns the engine configuration of an SGLang replica with profile prof:
 // pages of pageSize tokens in place of vLLM blocks, poolTokens of KV (0: the profile's
 // pool), and this revision's radix cache.
