@@ -201,7 +201,7 @@ func (h host) exchange(r request) (uint32, types.Action) {
 	if r.body == "" || h.GetSentLocalResponse(id) != nil {
 		return id, action
 	}
-	if _, routable := prompt.APIForPath(r.path); routable && r.method == "POST" && !r.declaredOversized {
+	if _, routable := prompt.SchemaForPath(r.path); routable && r.method == "POST" && !r.declaredOversized {
 		require.Equal(h.t, types.ActionPause, action, "headers are held until the body is in")
 	}
 	b := []byte(r.body)

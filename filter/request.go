@@ -23,7 +23,7 @@ type httpContext struct {
 	p     *plugin
 	reqID uint64
 
-	api         prompt.API
+	schema      prompt.Schema
 	routable    bool // a POST to an OpenAI path: held for its body
 	decided     bool
 	tenant      string
@@ -69,7 +69,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	method, _ := v.requestHeader(":method")
 	post := method == "POST"
 	path, _ := v.requestHeader(":path")
-	a, ok := prompt.APIForPath(path)
+	a, ok := prompt.SchemaForPath(path)
 	h.tenant = h.p.tenant(v)
 	if !ok || !post {
 		// A body kvroute does not read is forwarded as it is, which an isolated tenant's
@@ -79,7 +79,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 		}
 		return types.ActionContinue
 	}
-	h.api, h.routable = a, true
+	h.schema, h.routable = a, true
 	if cfg.ModelHeader != "" {
 		m, _ := v.requestHeader(cfg.ModelHeader)
 		h.modelHeader = h.p.names.keep(m)
@@ -243,7 +243,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	now := p.now()
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
 	p.placed.catchUp(p, now)
-	req.ID, req.API, req.ModelHeader, req.Tenant = h.reqID, h.api, h.modelHeader, h.tenant
+	req.ID, req.Schema, req.ModelHeader, req.Tenant = h.reqID, h.schema, h.modelHeader, h.tenant
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
 	d, res := p.router.Route(nil, req, 0, now)

@@ -46,8 +46,8 @@ func warmUp(cfg api.Config) {
 	// A new prompt, its repeat (the memos' hits) and one sharing its start, then a token
 	// prompt: each a placement the next one matches through Local.
 	bodies := []struct {
-		api  prompt.API
-		body []byte
+		schema prompt.Schema
+		body   []byte
 	}{
 		{prompt.Chat, chat("a first question")},
 		{prompt.Chat, chat("a first question")},
@@ -56,7 +56,7 @@ func warmUp(cfg api.Config) {
 	}
 	var buf []byte
 	for i, b := range bodies {
-		req := route.Request{ID: uint64(i + 1), API: b.api, Body: b.body}
+		req := route.Request{ID: uint64(i + 1), Schema: b.schema, Body: b.body}
 		d, res := r.Route(tb, &req, 0, now)
 		if len(d.Addrs) > 0 {
 			buf = res.Placement.AppendBinary(buf[:0])

@@ -15,8 +15,8 @@ import (
 // two cannot drift apart (TestFilterAndSimulatorRouteAlike in filter/ holds them to it).
 type Request struct {
 	// ID keys the request's ledger entry (the filter's context number).
-	ID  uint64
-	API prompt.API
+	ID     uint64
+	Schema prompt.Schema
 	// Body is the whole request body (nil when there was none).
 	Body []byte
 	// Oversized: the body was let through unread because it is, or could become,
@@ -172,7 +172,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	// isolated tenant's requests only, and shared tenants' only each other's.
 	tenantSalt, isolated := cfg.TenantSalt(req.Tenant)
 	r.parser.Partition = tenantSalt
-	pr, err := r.parser.Parse(req.API, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
+	pr, err := r.parser.Parse(req.Schema, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
 	model := pr.Model
 	if req.ModelHeader != "" {
 		model = req.ModelHeader

@@ -396,7 +396,7 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		return policy.Choice{}
 	}
 	nowT := at(now)
-	d, res := r.Proxy.Route(&route.Request{ID: req.ID, API: prompt.Chat, Body: req.Body}, nowT)
+	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: prompt.Chat, Body: req.Body}, nowT)
 	if res.Action == route.Unrouted {
 		return policy.Choice{}
 	}
