@@ -120,8 +120,8 @@ func (p *plugin) OnTick() {
 	p.placed.flushStarts(p)
 	// Placements a table confirmed current has had the chance to learn are its to say
 	// (with shards, once every shard's table has).
-	p.router.Local.Prune(p.confirmed(), now)
-	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
+	p.router.Prune(p.confirmed(), now)
+	if n := p.router.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}
 }

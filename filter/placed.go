@@ -135,7 +135,7 @@ func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) 
 // started notes that placement number placed has started at at (its first response
 // byte; zero: it ended without one): its prefill is no longer queued, and the siblings
 // learn it now, with the time, so that a snapshot measured before it, which still counts
-// the prefill as queued, is corrected on every VM (route.Ledger.Started) while the entry
+// the prefill as queued, is corrected on every VM (route.Router.Started) while the entry
 // is younger than peerTTL, as old as a fresh table's snapshots get. Ending the siblings'
 // entries instead would leave them counting such a snapshot's queue in full, and a repeat
 // sent right after the answer, on the other VM, could go to another replica
@@ -193,7 +193,7 @@ func (s *placed) catchUp(p *plugin, now time.Time) {
 	// Siblings' entries go a second after their send, started or not: a few each request
 	// rather than a tick's worth at once, which would lengthen that tick
 	// (BenchmarkKvrouteLeaderTick).
-	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
+	p.router.ExpirePeers(now.Add(-peerTTL))
 	s.seqFresh = false
 	b, cas, err := p.mem.value.sharedData(placedSeqKey)
 	if err == types.ErrorStatusNotFound {
@@ -253,16 +253,11 @@ func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
 		if len(rest) < 8*k {
 			return seq
 		}
-		if now.Sub(at) <= p.router.Local.MaxAge {
-			s.keys = s.keys[:0]
-			for i := range k {
-				s.keys = append(s.keys, binary.LittleEndian.Uint64(rest[8*i:]))
-			}
-			p.router.Local.Add(model, s.keys, addr, at)
-			if now.Sub(at) < peerTTL {
-				p.router.Ledger.AddPeer(1<<63|seq, addr, tokens, at)
-			}
+		s.keys = s.keys[:0]
+		for i := range k {
+			s.keys = append(s.keys, binary.LittleEndian.Uint64(rest[8*i:]))
 		}
+		p.router.AddPeer(1<<63|seq, model, s.keys, addr, tokens, at, now, peerTTL)
 		s.applyStarts(p, rest[8*k:], now)
 	}
 	return seq
@@ -285,9 +280,9 @@ func (s *placed) applyStarts(p *plugin, b []byte, now time.Time) {
 			ms = int64(binary.LittleEndian.Uint64(b[8*(k+i):]))
 		}
 		if ms > 0 {
-			p.router.Ledger.Started(id, time.UnixMilli(min(ms, now.UnixMilli())))
+			p.router.Started(id, time.UnixMilli(min(ms, now.UnixMilli())))
 		} else {
-			p.router.Ledger.Done(id)
+			p.router.Done(id)
 		}
 	}
 }

@@ -266,7 +266,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	}
 	if res.Refused != route.NotRefused {
 		if d.Addrs != nil {
-			p.router.Ledger.Done(h.reqID)
+			p.router.Done(h.reqID)
 		}
 		h.refuse(res.Refused)
 		return true
@@ -282,7 +282,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header(d.Addrs)); err != nil {
 		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
-		p.router.Ledger.Done(h.reqID)
+		p.router.Done(h.reqID)
 		m.unrouted.Increment(1)
 		return
 	}

@@ -143,7 +143,7 @@ func (p *plugin) syncTables(now time.Time) {
 
 // confirmed is when every shard's table was last known current (the oldest such time;
 // zero while a shard has none): this VM's own placements of any model are kept until
-// then (route.Local.Prune).
+// then (route.Router.Prune).
 func (p *plugin) confirmed() time.Time {
 	var oldest time.Time
 	for i, s := range p.shards {

@@ -60,7 +60,7 @@ func warmUp(cfg api.Config) {
 		d, res := r.Route(tb, &req, 0, now)
 		if len(d.Addrs) > 0 {
 			buf = res.Placement.AppendBinary(buf[:0])
-			r.Ledger.Started(req.ID, now)
+			r.Started(req.ID, now)
 		}
 		now = now.Add(time.Millisecond)
 	}

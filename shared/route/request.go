@@ -149,7 +149,7 @@ type Result struct {
 //
 // The caller sets the endpoint header from the decision's addresses, forwards
 // Result.Body when set, counts the result and queues the placement report; when it
-// cannot set the header it calls r.Ledger.Done(req.ID).
+// cannot set the header it calls r.Done(req.ID).
 func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now time.Time) (Decision, Result) {
 	var res Result
 	cfg := &r.Config
