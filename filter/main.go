@@ -90,6 +90,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.router.Config = cfg
 	p.router.Reuse = true // the request path copies what it keeps (request.go route)
 	p.router.Tables = p.tableFor
+	p.placed = newPlaced(p.vmID, &p.mem.value, p.router)
 	p.metrics = defineMetrics()
 	tick := p.minTick()
 	p.tickMs = tick
@@ -116,8 +117,8 @@ func (p *plugin) OnTick() {
 	p.leadTick(now)
 	p.flushAllReports()
 	p.syncTables(now)
-	p.placed.catchUp(p, now)
-	p.placed.flushStarts(p)
+	p.placed.catchUp(now)
+	p.placed.flushStarts()
 	// Placements a table confirmed current has had the chance to learn are its to say
 	// (with shards, once every shard's table has).
 	p.router.Prune(p.confirmed(), now)

@@ -242,7 +242,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	p := h.p
 	now := p.now()
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
-	p.placed.catchUp(p, now)
+	p.placed.catchUp(now)
 	req.ID, req.Schema, req.ModelHeader, req.Tenant = h.reqID, h.schema, h.modelHeader, h.tenant
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
@@ -308,7 +308,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	h.keys = append(h.keys[:0], res.Placement.Keys...)
 	h.report.Keys = h.keys
 	p.enqueue(h.shard, &h.report)
-	h.shared = p.placed.share(p, &h.report, res.LocalKeys, d.Uncached)
+	h.shared = p.placed.share(&h.report, res.LocalKeys, d.Uncached)
 	return false
 }
 

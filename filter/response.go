@@ -72,7 +72,7 @@ func (h *httpContext) OnHttpStreamDone() {
 // this VM's ledger does (Started, or Done).
 func (h *httpContext) started(at time.Time) {
 	if h.shared != 0 {
-		h.p.placed.started(h.p, h.shared, at)
+		h.p.placed.started(h.shared, at)
 		h.shared = 0
 	}
 }
