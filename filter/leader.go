@@ -38,7 +38,8 @@ type leader struct {
 	item           hostBuf // the report queue item being posted (reports.go nextItem)
 	// The calls' headers, made once (a poll changes its :path): the ticks make no garbage.
 	pollHdrs, reportHdrs [][2]string
-	reportCalls          int // report posts outstanding
+	reportCalls          int     // report posts outstanding
+	count                [8]byte // the drained count being written to shared data
 }
 
 func newLeader(cfg *api.ControlPlane, tickMs int) leader {
@@ -250,10 +251,10 @@ func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now tim
 // are out of the queue, and their buffers free (reports.go).
 func (l *leader) postReports(p *plugin, s *shard) {
 	l.reportWait = l.reportEvery - 1
-	if !s.queueOK {
+	if !s.reports.ok {
 		return
 	}
-	flushed := p.readCount(s.keys.flushed)
+	flushed := readCount(&p.mem.value, s.keys.flushed)
 	if l.reportHdrs == nil {
 		l.reportHdrs = append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
 	}
@@ -262,15 +263,15 @@ func (l *leader) postReports(p *plugin, s *shard) {
 		if posts >= maxPostsPerTick {
 			return // the rest on the next tick
 		}
-		it, count, ok := p.nextItem(s, &l.item)
+		it, count, ok := s.reports.next(&l.item)
 		if !ok {
 			break
 		}
 		l.post(p, s, hdrs, it[itemHead:], count)
 	}
-	if flushed != 0 && flushed > p.readCount(s.keys.drained) {
-		binary.LittleEndian.PutUint64(p.countBuf[:], flushed)
-		_ = put(s.keys.drained, p.countBuf[:])
+	if flushed != 0 && flushed > readCount(&p.mem.value, s.keys.drained) {
+		binary.LittleEndian.PutUint64(l.count[:], flushed)
+		_ = put(s.keys.drained, l.count[:])
 	}
 }
 
@@ -280,21 +281,15 @@ func (l *leader) postReports(p *plugin, s *shard) {
 // items than half a tick's posts goes through the queue as any VM's. It returns the posts.
 func (l *leader) postOwn(p *plugin, s *shard, hdrs [][2]string) int {
 	rb := &s.reports
-	if rb.n == 0 {
+	posts := rb.own(maxPostsPerTick / 2)
+	if posts == 0 {
 		return 0
 	}
-	if len(rb.items) > maxPostsPerTick/2 {
-		p.flushReports(s)
-		return 0
-	}
-	p.closeItem(s)
-	for i := range rb.items {
+	for i := range posts {
 		item := rb.item(i)
 		l.post(p, s, hdrs, item[itemHead:], itemCount(item))
 	}
-	posts := len(rb.items)
-	rb.b, rb.items = rb.b[:0], rb.items[:0]
-	p.startItem(s)
+	rb.reuse()
 	return posts
 }
 

@@ -67,7 +67,6 @@ type plugin struct {
 	usage    prompt.Parser // reads usage in responses (its buffers)
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
 	names    names         // tenants, model headers and upstream addresses kept
-	countBuf [8]byte       // a count being written to shared data (reports.go)
 	leaseBuf [16]byte      // the lease being written to shared data (leader.go)
 }
 
@@ -94,6 +93,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.metrics = defineMetrics()
 	tick := p.minTick()
 	p.tickMs = tick
+	p.proxyName() // the name reports carry, read once now rather than in the first request's
 	p.setupShards(tick)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
@@ -101,7 +101,6 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	}
 	t0 := time.Now()
 	warmUp(cfg)
-	p.proxyName() // the name reports carry, read once now rather than in the first request's
 	p.readWorkload()
 	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.describeShards(), tick,
 		time.Since(t0).Milliseconds())

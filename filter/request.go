@@ -307,7 +307,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	h.placed, h.first, h.report, h.shard = true, d.Addrs[0], res.Placement, p.routed
 	h.keys = append(h.keys[:0], res.Placement.Keys...)
 	h.report.Keys = h.keys
-	p.enqueue(h.shard, &h.report)
+	h.shard.reports.enqueue(&h.report)
 	h.shared = p.placed.share(&h.report, res.LocalKeys, d.Uncached)
 	return false
 }

@@ -108,5 +108,5 @@ func (h *httpContext) finish() {
 		p.metrics.outcomesWithoutUsage.Increment(1)
 	}
 	h.tail = h.tail[:0]
-	p.enqueue(h.shard, &r)
+	h.shard.reports.enqueue(&r)
 }

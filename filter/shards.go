@@ -25,9 +25,7 @@ type shard struct {
 	keys    keys
 	view    view
 	leader  leader
-	queueID uint32
-	queueOK bool      // its report queue is registered (ids start at 0 on some hosts)
-	reports reportBuf // this VM's reports for this shard since its last flush
+	reports reports // this VM's reports for this shard since its last flush, and its queue
 	gauges  *shardGauges
 }
 
@@ -56,13 +54,15 @@ func (p *plugin) setupShards(tick int) {
 				pollErrors: proxywasm.DefineCounterMetric(pre + "table_poll_errors_total"),
 			}
 		}
+		s.reports = reports{keys: &s.keys, maxBatch: s.cp.MaxReportBatch, proxy: p.proxyName(),
+			value: &p.mem.value, dropped: p.metrics.reportsDropped}
 		var err error
 		// Every VM registers the same queue names and gets the same ids; only the leader
 		// drains them, on its tick.
-		if s.queueID, err = proxywasm.RegisterSharedQueue(s.keys.queue); err != nil {
+		if s.reports.queueID, err = proxywasm.RegisterSharedQueue(s.keys.queue); err != nil {
 			proxywasm.LogErrorf("kvroute: cannot register the report queue %s, reports are off: %v", s.keys.queue, err)
 		}
-		s.queueOK = err == nil
+		s.reports.ok = err == nil
 		if len(sc.Models) == 0 {
 			p.every = s
 		}
