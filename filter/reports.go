@@ -60,7 +60,7 @@ const (
 
 // flushAllReports hands every shard's batch to its queue (each VM, each tick).
 func (p *plugin) flushAllReports() {
-	for _, s := range p.shards {
+	for _, s := range p.shards.list {
 		s.reports.flush()
 	}
 }
@@ -72,7 +72,7 @@ type reports struct {
 	ok       bool // the queue is registered (ids start at 0 on some hosts)
 	keys     *keys
 	maxBatch int      // the shard's max_report_batch
-	proxy    string   // the name batches carry (plugin.proxyName)
+	proxy    string   // the name batches carry (proxyName)
 	value    *hostBuf // the VM's buffer for shared-data reads (hostmem.go)
 	dropped  proxywasm.MetricCounter
 	count    [8]byte // a count being written to shared data
