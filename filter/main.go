@@ -4,15 +4,20 @@
 // package route; the chosen "ip:port" list goes into the endpoint header that Envoy's
 // override_host load balancer reads.
 //
-// Files: main.go (contexts, tick), request.go (request path), response.go (usage and
-// outcome reports), reports.go (report batches and their queues), shards.go (the
-// control planes polled, one per model or pool, and which one serves a request's model),
-// store.go (each shard's table in shared data), placed.go (placements shared between
-// the worker VMs), leader.go (lease, polling each shard's control plane, posting its
-// reports), hostmem.go (the buffers host calls write their values into, reused from
-// request to request), hostcall_wasm.go (the filter's proxy_on_memory_allocate and the
-// host calls the request path makes itself; hostcall_native.go: the SDK's, natively),
-// warmup.go (the request path run once on made-up requests at plugin start), metrics.go.
+// The plugin (one per VM) holds its components, each with its own state and methods: the
+// shards (shardSet), the leader, the sibling placements (placed), and on each shard its
+// reports and table.
+//
+// Files: main.go (contexts, tick), request.go (request path, the endpoint header),
+// response.go (usage and outcome reports), reports.go (a shard's report batches and its
+// queue), shards.go (the control planes polled, one per model or pool, and which one
+// serves a request's model), store.go (each shard's table in shared data), placed.go
+// (placements shared between the worker VMs), leader.go (lease, polling each shard's
+// control plane, sharing its tables, posting its reports), hostmem.go (the buffers host
+// calls write their values into, reused from request to request), hostcall_wasm.go (the
+// filter's proxy_on_memory_allocate and the host calls the request path makes itself;
+// hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on
+// made-up requests at plugin start), metrics.go.
 package main
 
 import (
@@ -55,8 +60,7 @@ type plugin struct {
 	routed   *shard    // the shard of the request being routed
 	reqNow   time.Time // when the request being routed is routed
 	free     []*httpContext
-	hdrBuf   []byte        // the endpoint header being built
-	hdrStr   string        // ... and the last one set
+	header   endpointHeader
 	usage    prompt.Parser // reads usage in responses (its buffers)
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
 	names    names         // tenants, model headers and upstream addresses kept
@@ -107,7 +111,7 @@ func (p *plugin) OnTick() {
 	// The leader first: it posts its own reports from its buffer (postOwn); the other
 	// VMs, and a leader not posting on this tick, hand theirs to the queue.
 	p.leader.tick(now)
-	p.flushAllReports()
+	p.shards.flushReports()
 	p.shards.sync(&p.metrics, now)
 	p.placed.catchUp(now)
 	p.placed.flushStarts()

@@ -58,13 +58,6 @@ const (
 	maxPostsPerTick = 16
 )
 
-// flushAllReports hands every shard's batch to its queue (each VM, each tick).
-func (p *plugin) flushAllReports() {
-	for _, s := range p.shards.list {
-		s.reports.flush()
-	}
-}
-
 // reports are one shard's reports on one VM: the buffer the request path appends them to
 // and the shard's queue the tick hands them to.
 type reports struct {

@@ -280,7 +280,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 		}
 		return
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header(d.Addrs)); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header.join(d.Addrs)); err != nil {
 		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
 		p.router.Done(h.reqID)
 		m.unrouted.Increment(1)
@@ -312,19 +312,25 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	return false
 }
 
-// header joins addrs as the endpoint header's value, d.Header() without allocating when
+// endpointHeader builds the endpoint header's value.
+type endpointHeader struct {
+	buf  []byte // the value being built
+	last string // ... and the last one set
+}
+
+// join joins addrs as the endpoint header's value, d.Header() without allocating when
 // the order is the previous request's.
-func (p *plugin) header(addrs []string) string {
-	b := p.hdrBuf[:0]
+func (e *endpointHeader) join(addrs []string) string {
+	b := e.buf[:0]
 	for i, a := range addrs {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, a...)
 	}
-	p.hdrBuf = b
-	if string(b) != p.hdrStr {
-		p.hdrStr = string(b)
+	e.buf = b
+	if string(b) != e.last {
+		e.last = string(b)
 	}
-	return p.hdrStr
+	return e.last
 }

@@ -106,6 +106,13 @@ func minTick(cfg *api.Config) int {
 	return max(10, tick)
 }
 
+// flushReports hands every shard's batch of reports to its queue (each VM, each tick).
+func (ss *shardSet) flushReports() {
+	for _, s := range ss.list {
+		s.reports.flush()
+	}
+}
+
 // serving is the shard that serves a base model (nil: none does).
 func (ss *shardSet) serving(model string) *shard {
 	if ss.every != nil {
