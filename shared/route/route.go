@@ -134,7 +134,7 @@ type Router struct {
 	// inTable[i] is matched[i] as the table alone gives it, before Local raises it:
 	// Route records in Local only the placement's keys past it (Result.LocalKeys).
 	inTable []int
-	cands   []rule.Replica
+	cands   []rule.Candidate
 	order   []int
 	addrs   []string
 	ckpts   []uint64
@@ -162,7 +162,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		correction, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
 		off, load := r.offloaded(c, i)
-		r.cands = append(r.cands, rule.Replica{
+		r.cands = append(r.cands, rule.Candidate{
 			Queued:    queued(rep.Queued, correction),
 			Pending:   pending,
 			Cached:    min(c.Tokens(r.matched[i]), c.PromptTokens),
@@ -195,7 +195,7 @@ func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Ti
 	for _, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		correction, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
-		r.cands = append(r.cands, rule.Replica{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
+		r.cands = append(r.cands, rule.Candidate{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
 	}
 	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
 }

@@ -19,7 +19,7 @@ type Oracle struct {
 	UncachedWeight float64
 	f              Fleet
 	picker         *rule.Picker
-	cands          []rule.Replica
+	cands          []rule.Candidate
 	idx            []int
 	order          []int
 }
@@ -42,7 +42,7 @@ func (p *Oracle) Route(r *workload.Request, _ time.Duration) Choice {
 		if p.UncachedWeight > 1 {
 			q /= p.UncachedWeight
 		}
-		p.cands = append(p.cands, rule.Replica{
+		p.cands = append(p.cands, rule.Candidate{
 			Queued:  q,
 			Cached:  float64(p.f.CachedPrefix(i, r)),
 			KVUsage: st.KVUsage,
