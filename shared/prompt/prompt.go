@@ -66,8 +66,8 @@ const (
 	us  = 0x1F // separates fields
 )
 
-// Request is what routing needs from a body.
-type Request struct {
+// Parsed is what routing needs from a request body, as Parse found it.
+type Parsed struct {
 	Schema Schema
 	Model  string
 	Stream bool
@@ -86,7 +86,7 @@ type Request struct {
 }
 
 // IsTokens reports whether the prompt is in the token domain.
-func (r *Request) IsTokens() bool { return r.Tokens != nil }
+func (r *Parsed) IsTokens() bool { return r.Tokens != nil }
 
 // ErrNoPrompt is returned when the body parses but carries nothing to route on.
 var ErrNoPrompt = errors.New("request has no prompt or messages")
@@ -116,17 +116,17 @@ type msgFields struct {
 	parts                                      int
 }
 
-// Parse reads body as a request of the given schema. The returned Request's Text and Tokens alias
+// Parse reads body as a request of the given schema. The result's Text and Tokens alias
 // the Parser's buffers and are valid until the next Parse.
-func (p *Parser) Parse(schema Schema, body []byte, lim Limits) (Request, error) {
+func (p *Parser) Parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 	p.memo.begin(p.Partition)
 	req, err := p.parse(schema, body, lim)
 	p.memo.end(err == nil && !req.HasCacheSalt)
 	return req, err
 }
 
-func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Request, error) {
-	req := Request{Schema: schema, saltStart: -1, closeBrace: -1}
+func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
+	req := Parsed{Schema: schema, saltStart: -1, closeBrace: -1}
 	if lim.MaxBytes > 0 && len(body) > lim.MaxBytes {
 		return req, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(body), lim.MaxBytes)
 	}
@@ -444,7 +444,7 @@ func (p *Parser) content(s *scanner) error {
 // WithCacheSalt returns a copy of body in which the top-level cache_salt is salt:
 // the existing value is replaced (the last one, which is the one vLLM reads), or the
 // field is added before the closing brace. req must come from parsing body.
-func WithCacheSalt(body []byte, req *Request, salt string) []byte {
+func WithCacheSalt(body []byte, req *Parsed, salt string) []byte {
 	q := make([]byte, 0, len(salt)+2)
 	q = appendJSONString(q, salt)
 	out := make([]byte, 0, len(body)+len(q)+16)

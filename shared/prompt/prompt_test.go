@@ -19,7 +19,7 @@ import (
 
 var lim = Limits{MaxBytes: 1 << 20, MaxDepth: 32}
 
-func parse(t *testing.T, schema Schema, body string) Request {
+func parse(t *testing.T, schema Schema, body string) Parsed {
 	t.Helper()
 	var p Parser
 	r, err := p.Parse(schema, []byte(body), lim)
@@ -281,8 +281,8 @@ func refString(raw json.RawMessage) ([]byte, error) {
 
 // reference is a second, independent implementation of the canonical serialization on
 // top of encoding/json, for differential fuzzing.
-func reference(schema Schema, body []byte) (Request, error) {
-	var r Request
+func reference(schema Schema, body []byte) (Parsed, error) {
+	var r Parsed
 	r.Schema = schema
 	if !json.Valid(body) || bytes.TrimSpace(body)[0] != '{' {
 		return r, errSyntax

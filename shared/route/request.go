@@ -278,7 +278,7 @@ func (r *Router) resolveModel(model string) (base, lora string) {
 // salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
 // cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
 // cache_salt the client sent separates the engine's cache, so it separates ours.
-func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Request, body []byte, res *Result) prefix.Salt {
+func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Parsed, body []byte, res *Result) prefix.Salt {
 	if !isolated {
 		if pr.HasCacheSalt {
 			return prefix.SaltFromCacheSalt(pr.CacheSalt)

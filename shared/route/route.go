@@ -37,20 +37,20 @@ type Identity struct {
 	Salt  prefix.Salt
 }
 
-// NewChain computes the chain of req under cfg (the table model's block sizes). keys is
+// NewChain computes the chain of pr under cfg (the table model's block sizes). keys is
 // reused for the result when it has room.
-func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64) Chain {
-	return newChain(cfg, id, req, keys, nil)
+func NewChain(cfg table.Config, id Identity, pr *prompt.Parsed, keys []uint64) Chain {
+	return newChain(cfg, id, pr, keys, nil)
 }
 
 // newChain is NewChain, through memo when not nil: the keys of a prefix shared with a
 // prompt the memo remembers are reused, not hashed again (prefix.Memo).
-func newChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64, memo *prefix.Memo) Chain {
+func newChain(cfg table.Config, id Identity, pr *prompt.Parsed, keys []uint64, memo *prefix.Memo) Chain {
 	textKeys, tokenKeys := prefix.TextKeys, prefix.TokenKeys
 	if memo != nil {
 		textKeys, tokenKeys = memo.TextKeys, memo.TokenKeys
 	}
-	if req.IsTokens() {
+	if pr.IsTokens() {
 		bt := int(cfg.BlockTokens)
 		if bt <= 0 {
 			bt = prefix.DefaultBlockTokens
@@ -58,9 +58,9 @@ func newChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64,
 		seed := prefix.Seed(prefix.Token, id.Model, id.LoRA, id.Salt)
 		return Chain{
 			Domain:       prefix.Token,
-			Keys:         tokenKeys(keys[:0], seed, req.Tokens, bt),
+			Keys:         tokenKeys(keys[:0], seed, pr.Tokens, bt),
 			BlockSize:    bt,
-			PromptTokens: float64(len(req.Tokens)),
+			PromptTokens: float64(len(pr.Tokens)),
 		}
 	}
 	bb := int(cfg.BlockBytes)
@@ -74,10 +74,10 @@ func newChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64,
 	seed := prefix.Seed(prefix.Text, id.Model, id.LoRA, id.Salt)
 	return Chain{
 		Domain:        prefix.Text,
-		Keys:          textKeys(keys[:0], seed, req.Text, bb),
+		Keys:          textKeys(keys[:0], seed, pr.Text, bb),
 		BlockSize:     bb,
-		PromptTokens:  float64(len(req.Text)) / bpt,
-		PromptBytes:   len(req.Text),
+		PromptTokens:  float64(len(pr.Text)) / bpt,
+		PromptBytes:   len(pr.Text),
 		BytesPerToken: bpt,
 	}
 }
