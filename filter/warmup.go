@@ -24,7 +24,7 @@ import (
 // sets the same flags, logs the first request's guest time: TestFilterOnCppHost3930b7b).
 func warmUp(cfg api.Config) {
 	const model = "kvroute-warmup"
-	m, err := table.NewModel(model, table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
+	m, err := table.NewModel(model, table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
 		[]table.Replica{
 			{Slot: 0, ID: "a", Addr: "192.0.2.1:8000", Queued: 100, Speed: 20000, Healthy: true, StateAgeMs: 20},
 			{Slot: 1, ID: "b", Addr: "192.0.2.2:8000", Queued: 900, Speed: 20000, Healthy: true, StateAgeMs: 20},

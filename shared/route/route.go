@@ -37,21 +37,21 @@ type Identity struct {
 	Salt  prefix.Salt
 }
 
-// NewChain computes the chain of pr under cfg (the table model's block sizes). keys is
+// NewChain computes the chain of pr under mc (the table model's block sizes). keys is
 // reused for the result when it has room.
-func NewChain(cfg table.Config, id Identity, pr *prompt.Parsed, keys []uint64) Chain {
-	return newChain(cfg, id, pr, keys, nil)
+func NewChain(mc table.ModelConfig, id Identity, pr *prompt.Parsed, keys []uint64) Chain {
+	return newChain(mc, id, pr, keys, nil)
 }
 
 // newChain is NewChain, through memo when not nil: the keys of a prefix shared with a
 // prompt the memo remembers are reused, not hashed again (prefix.Memo).
-func newChain(cfg table.Config, id Identity, pr *prompt.Parsed, keys []uint64, memo *prefix.Memo) Chain {
+func newChain(mc table.ModelConfig, id Identity, pr *prompt.Parsed, keys []uint64, memo *prefix.Memo) Chain {
 	textKeys, tokenKeys := prefix.TextKeys, prefix.TokenKeys
 	if memo != nil {
 		textKeys, tokenKeys = memo.TextKeys, memo.TokenKeys
 	}
 	if pr.IsTokens() {
-		bt := int(cfg.BlockTokens)
+		bt := int(mc.BlockTokens)
 		if bt <= 0 {
 			bt = prefix.DefaultBlockTokens
 		}
@@ -63,11 +63,11 @@ func newChain(cfg table.Config, id Identity, pr *prompt.Parsed, keys []uint64, m
 			PromptTokens: float64(len(pr.Tokens)),
 		}
 	}
-	bb := int(cfg.BlockBytes)
+	bb := int(mc.BlockBytes)
 	if bb <= 0 {
 		bb = prefix.DefaultBlockBytes
 	}
-	bpt := cfg.BytesPerToken
+	bpt := mc.BytesPerToken
 	if bpt <= 0 {
 		bpt = 4 // the usual ratio for English text until the control plane learns better
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var cfg = table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+var cfg = table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 
 func chatBody(system, question string) []byte {
 	return []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, question))
