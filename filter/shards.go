@@ -11,10 +11,10 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// A shard is one control plane and the models whose table it serves (api.Shard, issue
-// 15). The filter polls every shard it is configured for; each has its own keys in shared
-// data (store.go), its own copy of the table on every VM, its own poll and report schedule
-// on the leader (leader.go) and its own report queue (reports.go). A request routes on
+// A shard is one control plane and the models whose table it serves (api.Shard). The
+// filter polls every shard it is configured for; each has its own keys in shared data
+// (store.go), its own copy of the table on every VM, its own poll and report schedule on
+// the leader (leader.go) and its own reports and report queue (reports.go). A request routes on
 // the table of its (base) model's shard (tableFor, called by route.Router.Route once the
 // model is known), and its reports go to that shard's control plane. A configuration
 // without shards (the control_plane block) is one unnamed shard that serves every model,
