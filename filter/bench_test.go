@@ -20,7 +20,7 @@ import (
 // 6,000 tokens (about 24 KB each), every prefix held by one or two replicas. The request
 // is an 8,000-token chat body (about 32 KB) that shares one of the prefixes.
 func benchFleet(b testing.TB) (*table.Table, string) {
-	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := make([]table.Replica, 22)
 	for i := range rs {
 		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.1.0.%d:8000", i+1),

@@ -80,7 +80,7 @@ func TestRoutesToTheReplicaHoldingThePrefix(t *testing.T) {
 		assert.Equal(t, "10.1.0.3:8000", r.Replica)
 		assert.Equal(t, prefix.Text, r.Domain)
 		assert.Equal(t, 4, r.Stride)
-		want := checkpointsOf(t, table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4}, chat(system, "Cancel order 2."), "")
+		want := checkpointsOf(t, table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4}, chat(system, "Cancel order 2."), "")
 		assert.Equal(t, want, r.Keys, "the report carries the request's checkpoint keys")
 		assert.Greater(t, r.PredictedCachedTokens, 6000)
 		assert.NotContains(t, mustJSON(r), "ACME", "no prompt text in reports")
@@ -203,7 +203,7 @@ func TestIsolatedTenantGetsCacheSaltAndItsOwnChain(t *testing.T) {
 		reports := h.reports()
 		require.Len(t, reports, 2)
 		assert.NotEqual(t, reports[0].Keys, reports[1].Keys, "the tenants' chains differ")
-		assert.Equal(t, checkpointsOf(t, table.Config{BlockBytes: 64, Stride: 4}, body, salt.CacheSalt()), reports[1].Keys)
+		assert.Equal(t, checkpointsOf(t, table.ModelConfig{BlockBytes: 64, Stride: 4}, body, salt.CacheSalt()), reports[1].Keys)
 	})
 }
 

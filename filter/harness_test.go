@@ -201,7 +201,7 @@ func (h host) exchange(r request) (uint32, types.Action) {
 	if r.body == "" || h.GetSentLocalResponse(id) != nil {
 		return id, action
 	}
-	if _, routable := prompt.APIForPath(r.path); routable && r.method == "POST" && !r.declaredOversized {
+	if _, routable := prompt.SchemaForPath(r.path); routable && r.method == "POST" && !r.declaredOversized {
 		require.Equal(h.t, types.ActionPause, action, "headers are held until the body is in")
 	}
 	b := []byte(r.body)
@@ -239,7 +239,7 @@ func newTable(version uint64) *table.Table {
 // modelTable adds model's n replicas, at 10.<net>.0.<i+1>:8000, to tb: queued tokens
 // per replica (nil: none) and, per slot, the bodies whose prefixes it holds.
 func modelTable(t *testing.T, tb *table.Table, model string, net, n int, queued []uint64, hold map[uint32][]string) *table.Table {
-	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := make([]table.Replica, n)
 	for i := range rs {
 		rs[i] = table.Replica{Slot: uint32(i), ID: fmt.Sprint("vllm-", i), Addr: fmt.Sprintf("10.%d.0.%d:8000", net, i+1),
@@ -261,11 +261,11 @@ func modelTable(t *testing.T, tb *table.Table, model string, net, n int, queued 
 	return tb
 }
 
-func checkpointsOf(t *testing.T, cfg table.Config, body, tenantCacheSalt string) []uint64 {
+func checkpointsOf(t *testing.T, cfg table.ModelConfig, body, tenantCacheSalt string) []uint64 {
 	return checkpointsFor(t, cfg, "llama", body, tenantCacheSalt)
 }
 
-func checkpointsFor(t *testing.T, cfg table.Config, model, body, tenantCacheSalt string) []uint64 {
+func checkpointsFor(t *testing.T, cfg table.ModelConfig, model, body, tenantCacheSalt string) []uint64 {
 	var p prompt.Parser
 	a := prompt.Chat
 	if strings.Contains(body, `"prompt"`) {

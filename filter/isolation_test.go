@@ -155,7 +155,7 @@ func TestTenantSource(t *testing.T) {
 				}
 				reports := h.reports()
 				require.Len(t, reports, 1)
-				assert.Equal(t, checkpointsOf(t, table.Config{BlockBytes: 64, Stride: 4}, body, c.wantChain), reports[0].Keys)
+				assert.Equal(t, checkpointsOf(t, table.ModelConfig{BlockBytes: 64, Stride: 4}, body, c.wantChain), reports[0].Keys)
 			})
 		}
 	})

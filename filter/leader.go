@@ -18,12 +18,26 @@ import (
 // leader is the part of a VM that may talk to the control plane. Envoy ticks every
 // worker VM; without a lease N workers would poll N times. The lease is a CAS-written
 // (owner, expiry) pair in shared data: whoever holds it renews it on every tick, and
-// when its VM stops ticking the lease expires and another VM takes over.
+// when its VM stops ticking the lease expires and another VM takes over. Holding it, the
+// VM polls each shard's control plane, shares the tables it gets with the other VMs
+// (store.go) and posts the reports they queued (reports.go).
 //
-// The lease is one for all shards; each shard has a leader value of its own (its poll
-// and report schedule), and the VM holding the lease runs them all, each independently:
-// one shard's control plane failing backs off that shard's polls alone.
+// The lease is one for all shards; each shard has a schedule of its own (its polls and
+// report posts), and the VM holding the lease runs them all, each independently: one
+// shard's control plane failing backs off that shard's polls alone.
 type leader struct {
+	vmID    uint64
+	tickMs  int
+	held    bool     // this VM holds the lease
+	lease   [16]byte // the lease being written to shared data
+	shards  *shardSet
+	clock   *func() time.Time // the plugin's (tests set their own after start)
+	value   *hostBuf          // the VM's buffer for shared data and call headers (hostmem.go)
+	metrics *metrics
+}
+
+// schedule is a shard's polls and report posts on the leader.
+type schedule struct {
 	// The leader's work is scheduled in ticks, the host's own clock: Envoy ticks every
 	// tickMs, so pollEvery ticks is the poll interval.
 	pollEvery, reportEvery int
@@ -35,14 +49,15 @@ type leader struct {
 	waitMs, pollMs int
 	pollSent       time.Time
 	failedPolls    int
-	item           hostBuf // the report queue item being posted (reports.go nextItem)
+	item           hostBuf // the report queue item being posted (reports.go next)
 	// The calls' headers, made once (a poll changes its :path): the ticks make no garbage.
 	pollHdrs, reportHdrs [][2]string
-	reportCalls          int // report posts outstanding
+	reportCalls          int     // report posts outstanding
+	count                [8]byte // the drained count being written to shared data
 }
 
-func newLeader(cfg *api.ControlPlane, tickMs int) leader {
-	return leader{
+func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
+	return schedule{
 		pollEvery:   max(1, cfg.PollMs/tickMs),
 		reportEvery: max(1, cfg.ReportMs/tickMs),
 		// Envoy always answers (the timeout, which exceeds wait_ms, ends the call); this
@@ -55,59 +70,60 @@ func newLeader(cfg *api.ControlPlane, tickMs int) leader {
 }
 
 // leaseTTL: three missed renewals, and at least a second, before another VM takes over.
-func (p *plugin) leaseTTL() time.Duration {
-	return max(time.Second, 3*time.Duration(p.tickMs)*time.Millisecond)
+func (l *leader) leaseTTL() time.Duration {
+	return max(time.Second, 3*time.Duration(l.tickMs)*time.Millisecond)
 }
 
-// leadTick takes or renews the lease and, holding it, runs every shard's schedule.
-func (p *plugin) leadTick(now time.Time) {
-	p.isLeader = p.tryLease(now, p.leaseTTL())
-	if !p.isLeader {
+// tick takes or renews the lease and, holding it, runs every shard's schedule.
+func (l *leader) tick(now time.Time) {
+	l.held = l.tryLease(now, l.leaseTTL())
+	if !l.held {
 		return
 	}
-	for _, s := range p.shards {
-		s.leader.tick(p, s)
+	for _, s := range l.shards.list {
+		l.tickShard(s)
 	}
 }
 
-func (l *leader) tick(p *plugin, s *shard) {
+func (l *leader) tickShard(s *shard) {
+	sc := &s.sched
 	switch {
-	case l.pollBusy > 0:
-		if l.pollBusy++; l.pollBusy > l.stuckAfter {
-			l.pollBusy = 0
+	case sc.pollBusy > 0:
+		if sc.pollBusy++; sc.pollBusy > sc.stuckAfter {
+			sc.pollBusy = 0
 		}
-	case l.pollWait > 0:
-		l.pollWait--
+	case sc.pollWait > 0:
+		sc.pollWait--
 	default:
-		l.poll(p, s)
+		l.poll(s)
 	}
 	switch {
-	case l.reportBusy > 0:
-		if l.reportBusy++; l.reportBusy > l.stuckAfter {
-			l.reportBusy, l.reportCalls = 0, 0
+	case sc.reportBusy > 0:
+		if sc.reportBusy++; sc.reportBusy > sc.stuckAfter {
+			sc.reportBusy, sc.reportCalls = 0, 0
 		}
-	case l.reportWait > 0:
-		l.reportWait--
+	case sc.reportWait > 0:
+		sc.reportWait--
 	default:
-		l.postReports(p, s)
+		l.postReports(s)
 	}
 }
 
-func (p *plugin) tryLease(now time.Time, ttl time.Duration) bool {
-	b, cas, err := p.mem.value.sharedData(leaseKey)
+func (l *leader) tryLease(now time.Time, ttl time.Duration) bool {
+	b, cas, err := l.value.sharedData(leaseKey)
 	if err != nil && err != types.ErrorStatusNotFound {
 		return false
 	}
 	if err == nil && len(b) == 16 {
 		owner := binary.LittleEndian.Uint64(b)
 		expires := int64(binary.LittleEndian.Uint64(b[8:]))
-		if owner != p.vmID && now.UnixMilli() < expires {
+		if owner != l.vmID && now.UnixMilli() < expires {
 			return false
 		}
 	}
-	binary.LittleEndian.PutUint64(p.leaseBuf[:8], p.vmID)
-	binary.LittleEndian.PutUint64(p.leaseBuf[8:], uint64(now.Add(ttl).UnixMilli()))
-	return proxywasm.SetSharedData(leaseKey, p.leaseBuf[:], cas) == nil
+	binary.LittleEndian.PutUint64(l.lease[:8], l.vmID)
+	binary.LittleEndian.PutUint64(l.lease[8:], uint64(now.Add(ttl).UnixMilli()))
+	return proxywasm.SetSharedData(leaseKey, l.lease[:], cas) == nil
 }
 
 func (s *shard) callHeaders(method, path string) [][2]string {
@@ -122,55 +138,58 @@ func (s *shard) callHeaders(method, path string) [][2]string {
 // wait_ms it is a long poll: the control plane holds it until a newer version exists
 // (or wait_ms passes, then 304), and onTable asks again at once, so a version reaches
 // this proxy when it is published rather than on the next poll tick.
-func (l *leader) poll(p *plugin, s *shard) {
+func (l *leader) poll(s *shard) {
+	sc := &s.sched
 	have := uint64(0)
 	if s.view.loaded {
 		have = s.view.t.Version
 	}
 	path := api.TablePath + "?version=" + strconv.FormatUint(have, 10)
-	if l.waitMs > 0 {
-		path += "&wait_ms=" + strconv.Itoa(l.waitMs)
+	if sc.waitMs > 0 {
+		path += "&wait_ms=" + strconv.Itoa(sc.waitMs)
 	}
-	if l.pollHdrs == nil {
+	if sc.pollHdrs == nil {
 		// The formats header asks for the slower KV tiers (table format 2); a control
 		// plane that does not know it answers format 1, which this build reads too.
-		l.pollHdrs = append(s.callHeaders("GET", ""), [2]string{"accept", api.TableContentType},
+		sc.pollHdrs = append(s.callHeaders("GET", ""), [2]string{"accept", api.TableContentType},
 			[2]string{api.TableFormatsHeader, api.TableFormats})
 	}
-	l.pollHdrs[1][1] = path // callHeaders' :path
-	l.pollSent = p.now()
-	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, l.pollHdrs, nil, nil,
-		uint32(s.cp.TimeoutMs), func(_, bodySize, _ int) { l.onTable(p, s, have, bodySize) })
-	p.metrics.polls.Increment(1)
+	sc.pollHdrs[1][1] = path // callHeaders' :path
+	sc.pollSent = (*l.clock)()
+	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, sc.pollHdrs, nil, nil,
+		uint32(s.cp.TimeoutMs), func(_, bodySize, _ int) { l.onTable(s, have, bodySize) })
+	l.metrics.polls.Increment(1)
 	if err != nil {
-		l.pollFailed(p, s, fmt.Errorf("dispatch to cluster %q: %w", s.cp.Cluster, err))
+		l.pollFailed(s, fmt.Errorf("dispatch to cluster %q: %w", s.cp.Cluster, err))
 		return
 	}
-	l.pollBusy = 1
+	sc.pollBusy = 1
 }
 
-func (l *leader) pollFailed(p *plugin, s *shard, err error) {
-	p.metrics.pollErrors.Increment(1)
+func (l *leader) pollFailed(s *shard, err error) {
+	sc := &s.sched
+	l.metrics.pollErrors.Increment(1)
 	if s.gauges != nil {
 		s.gauges.pollErrors.Increment(1)
 	}
-	l.failedPolls++
+	sc.failedPolls++
 	// Back off (doubling, up to about 2 s) so a dead control plane is not hammered;
 	// log the first failure and then every 50th, not every tick.
-	l.pollWait = min(l.pollEvery<<min(l.failedPolls, 5), max(1, 2000/p.tickMs)) - 1
-	if l.failedPolls == 1 || l.failedPolls%50 == 0 {
+	sc.pollWait = min(sc.pollEvery<<min(sc.failedPolls, 5), max(1, 2000/l.tickMs)) - 1
+	if sc.failedPolls == 1 || sc.failedPolls%50 == 0 {
 		if s.name != "" {
-			proxywasm.LogWarnf("kvroute: shard %s: table poll failed (%d in a row), routing its models on its last table: %v", s.name, l.failedPolls, err)
+			proxywasm.LogWarnf("kvroute: shard %s: table poll failed (%d in a row), routing its models on its last table: %v", s.name, sc.failedPolls, err)
 		} else {
-			proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", l.failedPolls, err)
+			proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", sc.failedPolls, err)
 		}
 	}
 }
 
-func (l *leader) onTable(p *plugin, s *shard, asked uint64, bodySize int) {
-	l.pollBusy = 0
-	now := p.now()
-	status, age := p.callStatus()
+func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
+	sc := &s.sched
+	sc.pollBusy = 0
+	now := (*l.clock)()
+	status, age := l.callStatus()
 	// The version's queue numbers are as old as the version: date the table from when
 	// the control plane built it, so the ledger counts every send the snapshot missed.
 	built := now.Add(-age)
@@ -180,18 +199,18 @@ func (l *leader) onTable(p *plugin, s *shard, asked uint64, bodySize int) {
 	case status == 200:
 		body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		if err == nil {
-			err = l.publish(p, s, body, asked, built)
+			err = l.publish(s, body, asked, built)
 		}
 		if err != nil {
-			l.pollFailed(p, s, err)
+			l.pollFailed(s, err)
 			return
 		}
 	default:
-		l.pollFailed(p, s, fmt.Errorf("control plane answered status %d", status))
+		l.pollFailed(s, fmt.Errorf("control plane answered status %d", status))
 		return
 	}
-	l.failedPolls = 0
-	l.pollWait = l.pollEvery - 1
+	sc.failedPolls = 0
+	sc.pollWait = sc.pollEvery - 1
 	// Long poll: ask again now (from the response callback: proxy-wasm hosts allow a
 	// dispatch there; Envoy makes it from the root context, Context::httpCall in
 	// source/extensions/common/wasm/context.cc) when the answer brought a newer
@@ -200,15 +219,15 @@ func (l *leader) onTable(p *plugin, s *shard, asked uint64, bodySize int) {
 	// there is never more than one poll per interval without a new version, and at
 	// most one in flight. Failures return above and wait out the backoff on the tick.
 	newer := s.view.loaded && s.view.t.Version != asked
-	if l.waitMs > 0 && p.isLeader && (newer || now.Sub(l.pollSent) >= time.Duration(l.pollMs)*time.Millisecond) {
-		l.pollWait = 0
-		l.poll(p, s)
+	if sc.waitMs > 0 && l.held && (newer || now.Sub(sc.pollSent) >= time.Duration(sc.pollMs)*time.Millisecond) {
+		sc.pollWait = 0
+		l.poll(s)
 	}
 }
 
 // publish verifies a frame by applying it to the leader's own copy, then writes it to
 // shared data for the other VMs.
-func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now time.Time) error {
+func (l *leader) publish(s *shard, body []byte, asked uint64, now time.Time) error {
 	f, err := table.Decode(body)
 	if err != nil {
 		return err
@@ -227,7 +246,7 @@ func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now tim
 		return err
 	}
 	s.view.t, s.view.loaded, s.view.confirmed = t, true, now
-	p.versionLoaded(s)
+	l.shards.versionLoaded(s, l.metrics)
 	if f.Kind == table.Delta {
 		err = s.keys.publishDelta(body, f, now)
 		if err == nil {
@@ -248,29 +267,30 @@ func (l *leader) publish(p *plugin, s *shard, body []byte, asked uint64, now tim
 // body when it dispatches it), so one buffer holds them all in turn. When it empties the
 // queue it tells the VMs (keys.drained) that their flushes up to the count it read first
 // are out of the queue, and their buffers free (reports.go).
-func (l *leader) postReports(p *plugin, s *shard) {
-	l.reportWait = l.reportEvery - 1
-	if !s.queueOK {
+func (l *leader) postReports(s *shard) {
+	sc := &s.sched
+	sc.reportWait = sc.reportEvery - 1
+	if !s.reports.ok {
 		return
 	}
-	flushed := p.readCount(s.keys.flushed)
-	if l.reportHdrs == nil {
-		l.reportHdrs = append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	flushed := readCount(l.value, s.keys.flushed)
+	if sc.reportHdrs == nil {
+		sc.reportHdrs = append(s.callHeaders("POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
 	}
-	hdrs := l.reportHdrs
-	for posts := l.postOwn(p, s, hdrs); ; posts++ {
+	hdrs := sc.reportHdrs
+	for posts := l.postOwn(s, hdrs); ; posts++ {
 		if posts >= maxPostsPerTick {
 			return // the rest on the next tick
 		}
-		it, count, ok := p.nextItem(s, &l.item)
+		it, count, ok := s.reports.next(&sc.item)
 		if !ok {
 			break
 		}
-		l.post(p, s, hdrs, it[itemHead:], count)
+		l.post(s, hdrs, it[itemHead:], count)
 	}
-	if flushed != 0 && flushed > p.readCount(s.keys.drained) {
-		binary.LittleEndian.PutUint64(p.countBuf[:], flushed)
-		_ = put(s.keys.drained, p.countBuf[:])
+	if flushed != 0 && flushed > readCount(l.value, s.keys.drained) {
+		binary.LittleEndian.PutUint64(sc.count[:], flushed)
+		_ = put(s.keys.drained, sc.count[:])
 	}
 }
 
@@ -278,48 +298,43 @@ func (l *leader) postReports(p *plugin, s *shard) {
 // they skip the shared queue, whose enqueue and dequeue each copied them (in the leader
 // tick benchmark, a VM alone at 2,560 requests/s, 560 KB a tick). A buffer holding more
 // items than half a tick's posts goes through the queue as any VM's. It returns the posts.
-func (l *leader) postOwn(p *plugin, s *shard, hdrs [][2]string) int {
+func (l *leader) postOwn(s *shard, hdrs [][2]string) int {
 	rb := &s.reports
-	if rb.n == 0 {
+	posts := rb.own(maxPostsPerTick / 2)
+	if posts == 0 {
 		return 0
 	}
-	if len(rb.items) > maxPostsPerTick/2 {
-		p.flushReports(s)
-		return 0
-	}
-	p.closeItem(s)
-	for i := range rb.items {
+	for i := range posts {
 		item := rb.item(i)
-		l.post(p, s, hdrs, item[itemHead:], itemCount(item))
+		l.post(s, hdrs, item[itemHead:], itemCount(item))
 	}
-	posts := len(rb.items)
-	rb.b, rb.items = rb.b[:0], rb.items[:0]
-	p.startItem(s)
+	rb.reuse()
 	return posts
 }
 
 // post dispatches one batch of count reports to s's control plane.
-func (l *leader) post(p *plugin, s *shard, hdrs [][2]string, batch []byte, count int) {
+func (l *leader) post(s *shard, hdrs [][2]string, batch []byte, count int) {
+	sc := &s.sched
 	n := uint64(count)
 	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, batch, nil,
 		uint32(s.cp.TimeoutMs), func(int, int, int) {
-			l.reportCalls = max(l.reportCalls-1, 0)
-			if l.reportCalls == 0 {
-				l.reportBusy = 0
+			sc.reportCalls = max(sc.reportCalls-1, 0)
+			if sc.reportCalls == 0 {
+				sc.reportBusy = 0
 			}
-			if s, _ := p.callStatus(); s >= 200 && s < 300 {
-				p.metrics.reportsSent.Increment(n)
+			if s, _ := l.callStatus(); s >= 200 && s < 300 {
+				l.metrics.reportsSent.Increment(n)
 			} else {
 				// Reports are hints; a lost batch costs prediction quality, not requests.
-				p.metrics.reportsDropped.Increment(n)
+				l.metrics.reportsDropped.Increment(n)
 			}
 		})
 	if err != nil {
-		p.metrics.reportsDropped.Increment(n)
+		l.metrics.reportsDropped.Increment(n)
 		return
 	}
-	l.reportCalls++
-	l.reportBusy = 1
+	sc.reportCalls++
+	sc.reportBusy = 1
 }
 
 // callStatus is the :status of the current http-call response (0 when the call failed:
@@ -327,13 +342,13 @@ func (l *leader) post(p *plugin, s *shard, hdrs [][2]string, batch []byte, count
 // most a minute: an absurd value must not make every table look stale forever). It reads
 // the two headers into the VM's value buffer: the SDK's map of every header was four
 // allocations a call, garbage on the leader's tick.
-func (p *plugin) callStatus() (status int, age time.Duration) {
-	v, err := p.mem.value.callResponseHeader(":status")
+func (l *leader) callStatus() (status int, age time.Duration) {
+	v, err := l.value.callResponseHeader(":status")
 	if err != nil {
 		return 0, 0
 	}
 	status, _ = strconv.Atoi(v)
-	if v, err := p.mem.value.callResponseHeader(tableAgeHeader); err == nil {
+	if v, err := l.value.callResponseHeader(tableAgeHeader); err == nil {
 		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
 			age = min(time.Duration(ms)*time.Millisecond, time.Minute)
 		}

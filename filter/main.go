@@ -4,15 +4,20 @@
 // package route; the chosen "ip:port" list goes into the endpoint header that Envoy's
 // override_host load balancer reads.
 //
-// Files: main.go (contexts, tick), request.go (request path), response.go (usage and
-// outcome reports), reports.go (report batches and their queues), shards.go (the
-// control planes polled, one per model or pool, and which one serves a request's model),
-// store.go (each shard's table in shared data), placed.go (placements shared between
-// the worker VMs), leader.go (lease, polling each shard's control plane, posting its
-// reports), hostmem.go (the buffers host calls write their values into, reused from
-// request to request), hostcall_wasm.go (the filter's proxy_on_memory_allocate and the
-// host calls the request path makes itself; hostcall_native.go: the SDK's, natively),
-// warmup.go (the request path run once on made-up requests at plugin start), metrics.go.
+// The plugin (one per VM) holds its components, each with its own state and methods: the
+// shards (shardSet), the leader, the sibling placements (placed), and on each shard its
+// reports and table.
+//
+// Files: main.go (contexts, tick), request.go (request path, the endpoint header),
+// response.go (usage and outcome reports), reports.go (a shard's report batches and its
+// queue), shards.go (the control planes polled, one per model or pool, and which one
+// serves a request's model), store.go (each shard's table in shared data), placed.go
+// (placements shared between the worker VMs), leader.go (lease, polling each shard's
+// control plane, sharing its tables, posting its reports), hostmem.go (the buffers host
+// calls write their values into, reused from request to request), hostcall_wasm.go (the
+// filter's proxy_on_memory_allocate and the host calls the request path makes itself;
+// hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on
+// made-up requests at plugin start), metrics.go.
 package main
 
 import (
@@ -45,30 +50,20 @@ type plugin struct {
 	vmID    uint64
 	now     func() time.Time
 	router  *route.Router
-	placed  placed
-	tickMs  int
 	metrics metrics
 	nextReq uint64
-	name    string // proxyName, once known
 	// workload is this proxy's namespace: the tenant with tenants.source "workload".
 	workload string
-	// The control planes polled (shards.go): every shard, the one serving each model,
-	// the one serving every model (a configuration without shards), whether this VM
-	// holds the lease (leader.go), and the shard of the request being routed.
-	shards   []*shard
-	byModel  map[string]*shard
-	every    *shard
-	isLeader bool
-	routed   *shard
+	shards   shardSet  // the control planes polled, and which serves each model (shards.go)
+	leader   leader    // the lease, and polling and posting when this VM holds it (leader.go)
+	placed   placed    // the placements shared with the sibling VMs (placed.go)
+	routed   *shard    // the shard of the request being routed
 	reqNow   time.Time // when the request being routed is routed
 	free     []*httpContext
-	hdrBuf   []byte        // the endpoint header being built
-	hdrStr   string        // ... and the last one set
+	header   endpointHeader
 	usage    prompt.Parser // reads usage in responses (its buffers)
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
 	names    names         // tenants, model headers and upstream addresses kept
-	countBuf [8]byte       // a count being written to shared data (reports.go)
-	leaseBuf [16]byte      // the lease being written to shared data (leader.go)
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
@@ -90,19 +85,21 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.router.Config = cfg
 	p.router.Reuse = true // the request path copies what it keeps (request.go route)
 	p.router.Tables = p.tableFor
+	p.placed = newPlaced(p.vmID, &p.mem.value, p.router)
 	p.metrics = defineMetrics()
-	tick := p.minTick()
-	p.tickMs = tick
-	p.setupShards(tick)
+	tick := minTick(&p.cfg)
+	// The name reports carry, read once now rather than in the first request's.
+	p.shards = newShardSet(&p.cfg, tick, proxyName(p.vmID), &p.mem.value, &p.metrics)
+	p.leader = leader{vmID: p.vmID, tickMs: tick, shards: &p.shards, clock: &p.now, value: &p.mem.value,
+		metrics: &p.metrics}
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed
 	}
 	t0 := time.Now()
 	warmUp(cfg)
-	p.proxyName() // the name reports carry, read once now rather than in the first request's
 	p.readWorkload()
-	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.describeShards(), tick,
+	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.shards.describe(&p.cfg), tick,
 		time.Since(t0).Milliseconds())
 	return types.OnPluginStartStatusOK
 }
@@ -113,15 +110,15 @@ func (p *plugin) OnTick() {
 	now := p.now()
 	// The leader first: it posts its own reports from its buffer (postOwn); the other
 	// VMs, and a leader not posting on this tick, hand theirs to the queue.
-	p.leadTick(now)
-	p.flushAllReports()
-	p.syncTables(now)
-	p.placed.catchUp(p, now)
-	p.placed.flushStarts(p)
+	p.leader.tick(now)
+	p.shards.flushReports()
+	p.shards.sync(&p.metrics, now)
+	p.placed.catchUp(now)
+	p.placed.flushStarts()
 	// Placements a table confirmed current has had the chance to learn are its to say
 	// (with shards, once every shard's table has).
-	p.router.Local.Prune(p.confirmed(), now)
-	if n := p.router.Ledger.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
+	p.router.Prune(p.shards.confirmed(), now)
+	if n := p.router.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}
 }
@@ -165,15 +162,11 @@ func (p *plugin) readWorkload() {
 	p.workload = string(ns)
 }
 
-// proxyName identifies this proxy in reports (Envoy's node id when the host has one).
-func (p *plugin) proxyName() string {
-	if p.name != "" {
-		return p.name
-	}
+// proxyName identifies this proxy in reports: Envoy's node id when the host has one, else
+// the VM's id.
+func proxyName(vmID uint64) string {
 	if id, err := proxywasm.GetProperty([]string{"node", "id"}); err == nil && len(id) > 0 {
-		p.name = string(id)
-	} else {
-		p.name = fmt.Sprintf("vm-%016x", p.vmID)
+		return string(id)
 	}
-	return p.name
+	return fmt.Sprintf("vm-%016x", vmID)
 }

@@ -32,6 +32,6 @@ func TestIsolatedTenantSaltsABodyThatIsNotUTF8(t *testing.T) {
 		assert.Equal(t, uint64(1), n)
 		reports := h.reports()
 		require.Len(t, reports, 1)
-		assert.Equal(t, checkpointsOf(t, table.Config{BlockBytes: 64, Stride: 4}, body, salt), reports[0].Keys)
+		assert.Equal(t, checkpointsOf(t, table.ModelConfig{BlockBytes: 64, Stride: 4}, body, salt), reports[0].Keys)
 	})
 }

@@ -109,9 +109,9 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 			} else {
 				id, hs = h.send(request{path: path, headers: s.headers, body: s.body})
 			}
-			req := &route.Request{ID: uint64(i + 1), API: prompt.Chat, Body: []byte(s.body)}
+			req := &route.Request{ID: uint64(i + 1), Schema: prompt.Chat, Body: []byte(s.body)}
 			if path == "/v1/completions" {
-				req.API = prompt.Completions
+				req.Schema = prompt.Completions
 			}
 			for _, kv := range s.headers {
 				switch kv[0] {

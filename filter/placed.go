@@ -10,6 +10,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/route"
 )
 
 // A proxy's worker VMs share their placements: the table learns a placement
@@ -53,9 +54,13 @@ var placedKeys = func() (k [placedRing]string) {
 	return k
 }()
 
-// placed is one VM's side of the exchange.
+// placed is one VM's side of the exchange: it writes the VM's placements and starts,
+// and adds its siblings' to the VM's router.
 type placed struct {
-	seen uint64 // every placement up to this number is read (or its own)
+	vmID   uint64
+	value  *hostBuf // the VM's buffer for shared-data reads (hostmem.go)
+	router *route.Router
+	seen   uint64 // every placement up to this number is read (or its own)
 	// The sequence key as the last catch-up read it: a claim right after tries its CAS.
 	seqVal, seqCas uint64
 	seqFresh       bool
@@ -67,12 +72,16 @@ type placed struct {
 	names          map[string]string
 }
 
+func newPlaced(vmID uint64, value *hostBuf, router *route.Router) placed {
+	return placed{vmID: vmID, value: value, router: router}
+}
+
 // claim takes the next record number (0: the sequence key could not be updated).
-func (s *placed) claim(p *plugin) uint64 {
+func (s *placed) claim() uint64 {
 	for try := 0; try < 4; try++ {
 		v, cas := s.seqVal, s.seqCas
 		if !s.seqFresh || try > 0 {
-			b, c, err := p.mem.value.sharedData(placedSeqKey)
+			b, c, err := s.value.sharedData(placedSeqKey)
 			v, cas = 0, uint64(c)
 			switch {
 			case err == nil && len(b) == 8:
@@ -111,13 +120,13 @@ const (
 // share publishes a placement the VM made to its siblings and returns its number, which
 // started takes (0 when it could not be published). keys are the checkpoint keys its own
 // Local recorded: those the table does not list on the replica yet (route.Result.LocalKeys).
-func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) uint64 {
-	n := s.claim(p)
+func (s *placed) share(r *api.Report, keys []uint64, tokens float64) uint64 {
+	n := s.claim()
 	if n == 0 {
 		return 0
 	}
 	keys = keys[:min(len(keys), placedMaxKeys)]
-	b := recordHead(s.buf[:0], n, p.vmID, kindPlaced)
+	b := recordHead(s.buf[:0], n, s.vmID, kindPlaced)
 	b = binary.LittleEndian.AppendUint64(b, uint64(r.AtMs))
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))
 	b = appendStr(b, r.Model)
@@ -135,7 +144,7 @@ func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) 
 // started notes that placement number placed has started at at (its first response
 // byte; zero: it ended without one): its prefill is no longer queued, and the siblings
 // learn it now, with the time, so that a snapshot measured before it, which still counts
-// the prefill as queued, is corrected on every VM (route.Ledger.Started) while the entry
+// the prefill as queued, is corrected on every VM (route.Router.Started) while the entry
 // is younger than peerTTL, as old as a fresh table's snapshots get. Ending the siblings'
 // entries instead would leave them counting such a snapshot's queue in full, and a repeat
 // sent right after the answer, on the other VM, could go to another replica
@@ -144,27 +153,27 @@ func (s *placed) share(p *plugin, r *api.Report, keys []uint64, tokens float64) 
 // request's prefill on its replica, with the same effect (TestPrintedCurlRepeatedBackToBackHits
 // and TestTwentyRepeatsAtZeroSpacingAllHit in wasmtest/mesh). The notice costs two
 // shared-data writes on the response path.
-func (s *placed) started(p *plugin, placed uint64, at time.Time) {
+func (s *placed) started(placed uint64, at time.Time) {
 	s.starts = append(s.starts, placed)
 	ms := int64(0)
 	if !at.IsZero() {
 		ms = at.UnixMilli()
 	}
 	s.startedMs = append(s.startedMs, ms)
-	s.flushStarts(p)
+	s.flushStarts()
 }
 
 // flushStarts writes the starts no placement has carried yet as a record of their own
 // (on the tick, or when many are waiting).
-func (s *placed) flushStarts(p *plugin) {
+func (s *placed) flushStarts() {
 	if len(s.starts) == 0 {
 		return
 	}
-	n := s.claim(p)
+	n := s.claim()
 	if n == 0 {
 		return
 	}
-	b := recordHead(s.buf[:0], n, p.vmID, kindStarted)
+	b := recordHead(s.buf[:0], n, s.vmID, kindStarted)
 	b = s.appendStarts(b)
 	s.buf = b
 	_ = put(placedKeys[n%placedRing], b)
@@ -189,13 +198,13 @@ func appendStr(b []byte, s string) []byte {
 
 // catchUp adds the siblings' records written since the last call: one 8-byte read when
 // there are none.
-func (s *placed) catchUp(p *plugin, now time.Time) {
+func (s *placed) catchUp(now time.Time) {
 	// Siblings' entries go a second after their send, started or not: a few each request
 	// rather than a tick's worth at once, which would lengthen that tick
 	// (BenchmarkKvrouteLeaderTick).
-	p.router.Ledger.ExpirePeers(now.Add(-peerTTL))
+	s.router.ExpirePeers(now.Add(-peerTTL))
 	s.seqFresh = false
-	b, cas, err := p.mem.value.sharedData(placedSeqKey)
+	b, cas, err := s.value.sharedData(placedSeqKey)
 	if err == types.ErrorStatusNotFound {
 		s.seqVal, s.seqCas, s.seqFresh = 0, uint64(cas), true
 		return
@@ -210,11 +219,11 @@ func (s *placed) catchUp(p *plugin, now time.Time) {
 	}
 	n := max(s.seen+1, v-min(v, placedRing-1))
 	for ; n <= v; n++ {
-		b, _, err := p.mem.value.sharedData(placedKeys[n%placedRing])
+		b, _, err := s.value.sharedData(placedKeys[n%placedRing])
 		if err != nil {
 			break
 		}
-		if got := s.apply(p, b, n, now); got < n {
+		if got := s.apply(b, n, now); got < n {
 			break // claimed, not written yet: read it next time
 		}
 	}
@@ -223,19 +232,19 @@ func (s *placed) catchUp(p *plugin, now time.Time) {
 
 // apply applies record b if it is number n; it returns the record's number (0 if b is
 // not a record).
-func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
+func (s *placed) apply(b []byte, n uint64, now time.Time) uint64 {
 	if len(b) < headLen || string(b[:4]) != placedMagic {
 		return 0
 	}
 	seq := binary.LittleEndian.Uint64(b[4:])
 	vm := binary.LittleEndian.Uint64(b[12:])
-	if seq != n || vm == p.vmID {
+	if seq != n || vm == s.vmID {
 		return seq
 	}
 	rest := b[headLen:]
 	switch b[20] {
 	case kindStarted:
-		s.applyStarts(p, rest, now)
+		s.applyStarts(rest, now)
 	case kindPlaced:
 		if len(rest) < 12 {
 			return seq
@@ -253,17 +262,12 @@ func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
 		if len(rest) < 8*k {
 			return seq
 		}
-		if now.Sub(at) <= p.router.Local.MaxAge {
-			s.keys = s.keys[:0]
-			for i := range k {
-				s.keys = append(s.keys, binary.LittleEndian.Uint64(rest[8*i:]))
-			}
-			p.router.Local.Add(model, s.keys, addr, at)
-			if now.Sub(at) < peerTTL {
-				p.router.Ledger.AddPeer(1<<63|seq, addr, tokens, at)
-			}
+		s.keys = s.keys[:0]
+		for i := range k {
+			s.keys = append(s.keys, binary.LittleEndian.Uint64(rest[8*i:]))
 		}
-		s.applyStarts(p, rest[8*k:], now)
+		s.router.AddPeer(1<<63|seq, model, s.keys, addr, tokens, at, now, peerTTL)
+		s.applyStarts(rest[8*k:], now)
 	}
 	return seq
 }
@@ -271,7 +275,7 @@ func (s *placed) apply(p *plugin, b []byte, n uint64, now time.Time) uint64 {
 // applyStarts records the starts of a sibling's placements in the ledger at the times
 // the record gives (a torn record's time after now counts as now), and ends those that
 // ended without one (time 0) or come without times.
-func (s *placed) applyStarts(p *plugin, b []byte, now time.Time) {
+func (s *placed) applyStarts(b []byte, now time.Time) {
 	if len(b) < 2 {
 		return
 	}
@@ -285,9 +289,9 @@ func (s *placed) applyStarts(p *plugin, b []byte, now time.Time) {
 			ms = int64(binary.LittleEndian.Uint64(b[8*(k+i):]))
 		}
 		if ms > 0 {
-			p.router.Ledger.Started(id, time.UnixMilli(min(ms, now.UnixMilli())))
+			s.router.Started(id, time.UnixMilli(min(ms, now.UnixMilli())))
 		} else {
-			p.router.Ledger.Done(id)
+			s.router.Done(id)
 		}
 	}
 }

@@ -58,7 +58,18 @@ const (
 	maxPostsPerTick = 16
 )
 
-type reportBuf struct {
+// reports are one shard's reports on one VM: the buffer the request path appends them to
+// and the shard's queue the tick hands them to.
+type reports struct {
+	queueID  uint32
+	ok       bool // the queue is registered (ids start at 0 on some hosts)
+	keys     *keys
+	maxBatch int      // the shard's max_report_batch
+	proxy    string   // the name batches carry (proxyName)
+	value    *hostBuf // the VM's buffer for shared-data reads (hostmem.go)
+	dropped  proxywasm.MetricCounter
+	count    [8]byte // a count being written to shared data
+
 	b     []byte // items back to back; nil until the first report
 	items []int  // where each item in b starts
 	n     int    // records in the last item
@@ -73,61 +84,51 @@ type spentBuf struct {
 	flush uint64
 }
 
-// enqueue appends one report to the VM's batch for shard s.
-func (p *plugin) enqueue(s *shard, r *api.Report) {
-	if !s.queueOK {
+// enqueue appends one report to the VM's batch.
+func (rb *reports) enqueue(r *api.Report) {
+	if !rb.ok {
 		return
 	}
-	rb := &s.reports
 	switch {
 	case rb.b == nil:
-		p.freshReports(s)
-	case rb.n >= min(maxItemRecords, s.cp.MaxReportBatch):
+		rb.fresh()
+	case rb.n >= min(maxItemRecords, rb.maxBatch):
 		if len(rb.items) >= maxHeldItems {
-			p.flushReports(s)
+			rb.flush()
 		} else {
-			p.startItem(s)
+			rb.startItem()
 		}
 	}
 	rb.b = r.AppendBinary(rb.b)
 	rb.n++
 }
 
-// flushAllReports hands every shard's batch to its queue (each VM, each tick).
-func (p *plugin) flushAllReports() {
-	for _, s := range p.shards {
-		p.flushReports(s)
-	}
-}
-
-// flushReports hands the VM's items for s to s's shared queue, one queue item each, and
+// flush hands the VM's items to the shard's shared queue, one queue item each, and
 // starts the next buffer.
-func (p *plugin) flushReports(s *shard) {
-	rb := &s.reports
+func (rb *reports) flush() {
 	if rb.n == 0 {
 		return
 	}
-	p.closeItem(s)
+	rb.closeItem()
 	for i := range rb.items {
 		item := rb.item(i)
-		if err := proxywasm.EnqueueSharedQueue(s.queueID, item); err != nil {
-			p.metrics.reportsDropped.Increment(uint64(itemCount(item)))
+		if err := proxywasm.EnqueueSharedQueue(rb.queueID, item); err != nil {
+			rb.dropped.Increment(uint64(itemCount(item)))
 		}
 	}
 	// A quarter more than this tick's (halving back over quiet ticks), so a busier tick
 	// seldom grows it on the request path.
 	rb.cap = max(len(rb.b)+len(rb.b)/4, rb.cap/2)
-	rb.spent[1], rb.spent[0] = rb.spent[0], spentBuf{rb.b, p.countFlush(s)}
-	p.freshReports(s) // here, on the tick, rather than on the next request
+	rb.spent[1], rb.spent[0] = rb.spent[0], spentBuf{rb.b, rb.countFlush()}
+	rb.fresh() // here, on the tick, rather than on the next request
 }
 
-// freshReports starts the next buffer with an empty item: a spent one the leader has
-// drained, or a new one of rb.cap bytes.
-func (p *plugin) freshReports(s *shard) {
-	rb := &s.reports
+// fresh starts the next buffer with an empty item: a spent one the leader has drained,
+// or a new one of rb.cap bytes.
+func (rb *reports) fresh() {
 	rb.b = nil
 	if rb.spent[0].b != nil || rb.spent[1].b != nil {
-		drained := p.readCount(s.keys.drained)
+		drained := readCount(rb.value, rb.keys.drained)
 		for i := range rb.spent {
 			if sp := &rb.spent[i]; sp.b != nil && sp.flush != 0 && sp.flush <= drained {
 				rb.b, *sp = sp.b[:0], spentBuf{}
@@ -139,14 +140,14 @@ func (p *plugin) freshReports(s *shard) {
 		rb.b = make([]byte, 0, max(rb.cap, 4096))
 	}
 	rb.items = rb.items[:0]
-	p.startItem(s)
+	rb.startItem()
 }
 
-// countFlush adds this flush to s's count in shared data and returns the count, 0 when
-// it is not known (the key was new, or the CAS kept failing).
-func (p *plugin) countFlush(s *shard) uint64 {
+// countFlush adds this flush to the shard's count in shared data and returns the count,
+// 0 when it is not known (the key was new, or the CAS kept failing).
+func (rb *reports) countFlush() uint64 {
 	for try := 0; try < 4; try++ {
-		b, cas, err := p.mem.value.sharedData(s.keys.flushed)
+		b, cas, err := rb.value.sharedData(rb.keys.flushed)
 		if err != nil && err != types.ErrorStatusNotFound {
 			return 0
 		}
@@ -154,8 +155,8 @@ func (p *plugin) countFlush(s *shard) uint64 {
 		if len(b) == 8 {
 			v = binary.LittleEndian.Uint64(b)
 		}
-		binary.LittleEndian.PutUint64(p.countBuf[:], v+1)
-		if err := proxywasm.SetSharedData(s.keys.flushed, p.countBuf[:], cas); err == nil {
+		binary.LittleEndian.PutUint64(rb.count[:], v+1)
+		if err := proxywasm.SetSharedData(rb.keys.flushed, rb.count[:], cas); err == nil {
 			if cas == 0 {
 				return 0 // created: another VM may have created it too
 			}
@@ -165,29 +166,28 @@ func (p *plugin) countFlush(s *shard) uint64 {
 	return 0
 }
 
-// readCount reads a count kept in shared data (0 when there is none).
-func (p *plugin) readCount(key string) uint64 {
-	if b, _, err := p.mem.value.sharedData(key); err == nil && len(b) == 8 {
+// readCount reads a count kept in shared data into v (0 when there is none).
+func readCount(v *hostBuf, key string) uint64 {
+	if b, _, err := v.sharedData(key); err == nil && len(b) == 8 {
 		return binary.LittleEndian.Uint64(b)
 	}
 	return 0
 }
 
 // startItem closes the last item, if any, and starts another.
-func (p *plugin) startItem(s *shard) {
-	rb := &s.reports
+func (rb *reports) startItem() {
 	if len(rb.items) > 0 {
-		p.closeItem(s)
+		rb.closeItem()
 	}
 	rb.items = append(rb.items, len(rb.b))
 	rb.b = append(rb.b, itemMagic...)
 	rb.b = append(rb.b, 0, 0, 0, 0)
-	rb.b = api.AppendBatchHeader(rb.b, p.proxyName())
+	rb.b = api.AppendBatchHeader(rb.b, rb.proxy)
 	rb.n = 0
 }
 
 // item is the VM's item i, its head included.
-func (rb *reportBuf) item(i int) []byte {
+func (rb *reports) item(i int) []byte {
 	end := len(rb.b)
 	if i+1 < len(rb.items) {
 		end = rb.items[i+1]
@@ -199,23 +199,44 @@ func (rb *reportBuf) item(i int) []byte {
 func itemCount(item []byte) int { return int(binary.LittleEndian.Uint32(item[len(itemMagic):])) }
 
 // closeItem writes the last item's count of records.
-func (p *plugin) closeItem(s *shard) {
-	rb := &s.reports
+func (rb *reports) closeItem() {
 	at := rb.items[len(rb.items)-1] + len(itemMagic)
 	binary.LittleEndian.PutUint32(rb.b[at:], uint32(rb.n))
 }
 
-// nextItem dequeues s's next report item into buf (valid until buf's next use) and
+// own readies the VM's items for the leader to post from the buffer itself (leader.go
+// postOwn) and returns how many there are (item(i) is each): none when the buffer is
+// empty, or when it holds more than most, which go through the queue as any VM's.
+// reuse empties the buffer once they are posted.
+func (rb *reports) own(most int) int {
+	if rb.n == 0 {
+		return 0
+	}
+	if len(rb.items) > most {
+		rb.flush()
+		return 0
+	}
+	rb.closeItem()
+	return len(rb.items)
+}
+
+// reuse empties the buffer for the next reports: the host copied the items posted from it.
+func (rb *reports) reuse() {
+	rb.b, rb.items = rb.b[:0], rb.items[:0]
+	rb.startItem()
+}
+
+// next dequeues the shard's next report item into buf (valid until buf's next use) and
 // returns it and its report count; false when the queue is empty. Items that are not
 // this format's are dropped and counted.
-func (p *plugin) nextItem(s *shard, buf *hostBuf) ([]byte, int, bool) {
+func (rb *reports) next(buf *hostBuf) ([]byte, int, bool) {
 	for {
-		b, err := buf.dequeue(s.queueID)
+		b, err := buf.dequeue(rb.queueID)
 		if err != nil {
 			return nil, 0, false
 		}
 		if len(b) < itemHead || string(b[:len(itemMagic)]) != itemMagic {
-			p.metrics.reportsDropped.Increment(1)
+			rb.dropped.Increment(1)
 			continue
 		}
 		return b, itemCount(b), true

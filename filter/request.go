@@ -23,7 +23,7 @@ type httpContext struct {
 	p     *plugin
 	reqID uint64
 
-	api         prompt.API
+	schema      prompt.Schema
 	routable    bool // a POST to an OpenAI path: held for its body
 	decided     bool
 	tenant      string
@@ -69,7 +69,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	method, _ := v.requestHeader(":method")
 	post := method == "POST"
 	path, _ := v.requestHeader(":path")
-	a, ok := prompt.APIForPath(path)
+	a, ok := prompt.SchemaForPath(path)
 	h.tenant = h.p.tenant(v)
 	if !ok || !post {
 		// A body kvroute does not read is forwarded as it is, which an isolated tenant's
@@ -79,7 +79,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 		}
 		return types.ActionContinue
 	}
-	h.api, h.routable = a, true
+	h.schema, h.routable = a, true
 	if cfg.ModelHeader != "" {
 		m, _ := v.requestHeader(cfg.ModelHeader)
 		h.modelHeader = h.p.names.keep(m)
@@ -242,8 +242,8 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	p := h.p
 	now := p.now()
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
-	p.placed.catchUp(p, now)
-	req.ID, req.API, req.ModelHeader, req.Tenant = h.reqID, h.api, h.modelHeader, h.tenant
+	p.placed.catchUp(now)
+	req.ID, req.Schema, req.ModelHeader, req.Tenant = h.reqID, h.schema, h.modelHeader, h.tenant
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
 	d, res := p.router.Route(nil, req, 0, now)
@@ -266,7 +266,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	}
 	if res.Refused != route.NotRefused {
 		if d.Addrs != nil {
-			p.router.Ledger.Done(h.reqID)
+			p.router.Done(h.reqID)
 		}
 		h.refuse(res.Refused)
 		return true
@@ -280,9 +280,9 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 		}
 		return
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header(d.Addrs)); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.EndpointHeader, p.header.join(d.Addrs)); err != nil {
 		proxywasm.LogWarnf("kvroute: cannot set %s: %v", p.cfg.EndpointHeader, err)
-		p.router.Ledger.Done(h.reqID)
+		p.router.Done(h.reqID)
 		m.unrouted.Increment(1)
 		return
 	}
@@ -307,24 +307,30 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	h.placed, h.first, h.report, h.shard = true, d.Addrs[0], res.Placement, p.routed
 	h.keys = append(h.keys[:0], res.Placement.Keys...)
 	h.report.Keys = h.keys
-	p.enqueue(h.shard, &h.report)
-	h.shared = p.placed.share(p, &h.report, res.LocalKeys, d.Uncached)
+	h.shard.reports.enqueue(&h.report)
+	h.shared = p.placed.share(&h.report, res.LocalKeys, d.Uncached)
 	return false
 }
 
-// header joins addrs as the endpoint header's value, d.Header() without allocating when
+// endpointHeader builds the endpoint header's value.
+type endpointHeader struct {
+	buf  []byte // the value being built
+	last string // ... and the last one set
+}
+
+// join joins addrs as the endpoint header's value, d.Header() without allocating when
 // the order is the previous request's.
-func (p *plugin) header(addrs []string) string {
-	b := p.hdrBuf[:0]
+func (e *endpointHeader) join(addrs []string) string {
+	b := e.buf[:0]
 	for i, a := range addrs {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, a...)
 	}
-	p.hdrBuf = b
-	if string(b) != p.hdrStr {
-		p.hdrStr = string(b)
+	e.buf = b
+	if string(b) != e.last {
+		e.last = string(b)
 	}
-	return p.hdrStr
+	return e.last
 }

@@ -25,7 +25,7 @@ func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 		h.status, _ = strconv.Atoi(s)
 	}
 	if endOfStream {
-		h.p.router.Ledger.Done(h.reqID)
+		h.p.router.Done(h.reqID)
 		h.started(time.Time{})
 		h.finish()
 	}
@@ -42,7 +42,7 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	// not Done) until no snapshot measured before it is used, so such a snapshot, which
 	// still counts this prefill as queued, is corrected (route.Ledger).
 	now := h.p.now()
-	h.p.router.Ledger.Started(h.reqID, now)
+	h.p.router.Started(h.reqID, now)
 	h.started(now)
 	if !h.placed {
 		return types.ActionContinue
@@ -59,7 +59,7 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 }
 
 func (h *httpContext) OnHttpStreamDone() {
-	h.p.router.Ledger.Done(h.reqID)
+	h.p.router.Done(h.reqID)
 	h.started(time.Time{})
 	if h.placed && !h.finished {
 		h.finish() // reset or aborted stream: report what is known
@@ -72,7 +72,7 @@ func (h *httpContext) OnHttpStreamDone() {
 // this VM's ledger does (Started, or Done).
 func (h *httpContext) started(at time.Time) {
 	if h.shared != 0 {
-		h.p.placed.started(h.p, h.shared, at)
+		h.p.placed.started(h.shared, at)
 		h.shared = 0
 	}
 }
@@ -108,5 +108,5 @@ func (h *httpContext) finish() {
 		p.metrics.outcomesWithoutUsage.Increment(1)
 	}
 	h.tail = h.tail[:0]
-	p.enqueue(h.shard, &r)
+	h.shard.reports.enqueue(&r)
 }

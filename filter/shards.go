@@ -11,10 +11,10 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// A shard is one control plane and the models whose table it serves (api.Shard, issue
-// 15). The filter polls every shard it is configured for; each has its own keys in shared
-// data (store.go), its own copy of the table on every VM, its own poll and report schedule
-// on the leader (leader.go) and its own report queue (reports.go). A request routes on
+// A shard is one control plane and the models whose table it serves (api.Shard). The
+// filter polls every shard it is configured for; each has its own keys in shared data
+// (store.go), its own copy of the table on every VM, its own poll and report schedule on
+// the leader (leader.go) and its own reports and report queue (reports.go). A request routes on
 // the table of its (base) model's shard (tableFor, called by route.Router.Route once the
 // model is known), and its reports go to that shard's control plane. A configuration
 // without shards (the control_plane block) is one unnamed shard that serves every model,
@@ -24,10 +24,8 @@ type shard struct {
 	cp      *api.ControlPlane
 	keys    keys
 	view    view
-	leader  leader
-	queueID uint32
-	queueOK bool      // its report queue is registered (ids start at 0 on some hosts)
-	reports reportBuf // this VM's reports for this shard since its last flush
+	sched   schedule // its poll and report schedule on the leader
+	reports reports  // this VM's reports for this shard since its last flush, and its queue
 	gauges  *shardGauges
 }
 
@@ -38,16 +36,23 @@ type shardGauges struct {
 	pollErrors     proxywasm.MetricCounter
 }
 
-// setupShards builds the VM's shards from the configuration, and the model index the
-// request path looks them up in.
-func (p *plugin) setupShards(tick int) {
-	list := p.cfg.ShardList()
-	p.shards = make([]*shard, len(list))
-	p.byModel = map[string]*shard{}
+// shardSet is the VM's shards and which one serves each model.
+type shardSet struct {
+	list    []*shard
+	byModel map[string]*shard
+	every   *shard // the shard serving every model: a configuration without shards
+}
+
+// newShardSet builds the VM's shards from the configuration, and the model index the
+// request path looks them up in. Their reports carry proxy's name; value is the VM's
+// shared-data buffer (hostmem.go).
+func newShardSet(cfg *api.Config, tick int, proxy string, value *hostBuf, m *metrics) shardSet {
+	list := cfg.ShardList()
+	ss := shardSet{list: make([]*shard, len(list)), byModel: map[string]*shard{}}
 	for i := range list {
 		sc := &list[i]
 		s := &shard{name: sc.Name, cp: &sc.ControlPlane, keys: newKeys(sc.Name), view: newView()}
-		s.leader = newLeader(s.cp, tick)
+		s.sched = newSchedule(s.cp, tick)
 		if s.name != "" {
 			pre := "kvroute_shard_" + s.name + "_"
 			s.gauges = &shardGauges{
@@ -56,46 +61,64 @@ func (p *plugin) setupShards(tick int) {
 				pollErrors: proxywasm.DefineCounterMetric(pre + "table_poll_errors_total"),
 			}
 		}
+		s.reports = reports{keys: &s.keys, maxBatch: s.cp.MaxReportBatch, proxy: proxy,
+			value: value, dropped: m.reportsDropped}
 		var err error
 		// Every VM registers the same queue names and gets the same ids; only the leader
 		// drains them, on its tick.
-		if s.queueID, err = proxywasm.RegisterSharedQueue(s.keys.queue); err != nil {
+		if s.reports.queueID, err = proxywasm.RegisterSharedQueue(s.keys.queue); err != nil {
 			proxywasm.LogErrorf("kvroute: cannot register the report queue %s, reports are off: %v", s.keys.queue, err)
 		}
-		s.queueOK = err == nil
+		s.reports.ok = err == nil
 		if len(sc.Models) == 0 {
-			p.every = s
+			ss.every = s
 		}
 		for _, m := range sc.Models {
-			p.byModel[m] = s
+			ss.byModel[m] = s
 		}
-		p.shards[i] = s
+		ss.list[i] = s
 	}
+	return ss
 }
 
-// describeShards names the control planes for the start-up log.
-func (p *plugin) describeShards() string {
-	if len(p.shards) == 1 && p.shards[0].name == "" {
-		return "control plane " + p.shards[0].cp.Cluster
+// describe names the control planes for the start-up log.
+func (ss *shardSet) describe(cfg *api.Config) string {
+	if len(ss.list) == 1 && ss.list[0].name == "" {
+		return "control plane " + ss.list[0].cp.Cluster
 	}
 	var b strings.Builder
-	for i, s := range p.shards {
+	for i, s := range ss.list {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "shard %s (%d models) at %s", s.name, len(p.cfg.Shards[i].Models), s.cp.Cluster)
+		fmt.Fprintf(&b, "shard %s (%d models) at %s", s.name, len(cfg.Shards[i].Models), s.cp.Cluster)
 	}
 	return b.String()
 }
 
 // minTick is the tick the leader needs: the shortest poll or report interval, within
 // 10..100 ms.
-func (p *plugin) minTick() int {
+func minTick(cfg *api.Config) int {
 	tick := 100
-	for _, sc := range p.cfg.ShardList() {
+	for _, sc := range cfg.ShardList() {
 		tick = min(tick, sc.ControlPlane.PollMs, sc.ControlPlane.ReportMs)
 	}
 	return max(10, tick)
+}
+
+// flushReports hands every shard's batch of reports to its queue (each VM, each tick).
+func (ss *shardSet) flushReports() {
+	for _, s := range ss.list {
+		s.reports.flush()
+	}
+}
+
+// serving is the shard that serves a base model (nil: none does).
+func (ss *shardSet) serving(model string) *shard {
+	if ss.every != nil {
+		return ss.every
+	}
+	return ss.byModel[model]
 }
 
 // tableFor is route.Router.Tables: the table of the shard that serves a base model, and
@@ -104,10 +127,7 @@ func (p *plugin) minTick() int {
 // fallback load balancer picks a replica, the request is never dropped), and route counts
 // it in kvroute_unserved_model_total. The shard is remembered for the request's reports.
 func (p *plugin) tableFor(model string) (*table.Table, time.Duration) {
-	s := p.every
-	if s == nil {
-		s = p.byModel[model]
-	}
+	s := p.shards.serving(model)
 	p.routed = s
 	if s == nil {
 		return nil, 0
@@ -121,13 +141,13 @@ func (p *plugin) tableFor(model string) (*table.Table, time.Duration) {
 	return s.view.t, s.view.age(p.reqNow)
 }
 
-// syncTables catches every shard's copy up with shared data (each VM, each tick) and
-// sets the table gauges.
-func (p *plugin) syncTables(now time.Time) {
+// sync catches every shard's copy up with shared data (each VM, each tick) and sets the
+// table gauges.
+func (ss *shardSet) sync(m *metrics, now time.Time) {
 	var stalest time.Duration
 	known := false
-	for _, s := range p.shards {
-		if !s.view.sync(&s.keys, &p.metrics, now) {
+	for _, s := range ss.list {
+		if !s.view.sync(&s.keys, m, now) {
 			continue // no head yet: the table's age is unknown
 		}
 		age := s.view.age(now)
@@ -137,16 +157,16 @@ func (p *plugin) syncTables(now time.Time) {
 		}
 	}
 	if known {
-		set(p.metrics.tableAgeMs, int64(stalest/time.Millisecond))
+		set(m.tableAgeMs, int64(stalest/time.Millisecond))
 	}
 }
 
 // confirmed is when every shard's table was last known current (the oldest such time;
 // zero while a shard has none): this VM's own placements of any model are kept until
-// then (route.Local.Prune).
-func (p *plugin) confirmed() time.Time {
+// then (route.Router.Prune).
+func (ss *shardSet) confirmed() time.Time {
 	var oldest time.Time
-	for i, s := range p.shards {
+	for i, s := range ss.list {
 		c := s.view.confirmed
 		if c.IsZero() {
 			return time.Time{}
@@ -161,17 +181,17 @@ func (p *plugin) confirmed() time.Time {
 // versionLoaded sets the table version gauges once the leader applied a version of s:
 // kvroute_table_version is the lowest version among the shards (0 until every shard has
 // a table; with one shard, its version).
-func (p *plugin) versionLoaded(s *shard) {
+func (ss *shardSet) versionLoaded(s *shard, m *metrics) {
 	if s.gauges != nil {
 		set(s.gauges.version, int64(s.view.t.Version))
 	}
 	lowest := s.view.t.Version
-	for _, o := range p.shards {
+	for _, o := range ss.list {
 		v := uint64(0)
 		if o.view.loaded {
 			v = o.view.t.Version
 		}
 		lowest = min(lowest, v)
 	}
-	set(p.metrics.tableVersion, int64(lowest))
+	set(m.tableVersion, int64(lowest))
 }

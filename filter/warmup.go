@@ -24,7 +24,7 @@ import (
 // sets the same flags, logs the first request's guest time: TestFilterOnCppHost3930b7b).
 func warmUp(cfg api.Config) {
 	const model = "kvroute-warmup"
-	m, err := table.NewModel(model, table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
+	m, err := table.NewModel(model, table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
 		[]table.Replica{
 			{Slot: 0, ID: "a", Addr: "192.0.2.1:8000", Queued: 100, Speed: 20000, Healthy: true, StateAgeMs: 20},
 			{Slot: 1, ID: "b", Addr: "192.0.2.2:8000", Queued: 900, Speed: 20000, Healthy: true, StateAgeMs: 20},
@@ -46,8 +46,8 @@ func warmUp(cfg api.Config) {
 	// A new prompt, its repeat (the memos' hits) and one sharing its start, then a token
 	// prompt: each a placement the next one matches through Local.
 	bodies := []struct {
-		api  prompt.API
-		body []byte
+		schema prompt.Schema
+		body   []byte
 	}{
 		{prompt.Chat, chat("a first question")},
 		{prompt.Chat, chat("a first question")},
@@ -56,11 +56,11 @@ func warmUp(cfg api.Config) {
 	}
 	var buf []byte
 	for i, b := range bodies {
-		req := route.Request{ID: uint64(i + 1), API: b.api, Body: b.body}
+		req := route.Request{ID: uint64(i + 1), Schema: b.schema, Body: b.body}
 		d, res := r.Route(tb, &req, 0, now)
 		if len(d.Addrs) > 0 {
 			buf = res.Placement.AppendBinary(buf[:0])
-			r.Ledger.Started(req.ID, now)
+			r.Started(req.ID, now)
 		}
 		now = now.Add(time.Millisecond)
 	}

@@ -14,7 +14,7 @@ type ModelUpdate struct {
 	Name     string
 	Removed  bool
 	Reset    bool // first version with the model: Upserts hold every key
-	Config   table.Config
+	Config   table.ModelConfig
 	Replicas []table.Replica
 	// Tiers names the slower KV tiers the upserts' holders refer to (table.Model.Tiers).
 	Tiers   []string
@@ -178,8 +178,8 @@ func (ix *Index) meanUncached(r *replica) float64 {
 	return ix.cfg.DefaultUncachedTokens
 }
 
-func (ix *Index) tableConfig(m *model) table.Config {
-	return table.Config{
+func (ix *Index) tableConfig(m *model) table.ModelConfig {
+	return table.ModelConfig{
 		BlockBytes:    uint32(ix.cfg.BlockBytes),
 		BlockTokens:   uint32(ix.cfg.BlockTokens),
 		Stride:        uint32(ix.cfg.Stride),

@@ -47,7 +47,7 @@ import (
 // Config are the index's knobs; zero values take the defaults.
 type Config struct {
 	// BlockBytes and BlockTokens are the text and token block sizes; Stride the table's
-	// checkpoint stride. They are published in every model's table.Config.
+	// checkpoint stride. They are published in every model's table.ModelConfig.
 	BlockBytes  int
 	BlockTokens int
 	Stride      int

@@ -14,8 +14,8 @@ const loadTau = 10 * time.Second
 const scrapeGap = 100 * time.Millisecond
 
 // Load is one replica's recent load, the averages table format 3 carries: the share of
-// time it had prefill work waiting (rule.Replica.Busy) and the requests it ran
-// (rule.Replica.Running), each weighted by time with time constant loadTau. The index
+// time it had prefill work waiting (rule.Candidate.Busy) and the requests it ran
+// (rule.Candidate.Running), each weighted by time with time constant loadTau. The index
 // feeds it every scrape; the fleet simulator's oracle feeds it the engines' exact state.
 // The zero value is an idle replica.
 type Load struct {

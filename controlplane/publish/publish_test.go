@@ -10,7 +10,7 @@ import (
 
 func update(reset bool, keys ...uint64) []index.ModelUpdate {
 	u := index.ModelUpdate{Name: "m", Reset: reset,
-		Config:   table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
+		Config:   table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
 		Replicas: []table.Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:8000", Healthy: true}}}
 	for _, k := range keys {
 		u.Upserts.Add(k, 0)

@@ -97,7 +97,7 @@ func TestFirstVersionFullFrameIsAFullFrame(t *testing.T) {
 // last scrape, scraped[i].
 func fleetUpdate(reset bool, now time.Time, scraped []time.Time, queued []uint64, keys ...uint64) []index.ModelUpdate {
 	u := index.ModelUpdate{Name: "m", Reset: reset, Tiers: []string{"CPU"},
-		Config: table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}}
+		Config: table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}}
 	for i := range scraped {
 		u.Replicas = append(u.Replicas, table.Replica{Slot: uint32(i), ID: fmt.Sprintf("vllm-%d", i),
 			Addr: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250), Speed: 14025, Queued: queued[i], KVUsage: 0.25,

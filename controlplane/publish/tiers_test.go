@@ -18,7 +18,7 @@ type held struct {
 
 func tierUpdate(reset bool, tiers []string, hs ...held) []index.ModelUpdate {
 	u := index.ModelUpdate{Name: "m", Reset: reset, Tiers: tiers,
-		Config: table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
+		Config: table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
 		Replicas: []table.Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:8000", Healthy: true},
 			{Slot: 1, ID: "b", Addr: "10.0.0.2:8000", Healthy: true}}}
 	for _, h := range hs {

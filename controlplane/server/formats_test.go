@@ -26,7 +26,7 @@ func TestTableFormatFromTheFiltersHeader(t *testing.T) {
 func TestTableFormatNegotiation(t *testing.T) {
 	e := newEnv(t, "", 10)
 	u := index.ModelUpdate{Name: "m", Reset: true, Tiers: []string{"CPU"},
-		Config:   table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
+		Config:   table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4},
 		Replicas: []table.Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:8000", Healthy: true, Running: 7, Busy: 0.5, MeanUncached: 900}}}
 	u.Upserts.Add(10, 0)
 	u.Upserts.Add(20, table.Holder(0, 1))

@@ -28,16 +28,17 @@ import (
 	"fmt"
 )
 
-// API is the OpenAI endpoint a request was sent to.
-type API uint8
+// Schema is the OpenAI request body a request's path calls for: a completions body
+// ("prompt") or a chat one ("messages").
+type Schema uint8
 
 const (
-	Completions API = 1
-	Chat        API = 2
+	Completions Schema = 1
+	Chat        Schema = 2
 )
 
-// APIForPath maps a request path (query ignored) to its API.
-func APIForPath(path string) (API, bool) {
+// SchemaForPath maps a request path (query ignored) to its schema.
+func SchemaForPath(path string) (Schema, bool) {
 	if i := bytes.IndexByte([]byte(path), '?'); i >= 0 {
 		path = path[:i]
 	}
@@ -65,9 +66,9 @@ const (
 	us  = 0x1F // separates fields
 )
 
-// Request is what routing needs from a body.
-type Request struct {
-	API    API
+// Parsed is what routing needs from a request body, as Parse found it.
+type Parsed struct {
+	Schema Schema
 	Model  string
 	Stream bool
 	// Tokens is set when the prompt is token ids (completions only).
@@ -85,7 +86,7 @@ type Request struct {
 }
 
 // IsTokens reports whether the prompt is in the token domain.
-func (r *Request) IsTokens() bool { return r.Tokens != nil }
+func (r *Parsed) IsTokens() bool { return r.Tokens != nil }
 
 // ErrNoPrompt is returned when the body parses but carries nothing to route on.
 var ErrNoPrompt = errors.New("request has no prompt or messages")
@@ -115,17 +116,17 @@ type msgFields struct {
 	parts                                      int
 }
 
-// Parse reads body as a request to api. The returned Request's Text and Tokens alias
+// Parse reads body as a request of the given schema. The result's Text and Tokens alias
 // the Parser's buffers and are valid until the next Parse.
-func (p *Parser) Parse(api API, body []byte, lim Limits) (Request, error) {
+func (p *Parser) Parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 	p.memo.begin(p.Partition)
-	req, err := p.parse(api, body, lim)
+	req, err := p.parse(schema, body, lim)
 	p.memo.end(err == nil && !req.HasCacheSalt)
 	return req, err
 }
 
-func (p *Parser) parse(api API, body []byte, lim Limits) (Request, error) {
-	req := Request{API: api, saltStart: -1, closeBrace: -1}
+func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
+	req := Parsed{Schema: schema, saltStart: -1, closeBrace: -1}
 	if lim.MaxBytes > 0 && len(body) > lim.MaxBytes {
 		return req, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(body), lim.MaxBytes)
 	}
@@ -176,14 +177,14 @@ func (p *Parser) parse(api API, body []byte, lim Limits) (Request, error) {
 			req.CacheSalt, req.HasCacheSalt = string(v), true
 			return err
 		case "prompt":
-			if api != Completions {
+			if schema != Completions {
 				return s.value(nil)
 			}
 			p.text, p.tokens = p.text[:0], p.tokens[:0]
 			haveText, haveTokens = false, false
 			return p.completionPrompt(s, &haveText, &haveTokens)
 		case "messages":
-			if api != Chat {
+			if schema != Chat {
 				return s.value(nil)
 			}
 			p.text = p.text[:0]
@@ -194,7 +195,7 @@ func (p *Parser) parse(api API, body []byte, lim Limits) (Request, error) {
 			haveText = true
 			return nil
 		case "tools":
-			if api != Chat {
+			if schema != Chat {
 				return s.value(nil)
 			}
 			tools = tools[:0]
@@ -443,7 +444,7 @@ func (p *Parser) content(s *scanner) error {
 // WithCacheSalt returns a copy of body in which the top-level cache_salt is salt:
 // the existing value is replaced (the last one, which is the one vLLM reads), or the
 // field is added before the closing brace. req must come from parsing body.
-func WithCacheSalt(body []byte, req *Request, salt string) []byte {
+func WithCacheSalt(body []byte, req *Parsed, salt string) []byte {
 	q := make([]byte, 0, len(salt)+2)
 	q = appendJSONString(q, salt)
 	out := make([]byte, 0, len(body)+len(q)+16)

@@ -19,10 +19,10 @@ import (
 
 var lim = Limits{MaxBytes: 1 << 20, MaxDepth: 32}
 
-func parse(t *testing.T, api API, body string) Request {
+func parse(t *testing.T, schema Schema, body string) Parsed {
 	t.Helper()
 	var p Parser
-	r, err := p.Parse(api, []byte(body), lim)
+	r, err := p.Parse(schema, []byte(body), lim)
 	require.NoError(t, err)
 	// Copy out of the parser's buffers.
 	r.Text = bytes.Clone(r.Text)
@@ -151,9 +151,9 @@ func TestErrorsAreBoundedAndSayWhereNotWhat(t *testing.T) {
 	secret := "my-secret-prompt"
 	deep := `{"model":"m","metadata":` + strings.Repeat("[", 40) + strings.Repeat("]", 40) + `,"messages":[]}`
 	cases := map[string]struct {
-		api  API
-		body string
-		is   error
+		schema Schema
+		body   string
+		is     error
 	}{
 		"not json":               {Chat, "hello " + secret, errSyntax},
 		"truncated":              {Chat, `{"model":"m","messages":[{"role":"user","content":"` + secret, errSyntax},
@@ -173,7 +173,7 @@ func TestErrorsAreBoundedAndSayWhereNotWhat(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			var p Parser
-			_, err := p.Parse(c.api, []byte(c.body), lim)
+			_, err := p.Parse(c.schema, []byte(c.body), lim)
 			require.ErrorIs(t, err, c.is)
 			assert.NotContains(t, err.Error(), secret)
 		})
@@ -219,16 +219,16 @@ func TestWithCacheSalt(t *testing.T) {
 	assert.JSONEq(t, `{"cache_salt":"s"}`, string(WithCacheSalt([]byte(`{}`), &r, "s")))
 }
 
-func TestAPIForPath(t *testing.T) {
-	for path, want := range map[string]API{
+func TestSchemaForPath(t *testing.T) {
+	for path, want := range map[string]Schema{
 		"/v1/completions": Completions, "/v1/chat/completions": Chat, "/v1/chat/completions?x=1": Chat,
 	} {
-		got, ok := APIForPath(path)
+		got, ok := SchemaForPath(path)
 		assert.True(t, ok, path)
 		assert.Equal(t, want, got, path)
 	}
 	for _, path := range []string{"/v1/embeddings", "/v1/models", "/", "/v1/chat/completions/render"} {
-		_, ok := APIForPath(path)
+		_, ok := SchemaForPath(path)
 		assert.False(t, ok, path)
 	}
 }
@@ -281,9 +281,9 @@ func refString(raw json.RawMessage) ([]byte, error) {
 
 // reference is a second, independent implementation of the canonical serialization on
 // top of encoding/json, for differential fuzzing.
-func reference(api API, body []byte) (Request, error) {
-	var r Request
-	r.API = api
+func reference(schema Schema, body []byte) (Parsed, error) {
+	var r Parsed
+	r.Schema = schema
 	if !json.Valid(body) || bytes.TrimSpace(body)[0] != '{' {
 		return r, errSyntax
 	}
@@ -317,7 +317,7 @@ func reference(api API, body []byte) (Request, error) {
 		s, err := refString(raw)
 		return esc(s), err
 	}
-	switch api {
+	switch schema {
 	case Completions:
 		raw, ok := top["prompt"]
 		if !ok {
@@ -495,19 +495,19 @@ func FuzzParse(f *testing.F) {
 		f.Add(s, false)
 	}
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		api := Completions
+		schema := Completions
 		if chat {
-			api = Chat
+			schema = Chat
 		}
 		var p Parser
-		got, err := p.Parse(api, []byte(body), Limits{MaxBytes: 1 << 20, MaxDepth: 1000})
+		got, err := p.Parse(schema, []byte(body), Limits{MaxBytes: 1 << 20, MaxDepth: 1000})
 		if errors.Is(err, errDepth) {
 			return
 		}
 		if err == nil && !json.Valid([]byte(body)) {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
-		want, werr := reference(api, []byte(body))
+		want, werr := reference(schema, []byte(body))
 		if (err == nil) != (werr == nil) {
 			t.Fatalf("%q: parser err %v, reference err %v", body, err, werr)
 		}

@@ -15,11 +15,11 @@ var memoLimits = Limits{MaxBytes: 1 << 20, MaxDepth: 64}
 
 // sameParse fails unless a parser that has seen other bodies reads body as a fresh one
 // does.
-func sameParse(t testing.TB, p *Parser, api API, body []byte) {
+func sameParse(t testing.TB, p *Parser, schema Schema, body []byte) {
 	t.Helper()
-	got, err := p.Parse(api, body, memoLimits)
+	got, err := p.Parse(schema, body, memoLimits)
 	var fresh Parser
-	want, werr := fresh.Parse(api, body, memoLimits)
+	want, werr := fresh.Parse(schema, body, memoLimits)
 	if (err == nil) != (werr == nil) {
 		t.Fatalf("%.80q...: err %v, fresh parser %v", body, err, werr)
 	}

@@ -16,7 +16,7 @@ import (
 func TestMatchMemoAnswersAsMatch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	newModel := func(n int) *table.Model {
-		m, err := table.NewModel("llama", table.Config{BlockBytes: 64, Stride: uint32(1 + rng.IntN(4))}, replicasN(n))
+		m, err := table.NewModel("llama", table.ModelConfig{BlockBytes: 64, Stride: uint32(1 + rng.IntN(4))}, replicasN(n))
 		require.NoError(t, err)
 		return m
 	}

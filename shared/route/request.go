@@ -15,8 +15,8 @@ import (
 // two cannot drift apart (TestFilterAndSimulatorRouteAlike in filter/ holds them to it).
 type Request struct {
 	// ID keys the request's ledger entry (the filter's context number).
-	ID  uint64
-	API prompt.API
+	ID     uint64
+	Schema prompt.Schema
 	// Body is the whole request body (nil when there was none).
 	Body []byte
 	// Oversized: the body was let through unread because it is, or could become,
@@ -149,7 +149,7 @@ type Result struct {
 //
 // The caller sets the endpoint header from the decision's addresses, forwards
 // Result.Body when set, counts the result and queues the placement report; when it
-// cannot set the header it calls r.Ledger.Done(req.ID).
+// cannot set the header it calls r.Done(req.ID).
 func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now time.Time) (Decision, Result) {
 	var res Result
 	cfg := &r.Config
@@ -172,7 +172,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	// isolated tenant's requests only, and shared tenants' only each other's.
 	tenantSalt, isolated := cfg.TenantSalt(req.Tenant)
 	r.parser.Partition = tenantSalt
-	pr, err := r.parser.Parse(req.API, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
+	pr, err := r.parser.Parse(req.Schema, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
 	model := pr.Model
 	if req.ModelHeader != "" {
 		model = req.ModelHeader
@@ -278,7 +278,7 @@ func (r *Router) resolveModel(model string) (base, lora string) {
 // salt picks the chain salt. Isolated tenants get theirs (and, when configured, vLLM's
 // cache_salt is set to it so the engine keeps their blocks apart too); otherwise a
 // cache_salt the client sent separates the engine's cache, so it separates ours.
-func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Request, body []byte, res *Result) prefix.Salt {
+func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Parsed, body []byte, res *Result) prefix.Salt {
 	if !isolated {
 		if pr.HasCacheSalt {
 			return prefix.SaltFromCacheSalt(pr.CacheSalt)

@@ -37,47 +37,47 @@ type Identity struct {
 	Salt  prefix.Salt
 }
 
-// NewChain computes the chain of req under cfg (the table model's block sizes). keys is
+// NewChain computes the chain of pr under mc (the table model's block sizes). keys is
 // reused for the result when it has room.
-func NewChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64) Chain {
-	return newChain(cfg, id, req, keys, nil)
+func NewChain(mc table.ModelConfig, id Identity, pr *prompt.Parsed, keys []uint64) Chain {
+	return newChain(mc, id, pr, keys, nil)
 }
 
 // newChain is NewChain, through memo when not nil: the keys of a prefix shared with a
 // prompt the memo remembers are reused, not hashed again (prefix.Memo).
-func newChain(cfg table.Config, id Identity, req *prompt.Request, keys []uint64, memo *prefix.Memo) Chain {
+func newChain(mc table.ModelConfig, id Identity, pr *prompt.Parsed, keys []uint64, memo *prefix.Memo) Chain {
 	textKeys, tokenKeys := prefix.TextKeys, prefix.TokenKeys
 	if memo != nil {
 		textKeys, tokenKeys = memo.TextKeys, memo.TokenKeys
 	}
-	if req.IsTokens() {
-		bt := int(cfg.BlockTokens)
+	if pr.IsTokens() {
+		bt := int(mc.BlockTokens)
 		if bt <= 0 {
 			bt = prefix.DefaultBlockTokens
 		}
 		seed := prefix.Seed(prefix.Token, id.Model, id.LoRA, id.Salt)
 		return Chain{
 			Domain:       prefix.Token,
-			Keys:         tokenKeys(keys[:0], seed, req.Tokens, bt),
+			Keys:         tokenKeys(keys[:0], seed, pr.Tokens, bt),
 			BlockSize:    bt,
-			PromptTokens: float64(len(req.Tokens)),
+			PromptTokens: float64(len(pr.Tokens)),
 		}
 	}
-	bb := int(cfg.BlockBytes)
+	bb := int(mc.BlockBytes)
 	if bb <= 0 {
 		bb = prefix.DefaultBlockBytes
 	}
-	bpt := cfg.BytesPerToken
+	bpt := mc.BytesPerToken
 	if bpt <= 0 {
 		bpt = 4 // the usual ratio for English text until the control plane learns better
 	}
 	seed := prefix.Seed(prefix.Text, id.Model, id.LoRA, id.Salt)
 	return Chain{
 		Domain:        prefix.Text,
-		Keys:          textKeys(keys[:0], seed, req.Text, bb),
+		Keys:          textKeys(keys[:0], seed, pr.Text, bb),
 		BlockSize:     bb,
-		PromptTokens:  float64(len(req.Text)) / bpt,
-		PromptBytes:   len(req.Text),
+		PromptTokens:  float64(len(pr.Text)) / bpt,
+		PromptBytes:   len(pr.Text),
 		BytesPerToken: bpt,
 	}
 }
@@ -134,7 +134,7 @@ type Router struct {
 	// inTable[i] is matched[i] as the table alone gives it, before Local raises it:
 	// Route records in Local only the placement's keys past it (Result.LocalKeys).
 	inTable []int
-	cands   []rule.Replica
+	cands   []rule.Candidate
 	order   []int
 	addrs   []string
 	ckpts   []uint64
@@ -162,7 +162,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		correction, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
 		off, load := r.offloaded(c, i)
-		r.cands = append(r.cands, rule.Replica{
+		r.cands = append(r.cands, rule.Candidate{
 			Queued:    queued(rep.Queued, correction),
 			Pending:   pending,
 			Cached:    min(c.Tokens(r.matched[i]), c.PromptTokens),
@@ -195,7 +195,7 @@ func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Ti
 	for _, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		correction, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
-		r.cands = append(r.cands, rule.Replica{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
+		r.cands = append(r.cands, rule.Candidate{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
 	}
 	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var cfg = table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+var cfg = table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 
 func chatBody(system, question string) []byte {
 	return []byte(fmt.Sprintf(`{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, question))
@@ -102,7 +102,7 @@ func TestRouteMemosKeepIsolatedTenantsApart(t *testing.T) {
 	now := time.Now()
 	reused := func(tenant string) int {
 		before := r.parser.Reused()
-		_, res := r.Route(tb, &Request{ID: uint64(now.UnixNano()), API: prompt.Chat, Body: body, Tenant: tenant}, 0, now)
+		_, res := r.Route(tb, &Request{ID: uint64(now.UnixNano()), Schema: prompt.Chat, Body: body, Tenant: tenant}, 0, now)
 		require.Equal(t, Placed, res.Action)
 		return r.parser.Reused() - before
 	}
@@ -217,7 +217,7 @@ func BenchmarkDecide22Replicas8kTokens(b *testing.B) {
 
 func routeBody(t *testing.T, r *Router, tb *table.Table, id uint64, body []byte, tableAge time.Duration, now time.Time) (Decision, Result) {
 	t.Helper()
-	d, res := r.Route(tb, &Request{ID: id, API: prompt.Chat, Body: body}, tableAge, now)
+	d, res := r.Route(tb, &Request{ID: id, Schema: prompt.Chat, Body: body}, tableAge, now)
 	require.Equal(t, Placed, res.Action)
 	return d, res
 }
@@ -337,7 +337,7 @@ func BenchmarkRoute22Replicas8kTokens(b *testing.B) {
 	var id uint64
 	for b.Loop() {
 		id++
-		_, _ = r.Route(tb, &Request{ID: id, API: prompt.Chat, Body: body}, 0, now)
+		_, _ = r.Route(tb, &Request{ID: id, Schema: prompt.Chat, Body: body}, 0, now)
 		r.Ledger.Done(id)
 		if id%32 == 0 {
 			r.Local.Prune(now.Add(time.Hour), now) // a table confirms every 100 ms or so

@@ -30,7 +30,7 @@ func (r *Router) matchTiers(m *table.Model, c *Chain) {
 	}
 }
 
-// offloaded is replica i's rule.Replica Offloaded and LoadCost in tokens: the part of
+// offloaded is replica i's rule.Candidate Offloaded and LoadCost in tokens: the part of
 // its loadable run past r.matched[i] (which this proxy's own placements may have
 // raised), its cost in proportion.
 func (r *Router) offloaded(c *Chain, i int) (tokens, cost float64) {

@@ -10,8 +10,8 @@ import (
 
 // loaded is a healthy replica with load values: busy fraction rho, ubar uncached tokens a
 // request, running requests.
-func loaded(queued, cached, rho, ubar, running float64) Replica {
-	return Replica{Queued: queued, Cached: cached, Healthy: true, Busy: rho, MeanUncached: ubar, Running: running}
+func loaded(queued, cached, rho, ubar, running float64) Candidate {
+	return Candidate{Queued: queued, Cached: cached, Healthy: true, Busy: rho, MeanUncached: ubar, Running: running}
 }
 
 // The package doc's worked example, to the token: the owner costs 40,000, the idle
@@ -21,7 +21,7 @@ func TestWorkedExampleOfTheOthersShare(t *testing.T) {
 	cold := loaded(0, 0, 0.5, 2000, 10)
 	assert.InDelta(t, 40000, Cost(8000, owner), 1e-6)
 	assert.InDelta(t, 80000, Cost(8000, cold), 1e-6)
-	d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+	d := NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil)
 	assert.Equal(t, []int{0, 1}, d.Order)
 	assert.False(t, d.Spill)
 }
@@ -32,7 +32,7 @@ func TestWorkedExampleOfTheOthersShare(t *testing.T) {
 // replica, 6,000 tokens prefilled again; on a fleet that is busy half the time, with ten
 // requests running everywhere, that copy costs the others more than the request saves.
 func TestABusyFleetKeepsTheOwner(t *testing.T) {
-	replicas := []Replica{healthy(8000, 6000)}
+	replicas := []Candidate{healthy(8000, 6000)}
 	for range 21 {
 		replicas = append(replicas, healthy(0, 0))
 	}
@@ -57,7 +57,7 @@ func TestAnIdleFleetSpillsAtTheSavedPrefill(t *testing.T) {
 	}{{5999, true}, {6001, false}} {
 		owner := loaded(1000+c.extra, 6000, 0, 2000, 0)
 		cold := loaded(1000, 0, 0, 2000, 0)
-		d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+		d := NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil)
 		assert.Equal(t, c.owner, d.Order[0] == 0, "owner %v tokens deeper", c.extra)
 	}
 }
@@ -69,7 +69,7 @@ func TestAHotPrefixGainsOwnersLaterOnABusierFleet(t *testing.T) {
 		for q := 0.0; q < 1e7; q += 100 {
 			owner := loaded(q, 6000, rho, 2000, running)
 			cold := loaded(0, 0, rho, 2000, running)
-			if NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil).Order[0] == 1 {
+			if NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil).Order[0] == 1 {
 				return q
 			}
 		}
@@ -84,7 +84,7 @@ func TestAHotPrefixGainsOwnersLaterOnABusierFleet(t *testing.T) {
 
 // Load values from a torn or hostile table cannot make a cost negative, infinite or NaN.
 func TestHostileLoadValuesStayFinite(t *testing.T) {
-	for _, r := range []Replica{
+	for _, r := range []Candidate{
 		loaded(100, 0, math.NaN(), 2000, 5),
 		loaded(100, 0, 2, 2000, 5),
 		loaded(100, 0, -1, 2000, -5),

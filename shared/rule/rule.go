@@ -95,8 +95,9 @@ import (
 	"time"
 )
 
-// Replica is one candidate as the router sees it.
-type Replica struct {
+// Candidate is one replica as the rule weighs it for a request: what the router knows of
+// its queue, cache and load (table.Replica is the replica as the table lists it).
+type Candidate struct {
 	// Queued is Q(r): uncached prompt tokens waiting for prefill on r, from the control
 	// plane's last snapshot plus what this router sent since.
 	Queued float64
@@ -183,9 +184,9 @@ type Decision struct {
 // own wait, Q + U, and what it costs the other requests on r when r carries load values.
 // Without them Pick charges a copy instead (chargeSpills), which depends on the other
 // candidates.
-func Cost(promptTokens float64, r Replica) float64 { return cost(promptTokens, &r) }
+func Cost(promptTokens float64, r Candidate) float64 { return cost(promptTokens, &r) }
 
-func cost(promptTokens float64, r *Replica) float64 {
+func cost(promptTokens float64, r *Candidate) float64 {
 	u := uncached(promptTokens, r)
 	return (r.Queued + u + u*others(r, u)) / speed(r)
 }
@@ -197,7 +198,7 @@ const maxBusy = 0.95
 // others is N + B/2 for a placement of u tokens on r: how many other requests each of
 // its tokens delays, a later arrival's first token counting twice a running request's
 // next one (see the package doc). 0 without load values.
-func others(r *Replica, u float64) float64 {
+func others(r *Candidate, u float64) float64 {
 	if !(r.MeanUncached > 0) {
 		return 0
 	}
@@ -214,7 +215,7 @@ func others(r *Replica, u float64) float64 {
 }
 
 // hasLoad reports whether any replica carries load values (a format-3 table).
-func hasLoad(replicas []Replica) bool {
+func hasLoad(replicas []Candidate) bool {
 	for i := range replicas {
 		if replicas[i].MeanUncached > 0 {
 			return true
@@ -225,11 +226,11 @@ func hasLoad(replicas []Replica) bool {
 
 // Uncached is U(r, x): the prompt tokens r must prefill, plus the prefill-token
 // equivalent of loading those it holds in a slower tier.
-func Uncached(promptTokens float64, r Replica) float64 { return uncached(promptTokens, &r) }
+func Uncached(promptTokens float64, r Candidate) float64 { return uncached(promptTokens, &r) }
 
-// uncached is Uncached through a pointer: a Replica is too large for Go to keep in
+// uncached is Uncached through a pointer: a Candidate is too large for Go to keep in
 // registers, and a copy per loop over the replicas shows in BenchmarkPick22Replicas.
-func uncached(promptTokens float64, r *Replica) float64 {
+func uncached(promptTokens float64, r *Candidate) float64 {
 	rest := max(promptTokens-r.Cached, 0)
 	off := min(max(r.Offloaded, 0), rest)
 	load := 0.0
@@ -240,9 +241,9 @@ func uncached(promptTokens float64, r *Replica) float64 {
 }
 
 // Eligible reports whether r passes the guards.
-func Eligible(r Replica, p Params) bool { return eligible(&r, &p) }
+func Eligible(r Candidate, p Params) bool { return eligible(&r, &p) }
 
-func eligible(r *Replica, p *Params) bool {
+func eligible(r *Candidate, p *Params) bool {
 	if !r.Healthy {
 		return false
 	}
@@ -277,7 +278,7 @@ func NewPicker(p Params, seed uint64) *Picker {
 
 // Pick orders replicas for a request of promptTokens tokens. order is reused for the
 // result when it has capacity.
-func (pk *Picker) Pick(promptTokens float64, replicas []Replica, order []int) Decision {
+func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) Decision {
 	p := pk.Params
 	max := p.MaxEndpoints
 	if max <= 0 {
@@ -319,7 +320,7 @@ const (
 
 // regime is the age regime of a decision: the youngest healthy replica's state age
 // against MaxStateAge and MaxCacheAge (see the package doc).
-func (pk *Picker) regime(replicas []Replica) regime {
+func (pk *Picker) regime(replicas []Candidate) regime {
 	p := pk.Params
 	if p.MaxStateAge <= 0 {
 		return fresh
@@ -341,7 +342,7 @@ func (pk *Picker) regime(replicas []Replica) regime {
 
 // pickStale is the stale regime: the cost with the router's own pending work for Q,
 // under a bounded-load cap (see the package doc).
-func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision, max int) Decision {
+func (pk *Picker) pickStale(promptTokens float64, replicas []Candidate, d Decision, max int) Decision {
 	p := pk.Params
 	c := p.LoadBound
 	if c <= 0 {
@@ -392,7 +393,7 @@ func (pk *Picker) pickStale(promptTokens float64, replicas []Replica, d Decision
 // carries no load values (and in the stale regime, whose load values are as old as its
 // queues): W(r) x (1/n + u(r)), W(r) = U(r) - the smallest U among the candidates, n the
 // replicas that share the work, u(r) r's KV-cache usage.
-func (pk *Picker) chargeSpills(replicas []Replica, n int) {
+func (pk *Picker) chargeSpills(replicas []Candidate, n int) {
 	if len(pk.scored) < 2 || n < 1 {
 		return
 	}
@@ -409,7 +410,7 @@ func (pk *Picker) chargeSpills(replicas []Replica, n int) {
 
 // usage is r's KV-cache usage within 0..1 (a torn or hostile table's value counts as
 // the nearest bound; NaN as 0).
-func usage(r *Replica) float64 {
+func usage(r *Candidate) float64 {
 	if !(r.KVUsage > 0) {
 		return 0
 	}
@@ -417,7 +418,7 @@ func usage(r *Replica) float64 {
 }
 
 // speed is r's prefill rate, 1 when unset.
-func speed(r *Replica) float64 {
+func speed(r *Candidate) float64 {
 	if r.Speed <= 0 {
 		return 1
 	}
@@ -425,7 +426,7 @@ func speed(r *Replica) float64 {
 }
 
 // finish sorts the scored candidates, breaks near ties at random and fills the order.
-func (pk *Picker) finish(replicas []Replica, d Decision, max int) Decision {
+func (pk *Picker) finish(replicas []Candidate, d Decision, max int) Decision {
 	p := pk.Params
 	sortByCost(pk.scored)
 
@@ -475,7 +476,7 @@ func sortByCost(s []scored) {
 // the KV and staleness guards: with no trustworthy state, or no prefix to match, the
 // least-queued replica is the safest. Pick falls back to it when every replica is
 // excluded; the result is marked Fallback.
-func (pk *Picker) LeastQueued(replicas []Replica, order []int) Decision {
+func (pk *Picker) LeastQueued(replicas []Candidate, order []int) Decision {
 	max := pk.Params.MaxEndpoints
 	if max <= 0 {
 		max = 3

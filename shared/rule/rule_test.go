@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func healthy(queued, cached float64) Replica {
-	return Replica{Queued: queued, Cached: cached, Healthy: true}
+func healthy(queued, cached float64) Candidate {
+	return Candidate{Queued: queued, Cached: cached, Healthy: true}
 }
 
 func exact() Params {
@@ -43,7 +43,7 @@ func TestSeed000SpillPoint(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			base := 4000.0
-			replicas := []Replica{
+			replicas := []Candidate{
 				healthy(base+c.extraQueue, shared), // the owner
 				healthy(base, 0),
 			}
@@ -71,7 +71,7 @@ func TestSeed000SpillPoint(t *testing.T) {
 // until its queue is 2,048 x 5/4 = 2,560 tokens deeper.
 func TestSpillPaysForTheCopy(t *testing.T) {
 	const prompt, system = 2176, 2048
-	replicas := []Replica{healthy(2176, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
+	replicas := []Candidate{healthy(2176, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
 	d := NewPicker(exact(), 1).Pick(prompt, replicas, nil)
 	assert.Equal(t, 0, d.Order[0], "order %v", d.Order)
 	assert.False(t, d.Spill)
@@ -102,7 +102,7 @@ func TestSpillPaysForTheCopy(t *testing.T) {
 // deep, not 2,560. With W/n alone (before) the same fleet spilled at 2,561.
 func TestSpillChargeGrowsWithTheTargetsKVUsage(t *testing.T) {
 	const prompt, system = 2176, 2048
-	replicas := []Replica{healthy(2561, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
+	replicas := []Candidate{healthy(2561, system), healthy(0, 0), healthy(2176, 0), healthy(2304, 0)}
 	for i := range replicas {
 		replicas[i].KVUsage = 0.5
 	}
@@ -140,7 +140,7 @@ func TestSpillChargeCountsCandidatesOnly(t *testing.T) {
 	cold := healthy(0, 0)          // U 8,000, 3,000 more than the partial holder: 8,000 + 3,000/2
 	p := exact()
 	p.MaxKVUsage = 0.95 // excludes the owner
-	d := NewPicker(p, 1).Pick(prompt, []Replica{full, partial, cold}, nil)
+	d := NewPicker(p, 1).Pick(prompt, []Candidate{full, partial, cold}, nil)
 	assert.Equal(t, []int{1, 2}, d.Order, "9,200 against 9,500 (charged against the excluded owner: 10,200 against 10,000)")
 	assert.InDelta(t, 9200, d.Cost, 1e-9)
 }
@@ -148,9 +148,9 @@ func TestSpillChargeCountsCandidatesOnly(t *testing.T) {
 // Speed divides the charge as it divides the rest of the cost: a spill's copy is
 // prefilled on the spill target.
 func TestSpillChargeIsInTheTargetsSeconds(t *testing.T) {
-	owner := Replica{Queued: 9000, Cached: 6000, Speed: 1, Healthy: true} // 11,000
-	cold := Replica{Queued: 6000, Speed: 2, Healthy: true}                // (6,000 + 8,000 + 3,000) / 2 = 8,500
-	d := NewPicker(exact(), 1).Pick(8000, []Replica{owner, cold}, nil)
+	owner := Candidate{Queued: 9000, Cached: 6000, Speed: 1, Healthy: true} // 11,000
+	cold := Candidate{Queued: 6000, Speed: 2, Healthy: true}                // (6,000 + 8,000 + 3,000) / 2 = 8,500
+	d := NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil)
 	assert.Equal(t, []int{1, 0}, d.Order)
 	assert.InDelta(t, 8500, d.Cost, 1e-9)
 }
@@ -158,9 +158,9 @@ func TestSpillChargeIsInTheTargetsSeconds(t *testing.T) {
 // The threshold scales with prefill speed: a replica twice as fast spends half the
 // seconds on the same tokens.
 func TestSpeedNormalisesCost(t *testing.T) {
-	fast := Replica{Queued: 10000, Speed: 2, Healthy: true}
-	slow := Replica{Queued: 6000, Speed: 1, Healthy: true}
-	d := NewPicker(exact(), 1).Pick(1000, []Replica{slow, fast}, nil)
+	fast := Candidate{Queued: 10000, Speed: 2, Healthy: true}
+	slow := Candidate{Queued: 6000, Speed: 1, Healthy: true}
+	d := NewPicker(exact(), 1).Pick(1000, []Candidate{slow, fast}, nil)
 	assert.Equal(t, []int{1, 0}, d.Order, "fast: 11000/2=5500 < slow: 7000")
 	assert.InDelta(t, 5500, d.Cost, 1e-9)
 }
@@ -170,13 +170,13 @@ func TestGuards(t *testing.T) {
 	p.MaxKVUsage = 0.95 // off by default (1); a configuration may set it
 	cases := []struct {
 		name     string
-		replicas []Replica
+		replicas []Candidate
 		want     []int
 		fallback bool
 	}{
 		{
 			name: "KV usage above 0.95 is excluded even when it owns the prefix",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Cached: 6000, KVUsage: 0.96, Healthy: true},
 				{Queued: 3000, KVUsage: 0.5, Healthy: true},
 			},
@@ -184,7 +184,7 @@ func TestGuards(t *testing.T) {
 		},
 		{
 			name: "KV usage of exactly 0.95 is allowed",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Cached: 6000, KVUsage: 0.95, Healthy: true},
 				{Queued: 3000, Healthy: true},
 			},
@@ -192,7 +192,7 @@ func TestGuards(t *testing.T) {
 		},
 		{
 			name: "stale state is excluded",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Cached: 6000, StateAge: 2001 * time.Millisecond, Healthy: true},
 				{Queued: 3000, StateAge: 100 * time.Millisecond, Healthy: true},
 			},
@@ -200,7 +200,7 @@ func TestGuards(t *testing.T) {
 		},
 		{
 			name: "unhealthy is excluded",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Cached: 6000},
 				{Queued: 3000, Healthy: true},
 			},
@@ -208,7 +208,7 @@ func TestGuards(t *testing.T) {
 		},
 		{
 			name: "all excluded: least queued among all, healthy first",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Queued: 100, KVUsage: 0.99, Healthy: true},
 				{Queued: 50},
 				{Queued: 70, StateAge: time.Hour, Healthy: true},
@@ -219,7 +219,7 @@ func TestGuards(t *testing.T) {
 		},
 		{
 			name: "all unhealthy: still an answer, least queued",
-			replicas: []Replica{
+			replicas: []Candidate{
 				{Queued: 100},
 				{Queued: 50},
 			},
@@ -247,16 +247,16 @@ func TestGuards(t *testing.T) {
 // prefixes), and a spill onto a busy cache pays for what it evicts.
 func TestDefaultKeepsAnOwnerWhoseCacheIsBusy(t *testing.T) {
 	const prompt, shared = 8000, 6000
-	owner := Replica{Queued: 1000, Cached: shared, KVUsage: 0.99, Healthy: true} // 3,000
-	cold := Replica{Queued: 0, KVUsage: 0.9, Healthy: true}                      // 8,000 + 6,000 x (1/2 + 0.9)
-	d := NewPicker(exact(), 1).Pick(prompt, []Replica{owner, cold}, nil)
+	owner := Candidate{Queued: 1000, Cached: shared, KVUsage: 0.99, Healthy: true} // 3,000
+	cold := Candidate{Queued: 0, KVUsage: 0.9, Healthy: true}                      // 8,000 + 6,000 x (1/2 + 0.9)
+	d := NewPicker(exact(), 1).Pick(prompt, []Candidate{owner, cold}, nil)
 	assert.Equal(t, []int{0, 1}, d.Order)
 	assert.False(t, d.Fallback)
 	assert.InDelta(t, 3000, d.Cost, 1e-9)
 }
 
 func TestOrderIsCappedAndSortedByCost(t *testing.T) {
-	replicas := []Replica{
+	replicas := []Candidate{
 		healthy(5000, 0), healthy(100, 0), healthy(3000, 0), healthy(2000, 0), healthy(4000, 0),
 	}
 	d := NewPicker(exact(), 1).Pick(1000, replicas, nil)
@@ -271,7 +271,7 @@ func TestOrderIsCappedAndSortedByCost(t *testing.T) {
 // Routers holding the same snapshot must not all pick the same replica: near ties are
 // broken at random, and every tied replica gets a share.
 func TestNearTiesAreSpreadAtRandom(t *testing.T) {
-	replicas := []Replica{
+	replicas := []Candidate{
 		healthy(1000, 0), healthy(1010, 0), healthy(1005, 0), // within 2% of 1000+8000
 		healthy(2000, 0), // 11% worse: never first
 	}
@@ -288,7 +288,7 @@ func TestNearTiesAreSpreadAtRandom(t *testing.T) {
 }
 
 func TestSeededPickerIsReproducible(t *testing.T) {
-	replicas := []Replica{healthy(0, 0), healthy(0, 0), healthy(0, 0), healthy(0, 0)}
+	replicas := []Candidate{healthy(0, 0), healthy(0, 0), healthy(0, 0), healthy(0, 0)}
 	run := func(seed uint64) []int {
 		pk := NewPicker(DefaultParams(), seed)
 		var firsts []int
@@ -303,18 +303,18 @@ func TestSeededPickerIsReproducible(t *testing.T) {
 
 // Reversal condition: when nothing is cached anywhere the rule is least-queued tokens.
 func TestNoCacheMeansLeastQueued(t *testing.T) {
-	replicas := []Replica{healthy(900, 0), healthy(300, 0), healthy(600, 0)}
+	replicas := []Candidate{healthy(900, 0), healthy(300, 0), healthy(600, 0)}
 	d := NewPicker(exact(), 1).Pick(8000, replicas, nil)
 	assert.Equal(t, []int{1, 2, 0}, d.Order)
 	assert.False(t, d.Spill)
 }
 
 func TestCachedBeyondPromptCostsNoNegativeWork(t *testing.T) {
-	assert.Equal(t, 100.0, Cost(50, Replica{Queued: 100, Cached: 80}))
+	assert.Equal(t, 100.0, Cost(50, Candidate{Queued: 100, Cached: 80}))
 }
 
 func BenchmarkPick22Replicas(b *testing.B) {
-	replicas := make([]Replica, 22)
+	replicas := make([]Candidate, 22)
 	for i := range replicas {
 		replicas[i] = healthy(float64(i*731%5000), float64(i%3*2000))
 	}
@@ -333,32 +333,32 @@ func BenchmarkPick22Replicas(b *testing.B) {
 func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	const prompt, shared = 8000, 6000
 	age := 30 * time.Second
-	stale := func(queued, pending, cached float64) Replica {
-		return Replica{Queued: queued, Pending: pending, Cached: cached, StateAge: age, Healthy: true}
+	stale := func(queued, pending, cached float64) Candidate {
+		return Candidate{Queued: queued, Pending: pending, Cached: cached, StateAge: age, Healthy: true}
 	}
 	pk := NewPicker(exact(), 1)
 
 	// The snapshot says the owner is deep (an old number); its pending work is small.
-	d := pk.Pick(prompt, []Replica{stale(50000, 2000, shared), stale(0, 0, 0), stale(100, 0, 0)}, nil)
+	d := pk.Pick(prompt, []Candidate{stale(50000, 2000, shared), stale(0, 0, 0), stale(100, 0, 0)}, nil)
 	assert.Equal(t, 0, d.Order[0], "the owner keeps the request")
 	assert.True(t, d.Stale)
 	assert.False(t, d.Fallback)
 
 	// Its pending work outweighs the saving: the rule spills as the fresh rule would.
-	d = pk.Pick(prompt, []Replica{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 500, 0)}, nil)
+	d = pk.Pick(prompt, []Candidate{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 500, 0)}, nil)
 	assert.Equal(t, 1, d.Order[0])
 	assert.True(t, d.Spill)
 	// Within the bound the spill pays its charge as in the fresh regime: 6,000/3.
-	d = pk.Pick(prompt, []Replica{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
+	d = pk.Pick(prompt, []Candidate{stale(0, 7000, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
 	assert.Equal(t, 0, d.Order[0], "9,000 against 8,000 + 2,000")
-	d = pk.Pick(prompt, []Replica{stale(0, 8500, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
+	d = pk.Pick(prompt, []Candidate{stale(0, 8500, shared), stale(0, 0, 0), stale(0, 20000, 0)}, nil)
 	assert.Equal(t, 1, d.Order[0], "10,500 against 10,000")
 	assert.True(t, d.Spill)
 
 	// The bound: with this router busy everywhere, the owner may hold at most 1.25x its
 	// share; here its share is (4 x 20,000 + 8,000) / 4 x 1.25 = 27,500 tokens.
 	owner := stale(0, 26000, shared) // 26,000 + 2,000 > 27,500
-	others := []Replica{owner, stale(0, 18000, 0), stale(0, 18000, 0), stale(0, 18000, 0)}
+	others := []Candidate{owner, stale(0, 18000, 0), stale(0, 18000, 0), stale(0, 18000, 0)}
 	d = pk.Pick(prompt, others, nil)
 	assert.NotEqual(t, 0, d.Order[0], "over the bound")
 	// Under the bound (27,000 <= 27,187.5) the cost decides: 27,000 against 18,000 +
@@ -371,12 +371,12 @@ func TestStaleRegimeKeepsAffinityWithBoundedLoad(t *testing.T) {
 	// Unhealthy replicas stay out; the KV guard is off (usage is as old as the queue).
 	r := stale(0, 0, shared)
 	r.KVUsage = 0.99
-	d = pk.Pick(prompt, []Replica{r, {Pending: 0, Cached: shared, StateAge: age}, stale(0, 0, 0)}, nil)
+	d = pk.Pick(prompt, []Candidate{r, {Pending: 0, Cached: shared, StateAge: age}, stale(0, 0, 0)}, nil)
 	assert.Equal(t, 0, d.Order[0])
 	assert.NotContains(t, d.Order, 1)
 
 	// Past MaxCacheAge: cache-blind least-queued.
-	old := []Replica{stale(5000, 0, shared), stale(100, 0, 0)}
+	old := []Candidate{stale(5000, 0, shared), stale(100, 0, 0)}
 	for i := range old {
 		old[i].StateAge = 11 * time.Minute
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // offloaded is a replica holding off prompt tokens only in a slower tier at ratio.
-func offloaded(queued, cached, off, ratio float64) Replica {
+func offloaded(queued, cached, off, ratio float64) Candidate {
 	r := healthy(queued, cached)
 	r.Offloaded, r.LoadCost = off, off*ratio
 	return r
@@ -25,7 +25,7 @@ func TestOffloadedHitCountsAtItsLoadCost(t *testing.T) {
 	assert.InDelta(t, 8000, Uncached(prompt, c), 1e-9)
 
 	pk := NewPicker(exact(), 1)
-	d := pk.Pick(prompt, []Replica{a, b, c}, nil)
+	d := pk.Pick(prompt, []Candidate{a, b, c}, nil)
 	require.False(t, d.Fallback)
 	assert.Equal(t, []int{1, 0, 2}, d.Order, "B loads the prefix for less than A's extra queue")
 	assert.InDelta(t, 2276+276.0/3, d.Cost, 1e-9, "with the spill's charge, 276/3")
@@ -33,23 +33,23 @@ func TestOffloadedHitCountsAtItsLoadCost(t *testing.T) {
 
 	// A keeps it while its queue is under 276 x 4/3 = 368 tokens deeper than B's ...
 	a.Queued = 367
-	assert.Equal(t, 0, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	assert.Equal(t, 0, pk.Pick(prompt, []Candidate{a, b, c}, nil).Order[0])
 	a.Queued = 369
-	assert.Equal(t, 1, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	assert.Equal(t, 1, pk.Pick(prompt, []Candidate{a, b, c}, nil).Order[0])
 	// ... and B, not the cold replica, takes A's spill until B is 5,724 x 4/3 = 7,632
 	// tokens deeper.
 	a.Queued = 20000
 	b.Queued = 7631
-	assert.Equal(t, 1, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	assert.Equal(t, 1, pk.Pick(prompt, []Candidate{a, b, c}, nil).Order[0])
 	b.Queued = 7633
-	assert.Equal(t, 2, pk.Pick(prompt, []Replica{a, b, c}, nil).Order[0])
+	assert.Equal(t, 2, pk.Pick(prompt, []Candidate{a, b, c}, nil).Order[0])
 }
 
 // Before tiers counted (Offloaded 0), B and the cold replica tied: a CPU-tier hit was
 // worth nothing.
 func TestOffloadedZeroIsTheGPUOnlyRule(t *testing.T) {
 	r := healthy(500, 3000)
-	assert.Equal(t, Cost(8000, r), Cost(8000, Replica{Queued: 500, Cached: 3000}))
+	assert.Equal(t, Cost(8000, r), Cost(8000, Candidate{Queued: 500, Cached: 3000}))
 	assert.InDelta(t, 5500, Cost(8000, r), 1e-9)
 }
 
@@ -61,7 +61,7 @@ func TestUncachedClampsOffloadedAndLoadCost(t *testing.T) {
 	r = offloaded(0, 0, 1000, 3)
 	assert.InDelta(t, 8000, Uncached(8000, r), 1e-9)
 	// Negative inputs count as none.
-	r = Replica{Cached: 0, Offloaded: -5, LoadCost: -1, Healthy: true}
+	r = Candidate{Cached: 0, Offloaded: -5, LoadCost: -1, Healthy: true}
 	assert.InDelta(t, 8000, Uncached(8000, r), 1e-9)
 }
 
@@ -74,7 +74,7 @@ func TestStaleRegimeCountsOffloadedHits(t *testing.T) {
 	c := healthy(0, 0)
 	c.StateAge = old
 	b.Pending, c.Pending = 1000, 0
-	d := NewPicker(p, 1).Pick(8000, []Replica{b, c}, nil)
+	d := NewPicker(p, 1).Pick(8000, []Candidate{b, c}, nil)
 	require.True(t, d.Stale)
 	assert.Equal(t, 0, d.Order[0], "1,000 pending + 2,276 beats 8,000")
 	assert.InDelta(t, 3276, d.Cost, 1e-9)

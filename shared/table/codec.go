@@ -113,7 +113,7 @@ type ModelChange struct {
 	Name     string
 	Removed  bool
 	Reset    bool
-	Config   Config
+	Config   ModelConfig
 	Replicas []Replica
 	// Tiers are the model's slower tiers (format 2; see Model.Tiers).
 	Tiers   []string

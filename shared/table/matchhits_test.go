@@ -14,7 +14,7 @@ import (
 func TestMatchHitsAreWhatMatchReads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, stride := range []uint32{1, 2, 4, 7} {
-		m, err := NewModel("m", Config{BlockBytes: 64, Stride: stride}, replicas(6))
+		m, err := NewModel("m", ModelConfig{BlockBytes: 64, Stride: stride}, replicas(6))
 		require.NoError(t, err)
 		keys := make([]uint64, 300)
 		for i := range keys {

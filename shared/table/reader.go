@@ -114,7 +114,7 @@ func (r *reader) model() ModelChange {
 		return mc
 	}
 	mc.Reset = flags&flagReset != 0
-	mc.Config = Config{
+	mc.Config = ModelConfig{
 		BlockBytes:    uint32(r.uvMax(math.MaxUint32, "block_bytes")),
 		BlockTokens:   uint32(r.uvMax(math.MaxUint32, "block_tokens")),
 		Stride:        uint32(r.uvMax(math.MaxUint32, "stride")),

@@ -84,8 +84,8 @@ type Replica struct {
 	MeanUncached uint32
 }
 
-// Config is what a model's keys were computed with; the filter hashes with the same.
-type Config struct {
+// ModelConfig is what a model's keys were computed with; the filter hashes with the same.
+type ModelConfig struct {
 	BlockBytes  uint32 // text-domain block size in bytes
 	BlockTokens uint32 // token-domain block size in tokens
 	// Stride k: the table holds only every k-th key of a chain (positions k-1, 2k-1, ...).
@@ -98,7 +98,7 @@ type Config struct {
 // Model is one model's part of the table.
 type Model struct {
 	Name     string
-	Config   Config
+	Config   ModelConfig
 	Replicas []Replica // sorted by Slot
 	// Tiers names the slower KV tiers the entries refer to: tier i is Tiers[i-1]
 	// (vLLM's medium string, e.g. "CPU"). Empty in format-1 tables.
@@ -135,7 +135,7 @@ type Table struct {
 func New() *Table { return &Table{Models: map[string]*Model{}} }
 
 // NewModel returns a model with the given replicas and no entries.
-func NewModel(name string, cfg Config, replicas []Replica) (*Model, error) {
+func NewModel(name string, cfg ModelConfig, replicas []Replica) (*Model, error) {
 	m := &Model{Name: name, Config: cfg}
 	if err := m.setReplicas(replicas); err != nil {
 		return nil, err
@@ -299,7 +299,7 @@ func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
 
 // SameGeometry reports whether keys computed under c and d are the same keys: block
 // sizes and stride agree (the bytes-per-token estimate may differ).
-func (c Config) SameGeometry(d Config) bool {
+func (c ModelConfig) SameGeometry(d ModelConfig) bool {
 	return c.BlockBytes == d.BlockBytes && c.BlockTokens == d.BlockTokens && c.Stride == d.Stride
 }
 

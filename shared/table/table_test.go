@@ -25,7 +25,7 @@ func replicas(n int) []Replica {
 	return rs
 }
 
-var cfg = Config{BlockBytes: 64, BlockTokens: 16, Stride: 1, BytesPerToken: 4.125}
+var cfg = ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 1, BytesPerToken: 4.125}
 
 func sampleTable(t testing.TB) *Table {
 	tb := New()
@@ -36,7 +36,7 @@ func sampleTable(t testing.TB) *Table {
 	require.NoError(t, m.Set(200, 0, 2))
 	require.NoError(t, m.Set(300, 2, 1)) // unsorted input is sorted
 	tb.Models["llama"] = m
-	q, err := NewModel("qwen", Config{BlockBytes: 128, BlockTokens: 32, Stride: 4, BytesPerToken: 3.5}, replicas(1))
+	q, err := NewModel("qwen", ModelConfig{BlockBytes: 128, BlockTokens: 32, Stride: 4, BytesPerToken: 3.5}, replicas(1))
 	require.NoError(t, err)
 	tb.Models["qwen"] = q
 	return tb
@@ -71,7 +71,7 @@ func TestFullRoundTrip(t *testing.T) {
 
 func TestQuantisedFields(t *testing.T) {
 	tb := New()
-	m, err := NewModel("m", Config{BytesPerToken: 3.14159}, []Replica{{Slot: 0, KVUsage: 0.123456, Healthy: true}})
+	m, err := NewModel("m", ModelConfig{BytesPerToken: 3.14159}, []Replica{{Slot: 0, KVUsage: 0.123456, Healthy: true}})
 	require.NoError(t, err)
 	tb.Models["m"] = m
 	got := New()
@@ -454,7 +454,7 @@ func TestEachDoesNotMutate(t *testing.T) {
 // writes, removals, compactions and new replica sets, so readers of the original can
 // go on while a publisher applies the next version.
 func TestCloneForLeavesTheOriginalAlone(t *testing.T) {
-	cfg := Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := []Replica{{Slot: 0, ID: "a", Addr: "10.0.0.1:1"}, {Slot: 1, ID: "b", Addr: "10.0.0.2:1"}, {Slot: 2, ID: "c", Addr: "10.0.0.3:1"}}
 	m, err := NewModel("m", cfg, rs)
 	if err != nil {

@@ -17,7 +17,7 @@ var goldenReplicas = []Replica{
 	{Slot: 2, ID: "c", Addr: "10.0.0.3:8000", Queued: 9, StateAgeMs: 42},
 }
 
-var goldenCfg = Config{BlockBytes: 64, BlockTokens: 16, Stride: 1, BytesPerToken: 4.125}
+var goldenCfg = ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 1, BytesPerToken: 4.125}
 
 const (
 	goldenFull  = "4b56525401010000070000000000000000000000000000007b6c50c4a00100007400000001056c6c616d61024010019d20030001610d31302e302e302e313a3830303003f403882728010101620d31302e302e302e323a383030300000c41329010201630d31302e302e302e333a383030300009002a000364000000000000000100c8000000000000000200022c01000000000000010100ce5efcd3"
@@ -133,7 +133,7 @@ func TestSetKeepsAReplicasFastestTier(t *testing.T) {
 }
 
 func TestMatchTiers(t *testing.T) {
-	m, err := NewModel("llama", Config{BlockTokens: 16, Stride: 2}, goldenReplicas)
+	m, err := NewModel("llama", ModelConfig{BlockTokens: 16, Stride: 2}, goldenReplicas)
 	require.NoError(t, err)
 	require.NoError(t, m.SetTiers([]string{"CPU", "DISK"}))
 	// Chain of 8 blocks, checkpoints at positions 1, 3, 5, 7 (keys 11, 13, 15, 17).

@@ -29,7 +29,7 @@ func (w *writer) uv(v uint64) { w.b = binary.AppendUvarint(w.b, v) }
 
 func (w *writer) str(s string) { w.uv(uint64(len(s))); w.b = append(w.b, s...) }
 
-func (w *writer) modelHead(name string, flags byte, c Config, rs []Replica, tiers []string) {
+func (w *writer) modelHead(name string, flags byte, c ModelConfig, rs []Replica, tiers []string) {
 	w.config(name, flags, c, tiers)
 	w.uv(uint64(len(rs)))
 	for _, r := range rs {
@@ -58,7 +58,7 @@ func (w *writer) load(r *Replica) {
 	w.uv(uint64(r.MeanUncached))
 }
 
-func (w *writer) config(name string, flags byte, c Config, tiers []string) {
+func (w *writer) config(name string, flags byte, c ModelConfig, tiers []string) {
 	w.str(name)
 	w.b = append(w.b, flags)
 	w.uv(uint64(c.BlockBytes))

@@ -73,7 +73,7 @@ var kvSystemLines = strings.Repeat("You are the assistant of a parcel company; f
 
 // kvTableOf is kvTable with replica 1 holding system's prefix.
 func kvTableOf(t testing.TB, system string) *table.Table {
-	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	rs := []table.Replica{
 		{Slot: 0, ID: "a", Addr: "127.0.0.1:9001", Queued: 1000, Healthy: true, StateAgeMs: 20},
 		{Slot: 1, ID: "b", Addr: "127.0.0.1:9002", Queued: 3000, Healthy: true, StateAgeMs: 20},

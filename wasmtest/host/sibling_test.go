@@ -59,7 +59,7 @@ func (c *versionedControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request
 // cached (this test failed: 127.0.0.1:9002 instead of :9003). With `make run`'s printed
 // curl sent three times, the second missed in 9 of 80 runs.
 func TestKvrouteSiblingCorrectsASnapshotTakenBeforeTheStart(t *testing.T) {
-	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	tableOf := func(version uint64, queued map[string]uint64, ageMs uint32) *table.Table {
 		var rs []table.Replica
 		for i, addr := range []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"} {

@@ -223,7 +223,7 @@ func runBenchMay(t *testing.T, nodePath, module string, requests int) (benchResu
 // from.
 func writeFixtures(t *testing.T) (tablePath, promptsPath string) {
 	t.Helper()
-	cfg := table.Config{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
+	cfg := table.ModelConfig{BlockBytes: 64, BlockTokens: 16, Stride: 4, BytesPerToken: 4}
 	var replicas []table.Replica
 	for i := range 4 {
 		replicas = append(replicas, table.Replica{

@@ -273,7 +273,7 @@ func (p *Policy) Wake(now time.Duration) {
 				p.pollTable(r, now)
 				r.polling, r.answered = p.cfg.Wait > 0, now
 			}
-			r.rt.Local.Prune(r.Proxy.confirmed, at(now))
+			r.rt.Prune(r.Proxy.confirmed, at(now))
 		}
 		if r.polling && !down && p.nextAnswer(r) <= now {
 			p.pollTable(r, now)
@@ -396,7 +396,7 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		return policy.Choice{}
 	}
 	nowT := at(now)
-	d, res := r.Proxy.Route(&route.Request{ID: req.ID, API: prompt.Chat, Body: req.Body}, nowT)
+	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: prompt.Chat, Body: req.Body}, nowT)
 	if res.Action == route.Unrouted {
 		return policy.Choice{}
 	}
@@ -425,11 +425,11 @@ func (p *Policy) Started(*workload.Request, int, time.Duration) {}
 // token), so the engine's queue numbers no longer hold the request's prefill.
 func (p *Policy) FirstByte(req *workload.Request, _ int, now time.Duration) {
 	if pl := p.placed[req.ID]; pl != nil {
-		l := p.routers[pl.router].rt.Ledger
+		rt := p.routers[pl.router].rt
 		if p.cfg.LedgerStarts {
-			l.Started(req.ID, at(now))
+			rt.Started(req.ID, at(now))
 		} else {
-			l.Done(req.ID)
+			rt.Done(req.ID)
 		}
 	}
 }
@@ -442,7 +442,7 @@ func (p *Policy) Finished(req *workload.Request, i int, now time.Duration, o pol
 	}
 	delete(p.placed, req.ID)
 	r := p.routers[pl.router]
-	r.rt.Ledger.Done(req.ID)
+	r.rt.Done(req.ID)
 	if !pl.placed {
 		return
 	}

@@ -24,10 +24,10 @@ type Oracle struct {
 	picker         *rule.Picker
 	load           []index.Load
 	// uncached is the mean uncached prompt tokens of the requests routed so far
-	// (rule.Replica.MeanUncached), exact at each decision; n counts them.
+	// (rule.Candidate.MeanUncached), exact at each decision; n counts them.
 	uncached float64
 	n        int
-	cands    []rule.Replica
+	cands    []rule.Candidate
 	idx      []int
 	order    []int
 }
@@ -56,7 +56,7 @@ func (p *Oracle) Route(r *workload.Request, now time.Duration) Choice {
 		if p.UncachedWeight > 1 {
 			q /= p.UncachedWeight
 		}
-		p.cands = append(p.cands, rule.Replica{
+		p.cands = append(p.cands, rule.Candidate{
 			Queued:  q,
 			Cached:  float64(p.f.CachedPrefix(i, r)),
 			KVUsage: st.KVUsage,
