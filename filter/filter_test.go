@@ -211,30 +211,55 @@ func TestOutcomeReportsReadUsage(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		h := start(t, vm, testConfig)
 		h.serveTable(table.EncodeFull(fleet(t, 1, 2, nil, nil)))
+		sse := [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}}
+		// A Messages stream longer than the tail the filter keeps, whose message_delta
+		// counts output tokens only (as Anthropic's may): the prompt's are in message_start.
+		longMessages := []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":44,\"cache_read_input_tokens\":256,\"output_tokens\":1}}}\n\n"}
+		for range 40 {
+			longMessages = append(longMessages, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\""+strings.Repeat("word ", 200)+"\"}}\n\n")
+		}
+		longMessages = append(longMessages, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":900}}\n\n",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 		cases := []struct {
 			name    string
+			path    string // "": chat
 			headers [][2]string
 			chunks  []string
 			prompt  int
 			cached  int
 			noUsage int64 // kvroute_outcomes_without_usage_total counts it
 		}{
-			{"json", [][2]string{{":status", "200"}, {"content-type", "application/json"}},
+			{"json", "", [][2]string{{":status", "200"}, {"content-type", "application/json"}},
 				[]string{`{"id":"1","choices":[{"message":{"content":"ok"}}],`, `"usage":{"prompt_tokens":8000,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":5984}}}`},
 				8000, 5984, 0},
-			{"sse", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
+			{"sse", "", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
 				[]string{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n",
 					"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":96}}}\n\n",
 					"data: [DONE]\n\n"},
 				120, 96, 0},
-			{"sse without usage", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
+			{"sse without usage", "", [][2]string{{":status", "200"}, {"content-type", "text/event-stream"}},
 				[]string{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", "data: [DONE]\n\n"},
 				0, -1, 1},
-			{"error status", [][2]string{{":status", "503"}}, []string{`{"error":"overloaded"}`}, 0, -1, 0},
+			{"error status", "", [][2]string{{":status", "503"}}, []string{`{"error":"overloaded"}`}, 0, -1, 0},
+			{"responses stream", "/v1/responses", sse,
+				[]string{"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"ok\"}\n\n",
+					"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[],\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":96},\"output_tokens\":1,\"total_tokens\":121}}}\n\n"},
+				120, 96, 0},
+			{"messages from vLLM", "/v1/messages", [][2]string{{":status", "200"}, {"content-type", "application/json"}},
+				[]string{`{"id":"msg_1","type":"message","content":[{"type":"text","text":"ok"}],"usage":{"input_tokens":300,"output_tokens":2}}`},
+				300, -1, 0},
+			{"messages stream past the tail", "/v1/messages", sse, longMessages, 300, 256, 0},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
-				id, hs := h.send(request{body: chat("sys", "q")})
+				body := chat("sys", "q")
+				switch c.path {
+				case "/v1/responses":
+					body = responsesBody("sys", "q")
+				case "/v1/messages":
+					body = messagesBody("sys", "q")
+				}
+				id, hs := h.send(request{path: c.path, body: body})
 				require.NotEmpty(t, endpoint(hs))
 				h.reports() // the placement
 				before, _ := h.GetCounterMetric("kvroute_outcomes_without_usage_total")

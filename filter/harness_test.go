@@ -176,6 +176,16 @@ func chat(system, question string) string {
 	return fmt.Sprintf(`{"model":"llama","stream":false,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, question)
 }
 
+// responsesBody and messagesBody are chat(system, question) in the Responses and the
+// Messages API's forms.
+func responsesBody(system, question string) string {
+	return fmt.Sprintf(`{"model":"llama","instructions":%q,"input":[{"role":"user","content":[{"type":"input_text","text":%q}]}]}`, system, question)
+}
+
+func messagesBody(system, question string) string {
+	return fmt.Sprintf(`{"model":"llama","max_tokens":64,"system":[{"type":"text","text":%q}],"messages":[{"role":"user","content":%q}]}`, system, question)
+}
+
 // send runs a request through the request callbacks, the body in chunks as Envoy
 // would deliver it, and returns the context id and the final request headers.
 func (h host) send(r request) (uint32, [][2]string) {

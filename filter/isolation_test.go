@@ -47,7 +47,9 @@ func TestIsolatedTenantUnsaltableBodiesAreRefused(t *testing.T) {
 		{"streamed past max_body_bytes", request{body: oversized}, 413, "kvroute_unsalted_refused_oversized_total"},
 		{"content-length above max_body_bytes", request{body: oversized, declaredOversized: true,
 			headers: [][2]string{{"content-length", fmt.Sprint(len(oversized))}}}, 413, "kvroute_unsalted_refused_oversized_total"},
-		{"a path the filter does not parse", request{path: "/v1/responses", body: `{"model":"llama","input":"hi"}`},
+		{"a path the filter does not parse", request{path: "/v1/embeddings", body: `{"model":"llama","input":"hi"}`},
+			403, "kvroute_unsalted_refused_path_total"},
+		{"a path whose engine request has no cache_salt", request{path: "/v1/messages", body: messagesBody(system, "q")},
 			403, "kvroute_unsalted_refused_path_total"},
 	}
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {

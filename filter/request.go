@@ -24,7 +24,7 @@ type httpContext struct {
 	reqID uint64
 
 	schema      prompt.Schema
-	routable    bool // a POST to an OpenAI path: held for its body
+	routable    bool // a POST to a path prompt.SchemaForPath knows: held for its body
 	decided     bool
 	tenant      string
 	modelHeader string
@@ -44,6 +44,9 @@ type httpContext struct {
 	status   int
 	tail     []byte
 	finished bool
+	// A Messages stream's usage in its first chunk (message_start), if any.
+	head             prompt.Usage
+	headRead, headOK bool
 }
 
 // maxFreeContexts bounds the contexts a VM keeps for reuse.
@@ -70,14 +73,18 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	post := method == "POST"
 	path, _ := v.requestHeader(":path")
 	a, ok := prompt.SchemaForPath(path)
+	mayPassUnsalted := cfg.MayPassUnsalted(path) // before the next read overwrites path
 	h.tenant = h.p.tenant(v)
-	if !ok || !post {
-		// A body kvroute does not read is forwarded as it is, which an isolated tenant's
-		// may not be unless the operator says the engine caches nothing for that path.
-		if !endOfStream && cfg.MustSalt(h.tenant) && !cfg.MayPassUnsalted(path) {
+	if !ok || !post || !a.TakesCacheSalt() {
+		// A body kvroute does not read, or cannot salt (the engine's Messages request
+		// has no cache_salt), is forwarded as it is, which an isolated tenant's may not
+		// be unless the operator says the engine caches nothing for that path.
+		if !endOfStream && cfg.MustSalt(h.tenant) && !mayPassUnsalted {
 			return h.refuse(route.RefusedPath)
 		}
-		return types.ActionContinue
+		if !ok || !post {
+			return types.ActionContinue
+		}
 	}
 	h.schema, h.routable = a, true
 	if cfg.ModelHeader != "" {

@@ -7,6 +7,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prompt"
 )
 
 var upstreamAddress = newPropertyPath("upstream", "address")
@@ -14,7 +15,8 @@ var upstreamAddress = newPropertyPath("upstream", "address")
 // tailBytes of the response are kept to find usage in: vLLM puts it at the end of a JSON
 // body and, in a stream, in a last chunk of its own when the request asked for it
 // (stream_options.include_usage) or the engine forces it (manifests/README.md, "Outcomes
-// of streamed requests"). Requests and responses are never rewritten for it, nor held back.
+// of streamed requests"); a Messages stream's first chunk is read for its message_start
+// too. Requests and responses are never rewritten for it, nor held back.
 const tailBytes = 16 << 10
 
 func (h *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
@@ -49,6 +51,12 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	}
 	if bodySize > 0 {
 		if chunk, err := h.p.mem.chunk.responseBody(bodySize); err == nil {
+			if h.schema == prompt.Messages && !h.headRead {
+				// Anthropic's message_delta may count only output tokens; the prompt's
+				// are in message_start, at the head of a stream the tail may not reach.
+				h.head, h.headOK = h.p.usage.FindUsage(chunk)
+				h.headRead = true
+			}
 			h.tail = keepTail(h.tail, chunk)
 		}
 	}
@@ -101,7 +109,11 @@ func (h *httpContext) finish() {
 	r := h.report
 	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, served, h.status, p.now().UnixMilli()
 	r.CachedTokens = -1
-	if u, ok := p.usage.FindUsage(h.tail); ok {
+	u, ok := p.usage.FindUsage(h.tail)
+	if !ok && h.headOK {
+		u, ok = h.head, true
+	}
+	if ok {
 		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
 		p.metrics.outcomes.Increment(1)
 	} else if h.status >= 200 && h.status < 300 {

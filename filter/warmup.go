@@ -53,6 +53,9 @@ func warmUp(cfg api.Config) {
 		{prompt.Chat, chat("a first question")},
 		{prompt.Chat, chat("a second, longer question that ends in another block of its own")},
 		{prompt.Completions, []byte(`{"model":"` + model + `","prompt":[` + strings.Repeat("17,", 95) + `17]}`)},
+		// The other APIs' parsers, on the same conversation.
+		{prompt.Responses, []byte(`{"model":"` + model + `","instructions":"` + system + `","input":[{"role":"user","content":[{"type":"input_text","text":"a first question"}]}]}`)},
+		{prompt.Messages, []byte(`{"model":"` + model + `","max_tokens":8,"system":[{"type":"text","text":"` + system + `"}],"messages":[{"role":"user","content":"a first question"}]}`)},
 	}
 	var buf []byte
 	for i, b := range bodies {

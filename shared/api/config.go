@@ -168,8 +168,9 @@ type Tenants struct {
 	// unsalted (docs/threat-model.md, "Tenant isolation").
 	InjectCacheSalt bool `json:"inject_cache_salt,omitempty"`
 	// UnsaltedPaths lists request paths (exact, without the query) whose bodies kvroute
-	// does not parse but which an isolated tenant may still send unsalted, because the
-	// engine keeps no prefix cache for them (e.g. "/v1/embeddings" on a pooling model).
+	// does not parse, or cannot salt ("/v1/messages": vLLM reads no cache_salt there),
+	// but which an isolated tenant may still send unsalted, because the engine keeps no
+	// prefix cache for them (e.g. "/v1/embeddings" on a pooling model).
 	// Any other request with a body on a path kvroute does not salt is refused for an
 	// isolated tenant while InjectCacheSalt is on.
 	UnsaltedPaths []string `json:"unsalted_paths,omitempty"`

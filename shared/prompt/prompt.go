@@ -1,25 +1,33 @@
-// Package prompt reads an OpenAI-style request body (/v1/completions or
-// /v1/chat/completions) and produces what routing needs: the model, and the prompt as
-// either token ids (token domain) or a canonical byte serialization (text domain).
+// Package prompt reads an LLM request body (/v1/completions, /v1/chat/completions, the
+// OpenAI Responses API's /v1/responses and the Anthropic Messages API's /v1/messages) and
+// produces what routing needs: the model, and the prompt as either token ids (token
+// domain) or a canonical byte serialization (text domain).
 //
 // The canonical serialization is prefix-preserving: a request whose messages (or prompt
 // text) begin with another request's messages serializes to bytes that begin with the
 // other's bytes, so their leading blocks hash alike. It is also unambiguous:
 //
-//	chat:        [RS? tools]  then per message  GS role US content [US 'n' name]
-//	             [US 'c' tool_calls] [US 'i' tool_call_id] RS
+//	chat:        [GS "tools" US <compact JSON> RS] [GS "system" US system RS]
+//	             then per message  GS role US content [US 'n' name] [US 'c' tool_calls]
+//	             [US 'f' id US name US arguments]... [US 'i' tool_call_id] RS
 //	completions: the prompt text
 //
-// where GS, US, RS are the bytes 0x1D, 0x1F, 0x1E, tools are written as
-// GS "tools" US <compact JSON> RS, and every byte 0x1B..0x1F inside text is escaped as
-// 0x1B followed by '0'..'4', so text can never forge a separator. Text is each string as
-// sent with its escapes decoded: bytes that are not UTF-8 are kept, one for one
-// (docs/hashing.md says why). Message content may be
-// a string or an array of parts: text parts are joined with "\n" (as vLLM renders them,
-// so a one-part array equals the plain string); other parts are FS type US <compact JSON>.
+// where GS, US, RS are the bytes 0x1D, 0x1F, 0x1E, and every byte 0x1B..0x1F inside text
+// is escaped as 0x1B followed by '0'..'4', so text can never forge a separator. Text is
+// each string as sent with its escapes decoded: bytes that are not UTF-8 are kept, one
+// for one (docs/hashing.md says why). Message content may be a string or an array of
+// parts: text parts are joined with "\n" (as vLLM renders them, so a one-part array
+// equals the plain string); other parts are FS type US <compact JSON>.
 //
-// Bodies are bounded in size and nesting; errors say where, never what (no prompt text
-// in errors, logs or metrics).
+// Responses and Messages bodies are mapped onto the chat form the way vLLM converts them
+// to a chat request before rendering (responses.go, messages.go): their instructions or
+// system become the system message, their text the messages' content, so a conversation
+// keys alike in all three APIs. Their tool calls are US 'f' fields (chat's own are
+// US 'c' and the JSON as sent); other items and blocks are FS parts or GS FS records.
+//
+// Bodies are bounded in size and nesting, and the serialization is never much longer
+// than the body; errors say where, never what (no prompt text in errors, logs or
+// metrics).
 package prompt
 
 import (
@@ -28,14 +36,23 @@ import (
 	"fmt"
 )
 
-// Schema is the OpenAI request body a request's path calls for: a completions body
-// ("prompt") or a chat one ("messages").
+// Schema is the request body a request's path calls for: a completions body ("prompt"),
+// a chat one ("messages"), an OpenAI Responses one ("input") or an Anthropic Messages one
+// ("messages" of content blocks).
 type Schema uint8
 
 const (
 	Completions Schema = 1
 	Chat        Schema = 2
+	Responses   Schema = 3
+	Messages    Schema = 4
 )
+
+// TakesCacheSalt reports whether the engine reads a cache_salt member in this schema's
+// body: vLLM's CompletionRequest, ChatCompletionRequest and ResponsesRequest have one
+// (vllm/entrypoints/openai/responses/protocol.py@c0bc596); AnthropicMessagesRequest
+// has none and ignores unknown members (vllm/entrypoints/anthropic/protocol.py@00589e5).
+func (s Schema) TakesCacheSalt() bool { return s != Messages }
 
 // SchemaForPath maps a request path (query ignored) to its schema.
 func SchemaForPath(path string) (Schema, bool) {
@@ -47,6 +64,10 @@ func SchemaForPath(path string) (Schema, bool) {
 		return Completions, true
 	case "/v1/chat/completions":
 		return Chat, true
+	case "/v1/responses":
+		return Responses, true
+	case "/v1/messages":
+		return Messages, true
 	}
 	return 0, false
 }
@@ -75,9 +96,14 @@ type Parsed struct {
 	Tokens []uint32
 	// Text is the canonical serialization when the prompt is text or chat messages.
 	Text []byte
-	// CacheSalt is the body's cache_salt field, if any.
+	// CacheSalt is the body's cache_salt field, if any (never for Messages, whose
+	// engine ignores it).
 	CacheSalt    string
 	HasCacheSalt bool
+	// PreviousResponseID is a Responses body's previous_response_id: the conversation
+	// before this input is stored at the engine that answered it, and is not in the body.
+	// It aliases the Parser's buffers like Text; nil when absent or null.
+	PreviousResponseID []byte
 
 	// Where the last top-level cache_salt value is (for rewriting), and the offset of
 	// the closing brace of the top-level object.
@@ -108,12 +134,36 @@ type Parser struct {
 	key     []byte
 	msg     msgFields
 	scratch []byte
+
+	// The system message of a Responses or Messages body, kept apart from the messages
+	// because its members may come in any order (responses.go, messages.go).
+	system, inlineSystem []byte
+	hasSystem, hasInline bool
+	prevID               []byte
+	item                 itemFields
+	asst                 openAssistant
+	block                blockFields
+	inner                msgFields // nested content: a tool result's, a function call's output
+	partType, partText   []byte    // a content part's members
 }
 
 type msgFields struct {
 	role, content, name, toolCalls, toolCallID []byte
 	hasName, hasToolCalls, hasToolCallID       bool
 	parts                                      int
+	// firstLen is the length of the first part's text in content, when the first part
+	// is a text part (firstText); Responses' assistant items render only that one.
+	firstLen  int
+	firstText bool
+	// calls are the message's tool calls in the canonical US 'f' form.
+	calls []byte
+}
+
+func (m *msgFields) reset() {
+	m.role, m.content, m.name = m.role[:0], m.content[:0], m.name[:0]
+	m.toolCalls, m.toolCallID, m.calls = m.toolCalls[:0], m.toolCallID[:0], m.calls[:0]
+	m.hasName, m.hasToolCalls, m.hasToolCallID, m.parts = false, false, false, 0
+	m.firstLen, m.firstText = 0, false
 }
 
 // Parse reads body as a request of the given schema. The result's Text and Tokens alias
@@ -139,6 +189,7 @@ func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 		p.tokens = make([]uint32, 0, 256) // non-nil: Tokens != nil marks the token domain
 	}
 	p.text, p.tokens = p.text[:0], p.tokens[:0]
+	p.system, p.inlineSystem, p.hasSystem, p.hasInline = p.system[:0], p.inlineSystem[:0], false, false
 	var (
 		haveText, haveTokens bool
 		tools                []byte
@@ -167,7 +218,7 @@ func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 			return err
 		case "cache_salt":
 			req.CacheSalt, req.HasCacheSalt, req.saltStart = "", false, -1
-			if s.peek() != '"' {
+			if s.peek() != '"' || !schema.TakesCacheSalt() {
 				return s.value(nil)
 			}
 			req.saltStart = s.i
@@ -184,18 +235,52 @@ func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 			haveText, haveTokens = false, false
 			return p.completionPrompt(s, &haveText, &haveTokens)
 		case "messages":
-			if schema != Chat {
+			p.text, p.inlineSystem, p.hasInline = p.text[:0], p.inlineSystem[:0], false
+			haveText = false
+			var err error
+			switch schema {
+			case Chat:
+				err = p.messages(s)
+			case Messages:
+				err = p.anthropicMessages(s)
+			default:
+				return s.value(nil)
+			}
+			haveText = err == nil
+			return err
+		case "input":
+			if schema != Responses {
 				return s.value(nil)
 			}
 			p.text = p.text[:0]
 			haveText = false
-			if err := p.messages(s); err != nil {
-				return err
+			err := p.responsesInput(s)
+			haveText = err == nil
+			return err
+		case "instructions":
+			if schema != Responses {
+				return s.value(nil)
 			}
-			haveText = true
-			return nil
+			return p.instructions(s)
+		case "system":
+			if schema != Messages {
+				return s.value(nil)
+			}
+			return p.anthropicSystem(s)
+		case "previous_response_id":
+			if schema != Responses {
+				return s.value(nil)
+			}
+			req.PreviousResponseID = nil
+			if s.peek() != '"' {
+				return s.value(nil)
+			}
+			var err error
+			p.prevID, err = s.str(p.prevID[:0], plain)
+			req.PreviousResponseID = p.prevID
+			return err
 		case "tools":
-			if schema != Chat {
+			if schema == Completions {
 				return s.value(nil)
 			}
 			tools = tools[:0]
@@ -215,13 +300,26 @@ func (p *Parser) parse(schema Schema, body []byte, lim Limits) (Parsed, error) {
 	case haveTokens:
 		req.Tokens = p.tokens
 	case haveText:
-		if len(tools) > 0 && string(tools) != "null" && string(tools) != "[]" {
-			// Tools come first: chat templates render them ahead of the messages.
-			p.scratch = append(p.scratch[:0], gs)
-			p.scratch = append(p.scratch, "tools"...)
-			p.scratch = append(p.scratch, us)
-			p.scratch = append(p.scratch, tools...) // raw JSON holds no separator bytes
-			p.scratch = append(p.scratch, rs)
+		hasTools := len(tools) > 0 && string(tools) != "null" && string(tools) != "[]"
+		if hasTools || p.hasSystem || p.hasInline {
+			// Tools come first, then the system message: chat templates render them ahead
+			// of the messages.
+			p.scratch = p.scratch[:0]
+			if hasTools {
+				p.scratch = append(p.scratch, gs)
+				p.scratch = append(p.scratch, "tools"...)
+				p.scratch = append(p.scratch, us)
+				p.scratch = append(p.scratch, tools...) // raw JSON holds no separator bytes
+				p.scratch = append(p.scratch, rs)
+			}
+			if p.hasSystem || p.hasInline {
+				p.scratch = append(p.scratch, gs)
+				p.scratch = append(p.scratch, "system"...)
+				p.scratch = append(p.scratch, us)
+				p.scratch = append(p.scratch, p.system...)
+				p.scratch = append(p.scratch, p.inlineSystem...)
+				p.scratch = append(p.scratch, rs)
+			}
 			p.scratch = append(p.scratch, p.text...)
 			p.text, p.scratch = p.scratch, p.text
 		}
@@ -302,9 +400,7 @@ func (p *Parser) messages(s *scanner) error {
 	}
 	return s.array(func(int) error {
 		m := &p.msg
-		m.role, m.content, m.name = m.role[:0], m.content[:0], m.name[:0]
-		m.toolCalls, m.toolCallID = m.toolCalls[:0], m.toolCallID[:0]
-		m.hasName, m.hasToolCalls, m.hasToolCallID, m.parts = false, false, false, 0
+		m.reset()
 		if s.peek() != '{' {
 			return s.fail("message must be an object")
 		}
@@ -328,7 +424,7 @@ func (p *Parser) messages(s *scanner) error {
 				m.role, err = s.str(m.role[:0], canonical)
 			case "content":
 				m.content, m.parts = m.content[:0], 0
-				err = p.content(s)
+				err = p.content(s, m, chatText)
 			case "name":
 				m.name, err = s.str(m.name[:0], canonical)
 				m.hasName = true
@@ -351,34 +447,68 @@ func (p *Parser) messages(s *scanner) error {
 		if err != nil {
 			return err
 		}
-		p.text = append(p.text, gs)
-		p.text = append(p.text, m.role...)
-		p.text = append(p.text, us)
-		p.text = append(p.text, m.content...)
-		if m.hasName {
-			p.text = append(p.text, us, 'n')
-			p.text = append(p.text, m.name...)
-		}
-		if m.hasToolCalls {
-			p.text = append(p.text, us, 'c')
-			p.text = append(p.text, m.toolCalls...) // raw JSON: no separator bytes
-		}
-		if m.hasToolCallID {
-			p.text = append(p.text, us, 'i')
-			p.text = append(p.text, m.toolCallID...)
-		}
-		p.text = append(p.text, rs)
+		p.text = p.appendMessage(p.text, m, m.content)
 		return nil
 	})
 }
 
-// content reads a message's content: a string, null, or a list of parts.
-func (p *Parser) content(s *scanner) error {
-	m := &p.msg
+// appendMessage appends message m, with content as its content, in the canonical form.
+func (p *Parser) appendMessage(dst []byte, m *msgFields, content []byte) []byte {
+	dst = append(dst, gs)
+	dst = append(dst, m.role...)
+	dst = append(dst, us)
+	dst = append(dst, content...)
+	if m.hasName {
+		dst = append(dst, us, 'n')
+		dst = append(dst, m.name...)
+	}
+	if m.hasToolCalls {
+		dst = append(dst, us, 'c')
+		dst = append(dst, m.toolCalls...) // raw JSON: no separator bytes
+	}
+	dst = append(dst, m.calls...)
+	if m.hasToolCallID {
+		dst = append(dst, us, 'i')
+		dst = append(dst, m.toolCallID...)
+	}
+	return append(dst, rs)
+}
+
+// appendCall appends one tool call in the canonical form: US 'f' id US name US arguments.
+func appendCall(dst, id, name, args []byte) []byte {
+	dst = append(dst, us, 'f')
+	dst = append(dst, id...)
+	dst = append(dst, us)
+	dst = append(dst, name...)
+	dst = append(dst, us)
+	return append(dst, args...)
+}
+
+// textKinds says which content-part types carry text in their "text" member.
+type textKinds uint8
+
+const (
+	chatText      textKinds = iota // "text" (vLLM's chat parts, as chat clients write them)
+	responsesText                  // "input_text", "output_text" and "text"
+)
+
+func (k textKinds) isText(typ []byte) bool {
+	switch string(typ) {
+	case "text":
+		return true
+	case "input_text", "output_text":
+		return k == responsesText
+	}
+	return false
+}
+
+// content reads a message's content into m.content: a string, null, or a list of parts.
+func (p *Parser) content(s *scanner, m *msgFields, kinds textKinds) error {
 	switch s.peek() {
 	case '"':
 		var err error
 		m.content, err = s.str(m.content, canonical)
+		m.firstLen, m.firstText = len(m.content), true
 		return err
 	case 'n':
 		return s.value(nil) // null: no content (assistant turns with tool calls)
@@ -388,7 +518,7 @@ func (p *Parser) content(s *scanner) error {
 				return s.fail("content part must be an object")
 			}
 			start := s.i
-			var typ, text []byte
+			typ, text := p.partType[:0], p.partText[:0]
 			hasText := false
 			var err error
 			p.key, err = s.object(p.key, func(key []byte) error {
@@ -412,6 +542,7 @@ func (p *Parser) content(s *scanner) error {
 				}
 				return err
 			})
+			p.partType, p.partText = typ, text // kept for the next part
 			if err != nil {
 				return err
 			}
@@ -419,26 +550,31 @@ func (p *Parser) content(s *scanner) error {
 				m.content = append(m.content, '\n')
 			}
 			m.parts++
-			if string(typ) == "text" && hasText {
+			if kinds.isText(typ) && hasText {
 				m.content = append(m.content, text...)
+				if m.parts == 1 {
+					m.firstLen, m.firstText = len(m.content), true
+				}
 				return nil
 			}
 			// Images, audio and other parts: their type and their JSON as written.
-			m.content = append(m.content, fs)
-			m.content = append(m.content, typ...)
-			m.content = append(m.content, us)
-			end := s.i
-			sub := &scanner{b: s.b[start:end], maxDepth: s.maxDepth}
-			var raw []byte
-			if err := sub.value(&raw); err != nil {
-				return err
-			}
-			m.content = append(m.content, raw...) // raw JSON: no separator bytes
+			m.content = appendPart(m.content, typ, s, start)
 			return nil
 		})
 	default:
 		return s.fail("content must be a string, null or a list of parts")
 	}
+}
+
+// appendPart appends FS typ US and the compact JSON of the value s has just read, which
+// began at start.
+func appendPart(dst, typ []byte, s *scanner, start int) []byte {
+	dst = append(dst, fs)
+	dst = append(dst, typ...)
+	dst = append(dst, us)
+	sub := &scanner{b: s.b[:s.i], i: start, depth: s.depth, maxDepth: s.maxDepth}
+	_ = sub.value(&dst) // validated already; raw JSON: no separator bytes
+	return dst
 }
 
 // WithCacheSalt returns a copy of body in which the top-level cache_salt is salt:

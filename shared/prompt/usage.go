@@ -3,15 +3,48 @@ package prompt
 // Usage is what an engine reports about a request's prompt.
 type Usage struct {
 	PromptTokens int
-	// CachedTokens is usage.prompt_tokens_details.cached_tokens; -1 when the engine did
-	// not report it (vLLM without --enable-prompt-tokens-details).
+	// CachedTokens is how many of them the engine found cached; -1 when it did not say
+	// (vLLM without --enable-prompt-tokens-details, or on /v1/messages).
 	CachedTokens int
 }
 
-// FindUsage looks for the last complete "usage" object in the tail of a response: the
-// end of a JSON body, or the last SSE chunks of a stream (vLLM sends usage in the final
-// chunk when stream_options.include_usage is set). A "usage" key cannot be forged by
-// generated text: inside a JSON string its quotes would be escaped.
+// The usage objects of the four APIs, told apart by their members:
+//
+//   - completions and chat: prompt_tokens, prompt_tokens_details.cached_tokens;
+//   - Responses: input_tokens (cached ones included), input_tokens_details.cached_tokens
+//     (ResponseUsage, vllm/entrypoints/openai/responses/protocol.py@c0bc596);
+//   - Messages: input_tokens, and in Anthropic's API cache_read_input_tokens and
+//     cache_creation_input_tokens, which input_tokens does not include. vLLM's
+//     Messages route reports input_tokens as all the prompt's tokens and neither cache
+//     member (messages_full_converter and message_stream_converter in
+//     vllm/entrypoints/anthropic/serving.py@0001948), so its cached count is unknown.
+//
+// The prompt is prompt_tokens when given, else input_tokens plus both cache members.
+type usageFields struct {
+	prompt, promptCached, input, inputCached, cacheRead, cacheCreation int // -1: absent
+}
+
+func newUsageFields() usageFields { return usageFields{-1, -1, -1, -1, -1, -1} }
+
+func (f *usageFields) result() (Usage, bool) {
+	if f.prompt >= 0 {
+		return Usage{PromptTokens: f.prompt, CachedTokens: f.promptCached}, true
+	}
+	if f.input < 0 {
+		return Usage{PromptTokens: -1, CachedTokens: -1}, false
+	}
+	u := Usage{PromptTokens: f.input + max(f.cacheRead, 0) + max(f.cacheCreation, 0), CachedTokens: f.inputCached}
+	if u.CachedTokens < 0 {
+		u.CachedTokens = f.cacheRead
+	}
+	return u, true
+}
+
+// FindUsage looks for the last complete "usage" object that counts a prompt in the tail
+// of a response: the end of a JSON body, or the last SSE chunks of a stream (vLLM sends
+// usage in the final chunk when stream_options.include_usage is set; Responses in
+// response.completed; Messages in message_delta, and in message_start). A "usage" key
+// cannot be forged by generated text: inside a JSON string its quotes would be escaped.
 func FindUsage(tail []byte) (Usage, bool) {
 	var p Parser
 	return p.FindUsage(tail)
@@ -62,17 +95,26 @@ func lastUsageKey(b []byte) int {
 }
 
 func (s *scanner) usage(p *Parser) (Usage, bool) {
-	u := Usage{PromptTokens: -1, CachedTokens: -1}
+	f := newUsageFields()
 	var err error
 	p.key, err = s.object(p.key, func(k []byte) error {
+		var target *int
 		switch string(k) {
 		case "prompt_tokens":
-			v, err := s.uint32Value()
-			u.PromptTokens = int(v)
-			return err
-		case "prompt_tokens_details":
+			target = &f.prompt
+		case "input_tokens":
+			target = &f.input
+		case "cache_read_input_tokens":
+			target = &f.cacheRead
+		case "cache_creation_input_tokens":
+			target = &f.cacheCreation
+		case "prompt_tokens_details", "input_tokens_details":
 			if s.peek() != '{' {
 				return s.value(nil)
+			}
+			cached := &f.promptCached
+			if string(k) == "input_tokens_details" {
+				cached = &f.inputCached
 			}
 			var err error
 			p.scratch, err = s.object(p.scratch, func(k []byte) error {
@@ -80,15 +122,22 @@ func (s *scanner) usage(p *Parser) (Usage, bool) {
 					return s.value(nil)
 				}
 				v, err := s.uint32Value()
-				u.CachedTokens = int(v)
+				*cached = int(v)
 				return err
 			})
 			return err
 		default:
 			return s.value(nil)
 		}
+		if target != &f.prompt && target != &f.input && s.peek() == 'n' {
+			return s.value(nil) // a null cache count: not reported
+		}
+		v, err := s.uint32Value()
+		*target = int(v)
+		return err
 	})
-	return u, err == nil && u.PromptTokens >= 0
+	u, ok := f.result()
+	return u, err == nil && ok
 }
 
 // usageFast reads the usage object at b[i] ('{') when it is written as engines write it:
@@ -98,14 +147,17 @@ func (s *scanner) usage(p *Parser) (Usage, bool) {
 // closure per member, peek per token), which Go's wasm code pays dearly for, on every
 // response (BenchmarkFindUsage).
 func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
-	u = Usage{PromptTokens: -1, CachedTokens: -1}
+	f := newUsageFields()
 	if i >= len(b) || b[i] != '{' {
 		return u, false, false
 	}
 	i++
-	depth, details := 1, false // details: inside prompt_tokens_details' object
+	// depth 2: inside a details object; cached is where its cached_tokens goes (nil: not
+	// a details object that counts).
+	depth, cached := 1, (*int)(nil)
 	if i < len(b) && b[i] == '}' {
-		return u, false, true
+		u, ok = f.result()
+		return u, ok, true
 	}
 	for {
 		// A member: "key":value.
@@ -125,22 +177,44 @@ func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
 		if i >= len(b) {
 			return u, false, false
 		}
+		// The member's number goes to target, if it counts.
+		target, required := (*int)(nil), false
+		if depth == 1 {
+			switch string(key) {
+			case "prompt_tokens":
+				target, required = &f.prompt, true
+			case "input_tokens":
+				target, required = &f.input, true
+			case "cache_read_input_tokens":
+				target = &f.cacheRead
+			case "cache_creation_input_tokens":
+				target = &f.cacheCreation
+			}
+		} else if cached != nil && string(key) == "cached_tokens" {
+			target = cached
+		}
 		switch c := b[i]; {
 		case c == '{':
-			if depth == 2 || string(key) == "prompt_tokens" {
-				return u, false, false // usage errs on a prompt_tokens that is not a number
+			if depth == 2 || target != nil {
+				return u, false, false // usage errs on a count that is not a number
 			}
-			depth, details = 2, string(key) == "prompt_tokens_details"
+			depth, cached = 2, nil
+			switch string(key) {
+			case "prompt_tokens_details":
+				cached = &f.promptCached
+			case "input_tokens_details":
+				cached = &f.inputCached
+			}
 			i++
 			if i < len(b) && b[i] == '}' {
-				depth, details = 1, false
+				depth, cached = 1, nil
 				i++
 				break // to the separator
 			}
 			continue // to the nested object's first member
 		case c == 'n':
-			if len(b)-i < 4 || string(b[i:i+4]) != "null" || depth == 1 && string(key) == "prompt_tokens" {
-				return u, false, false // usage errs on a null prompt_tokens
+			if len(b)-i < 4 || string(b[i:i+4]) != "null" || required {
+				return u, false, false // usage errs on a null prompt_tokens or input_tokens
 			}
 			i += 4
 		case c >= '0' && c <= '9':
@@ -150,13 +224,6 @@ func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
 			}
 			if c == '0' && i-d > 1 {
 				return u, false, false // a leading zero: invalid JSON
-			}
-			target := (*int)(nil)
-			switch {
-			case depth == 1 && string(key) == "prompt_tokens":
-				target = &u.PromptTokens
-			case depth == 2 && details && string(key) == "cached_tokens":
-				target = &u.CachedTokens
 			}
 			if target != nil {
 				if i-d > 10 {
@@ -188,9 +255,10 @@ func usageFast(b []byte, i int) (u Usage, ok, handled bool) {
 			}
 			i++
 			if depth == 1 {
-				return u, u.PromptTokens >= 0, true
+				u, ok = f.result()
+				return u, ok, true
 			}
-			depth, details = 1, false
+			depth, cached = 1, nil
 		}
 	}
 }

@@ -25,6 +25,26 @@ func TestFindUsage(t *testing.T) {
 		{"cut in the middle", `{"usage":{"prompt_tokens":8000,"prompt_tok`, Usage{}, false},
 		{"absent", `{"choices":[]}`, Usage{}, false},
 		{"only null usage", "data: {\"usage\":null}\n\n", Usage{}, false},
+		// The Responses API: input_tokens counts the cached ones too.
+		{"responses body", `{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":8000,"input_tokens_details":{"cached_tokens":5984},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":8003},"user":null}`,
+			Usage{8000, 5984}, true},
+		{"responses stream: response.completed", "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"ok\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[],\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":96,\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]},\"output_tokens\":5,\"total_tokens\":125}},\"sequence_number\":9}\n\n",
+			Usage{120, 96}, true},
+		// vLLM's Messages route: input_tokens is the whole prompt, no cache members.
+		{"messages body from vLLM", `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"ok"}],"model":"m","stop_reason":"end_turn","usage":{"input_tokens":300,"output_tokens":2}}`,
+			Usage{300, -1}, true},
+		{"messages stream from vLLM", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":300,\"output_tokens\":0}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":300,\"output_tokens\":7}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			Usage{300, -1}, true},
+		// Anthropic's own counts: input_tokens leaves out what was read from or written to the cache.
+		{"messages with cache members", `{"usage":{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":4000,"output_tokens":9}}`,
+			Usage{4120, 4000}, true},
+		{"messages with null cache members", `{"usage":{"input_tokens":20,"cache_creation_input_tokens":null,"cache_read_input_tokens":null}}`,
+			Usage{20, -1}, true},
+		{"a message_delta without input counts: message_start's", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":64,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+			Usage{69, 64}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -68,6 +88,12 @@ func FuzzUsageFast(f *testing.F) {
 		// A find of FuzzUsageFast in a fresh clone's make test: usageFast took the
 		// object as a nested one and answered 0 where usage errs.
 		`{"prompt_tokens":0,"prompt_tokens":{}}`, `{"prompt_tokens":{"cached_tokens":1}}`,
+		`{"input_tokens":8000,"input_tokens_details":{"cached_tokens":5984},"output_tokens":3,"total_tokens":8003}`,
+		`{"input_tokens":300,"output_tokens":2}`,
+		`{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":4000,"output_tokens":9}`,
+		`{"input_tokens":20,"cache_creation_input_tokens":null,"cache_read_input_tokens":null}`,
+		`{"output_tokens":15}`, `{"input_tokens":null}`, `{"cache_read_input_tokens":{}}`,
+		`{"input_tokens":1,"prompt_tokens":2,"input_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{"cached_tokens":2}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -91,6 +117,9 @@ func TestUsageFastReadsEngineForms(t *testing.T) {
 		`{"prompt_tokens":8000,"total_tokens":8300,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":5984}}`,
 		`{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":null}`,
 		`{"prompt_tokens":7}`,
+		`{"input_tokens":8000,"input_tokens_details":{"cached_tokens":5984},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0,"tool_output_tokens":0},"total_tokens":8003}`,
+		`{"input_tokens":300,"output_tokens":2}`,
+		`{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":4000,"output_tokens":9}`,
 	} {
 		_, ok, handled := usageFast([]byte(s), 0)
 		assert.True(t, handled && ok, s)

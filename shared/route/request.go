@@ -61,8 +61,8 @@ const (
 	// RefusedUnread: the host did not hand over the body, or would not take the salted
 	// one back (HTTP 503: a retry may succeed).
 	RefusedUnread
-	// RefusedPath: a body on a path kvroute does not parse, not listed in
-	// tenants.unsalted_paths (HTTP 403).
+	// RefusedPath: a body on a path kvroute does not parse, or whose engine request has
+	// no cache_salt (/v1/messages), not listed in tenants.unsalted_paths (HTTP 403).
 	RefusedPath
 )
 
@@ -285,7 +285,10 @@ func (r *Router) salt(salt prefix.Salt, isolated bool, pr *prompt.Parsed, body [
 		}
 		return prefix.Salt{}
 	}
-	if r.Config.Tenants.InjectCacheSalt {
+	// A schema without cache_salt (Messages) is never rewritten: the proxy refuses an
+	// isolated tenant's body there before it is read, unless tenants.unsalted_paths
+	// lists its path.
+	if r.Config.Tenants.InjectCacheSalt && pr.Schema.TakesCacheSalt() {
 		if cs := salt.CacheSalt(); !pr.HasCacheSalt || pr.CacheSalt != cs {
 			res.Body = prompt.WithCacheSalt(body, pr, cs)
 		}

@@ -576,6 +576,34 @@ var benchLines = flag.Bool("lines", false, "BenchmarkKvrouteRequestPath: the sys
 // the whole chain in route.Local, and every sibling VM's copy of it too.
 var benchColdTable = flag.Bool("coldtable", false, "BenchmarkKvrouteRequestPath: the table lists none of the prompt's blocks")
 
+// benchAPI: BenchmarkKvrouteRequestPath's request in the chat, the Responses or the
+// Messages API's form (the same conversation: the same chain, the same owner).
+var benchAPI = flag.String("api", "chat", "BenchmarkKvrouteRequestPath: chat, responses or messages")
+
+// kvRequestIn is kvRequest's body of kvChat(system, q) in the API benchAPI names, on its
+// path and answered with its usage.
+func kvRequestIn(b *testing.B, system, q string) host.Request {
+	body, path, usage := kvChat(system, q), "/v1/chat/completions", ""
+	switch *benchAPI {
+	case "chat":
+		return kvRequest(body[:len(body)/2], body[len(body)/2:])
+	case "responses":
+		body = []byte(fmt.Sprintf(`{"model":"llama","instructions":%q,"input":[{"role":"user","content":[{"type":"input_text","text":%q}]}]}`, system, q))
+		path, usage = "/v1/responses", `{"usage":{"input_tokens":8000,"input_tokens_details":{"cached_tokens":6000}}}`
+	case "messages":
+		body = []byte(fmt.Sprintf(`{"model":"llama","max_tokens":64,"system":[{"type":"text","text":%q}],"messages":[{"role":"user","content":%q}]}`, system, q))
+		path, usage = "/v1/messages", `{"usage":{"input_tokens":8000,"output_tokens":1}}`
+	default:
+		b.Fatalf("-api %q: want chat, responses or messages", *benchAPI)
+	}
+	req := kvRequest(body[:len(body)/2], body[len(body)/2:])
+	req.Headers[1] = [2]string{":path", path}
+	req.Upstream = func(host.Message) host.Response {
+		return host.Response{Headers: host.Headers{{":status", "200"}}, Body: [][]byte{[]byte(usage)}}
+	}
+	return req
+}
+
 // BenchmarkKvrouteRequestPath (-guestallocs: where each module allocates; -guestprofile:
 // where the module under test spends its time): the 32 KB chat request (body in two 16 KB chunks, as the
 // proxy delivers it) through a two-VM host and back, on the virtual clock (10 ms every 32
@@ -587,6 +615,8 @@ var benchColdTable = flag.Bool("coldtable", false, "BenchmarkKvrouteRequestPath:
 // the two alternating request by request.
 //
 //	go test ./wasmtest/host -run '^$' -bench KvrouteRequestPath -benchtime 4000x -args -baseline OLD.wasm
+//
+// -api responses or -api messages sends the same conversation through that API.
 func BenchmarkKvrouteRequestPath(b *testing.B) {
 	path, err := wasmbuild.Filter()
 	require.NoError(b, err)
@@ -637,12 +667,11 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		b.Cleanup(cleanup)
 		sides = append(sides, load("floor-", floor))
 	}
-	req := kvRequest(kv32K[:len(kv32K)/2], kv32K[len(kv32K)/2:])
+	req := kvRequestIn(b, kvSystem+strings.Repeat("More context. ", 600), "where is my parcel")
 	var questions []host.Request
 	if *benchLines {
 		for i := range 64 {
-			body := kvChat(kvSystemLines+strings.Repeat("More context. ", 600), fmt.Sprint("where is my parcel ", i))
-			questions = append(questions, kvRequest(body[:len(body)/2], body[len(body)/2:]))
+			questions = append(questions, kvRequestIn(b, kvSystemLines+strings.Repeat("More context. ", 600), fmt.Sprint("where is my parcel ", i)))
 		}
 	}
 	const tickEvery = 32

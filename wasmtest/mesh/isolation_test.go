@@ -110,8 +110,9 @@ func TestIsolatedTenantIsNeverCachedUnsalted(t *testing.T) {
 			b, _ := json.Marshal(map[string]any{"model": "llama", "prompt": s, "max_tokens": 8})
 			return b
 		}, false, 200, "kvroute_cache_salt_injected_total"},
-		{"the Responses API", "/v1/responses", func(s string) []byte {
-			b, _ := json.Marshal(map[string]any{"model": "llama", "input": s})
+		{"the Messages API (no cache_salt in vLLM)", "/v1/messages", func(s string) []byte {
+			b, _ := json.Marshal(map[string]any{"model": "llama", "max_tokens": 8, "system": s,
+				"messages": []map[string]any{{"role": "user", "content": "q"}}})
 			return b
 		}, false, 403, "kvroute_unsalted_refused_path_total"},
 	}
