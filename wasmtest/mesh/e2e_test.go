@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/table"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
@@ -132,6 +133,54 @@ func known(t *testing.T, m *mesh.Mesh, addr string) {
 		version, rs := debugStateAt(t, m)
 		v = version
 		return rs[addr].TextKeys > 0
+	})
+	waitFor(t, "the filter's leader has that version", func() bool { return metric(m, "kvroute_table_version") >= v })
+	nextTicks(t, m)
+}
+
+// settled waits until the table every proxy VM routes on lists addr with no queued
+// prefill: a scrape taken while the last request was still queued can reach a table
+// dated after that request started, and the filter then counts its prefill until the
+// next scrape's table corrects it. Tests that freeze the table (a control-plane outage)
+// wait for the correction first.
+func settled(t *testing.T, m *mesh.Mesh, addr string) {
+	t.Helper()
+	published(t, m, addr+" with nothing queued", func(r table.Replica) bool { return r.Addr != addr || r.Queued == 0 })
+}
+
+// published waits until the control plane's table holds ok for every replica and every
+// proxy VM routes on that version.
+func published(t *testing.T, m *mesh.Mesh, what string, ok func(table.Replica) bool) {
+	t.Helper()
+	var v int64
+	waitFor(t, "the control plane publishes "+what, func() bool {
+		req, err := http.NewRequest("GET", m.ControlPlaneURL()+"/v1/table", nil)
+		require.NoError(t, err)
+		req.Header.Set(api.TableFormatsHeader, "1,2,3")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false // the control plane is starting
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
+		tab := table.New()
+		f, err := tab.Apply(b)
+		require.NoError(t, err)
+		v = int64(f.Version)
+		n := 0
+		for _, md := range tab.Models {
+			for _, r := range md.Replicas {
+				if !ok(r) {
+					return false
+				}
+				n++
+			}
+		}
+		return n > 0
 	})
 	waitFor(t, "the filter's leader has that version", func() bool { return metric(m, "kvroute_table_version") >= v })
 	nextTicks(t, m)
@@ -276,6 +325,8 @@ func TestControlPlaneDown(t *testing.T) {
 	owner := send(t, m, system, "q0").addr
 	known(t, m, owner)
 
+	settled(t, m, owner)
+
 	m.StopControlPlane()
 	fallbacks := metric(m, "kvroute_fallbacks_total")
 	r := send(t, m, system, "q1")
@@ -291,6 +342,7 @@ func TestControlPlaneDown(t *testing.T) {
 	assert.Positive(t, metric(m, "kvroute_table_poll_errors_total"))
 
 	require.NoError(t, m.StartControlPlane())
+	published(t, m, "every replica scraped and healthy", func(r table.Replica) bool { return r.Healthy && r.StateAgeMs < 500 })
 	waitFor(t, "the table is fresh again", func() bool { return m.Summary().TableAge < 300*time.Millisecond })
 	stale = metric(m, "kvroute_stale_decisions_total")
 	send(t, m, system, "q2")
