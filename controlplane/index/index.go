@@ -284,6 +284,11 @@ func (ix *Index) Stats() Stats {
 	return st
 }
 
+// LearnedMean folds sample v into mean cur of n earlier samples the way the index learns
+// a reporter's means (a plain mean for the first 20, then a weight of 0.05); the fleet
+// simulator's oracle learns its mean uncached tokens with it.
+func LearnedMean(cur float64, n int, v float64) float64 { return ewma(cur, n, v, learnAlpha) }
+
 // ewma with a warm-up: a plain mean for the first samples, then weight alpha.
 func ewma(cur float64, n int, v, alpha float64) float64 {
 	if n < int(1/alpha) {

@@ -75,24 +75,12 @@ func (p *Oracle) Route(r *workload.Request, now time.Duration) Choice {
 	d := p.picker.Pick(prompt, p.cands, p.order)
 	p.order = d.Order
 	if len(d.Order) > 0 {
-		p.noteUncached(prompt - p.cands[d.Order[0]].Cached)
+		p.uncached = index.LearnedMean(p.uncached, p.n, prompt-p.cands[d.Order[0]].Cached)
+		p.n++
 	}
 	out := make([]int, len(d.Order))
 	for k, j := range d.Order {
 		out[k] = p.idx[j]
 	}
 	return Choice{Order: out, Rule: true, Spill: d.Spill}
-}
-
-// noteUncached folds one routed request's uncached tokens into the mean the control
-// plane learns from outcome reports: a plain mean for the first 20, then a weight of
-// 0.05 (controlplane/index, learn.go).
-func (p *Oracle) noteUncached(u float64) {
-	const alpha = 0.05
-	if p.n < int(1/alpha) {
-		p.uncached += (u - p.uncached) / float64(p.n+1)
-	} else {
-		p.uncached += alpha * (u - p.uncached)
-	}
-	p.n++
 }
