@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
@@ -401,4 +403,53 @@ func FuzzParseResponses(f *testing.F) {
 func FuzzParseMessages(f *testing.F) {
 	newAPIFuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte) { fuzzNewAPI(t, Messages, body) })
+}
+
+// BenchmarkParseAPIs32KB: the same 32 KB conversation (benchSystem, a new question each
+// time) as a chat, a Responses and a Messages body, parsed in turn by one Parser each,
+// as a filter VM sees a prefix it has seen before: chat-ns, responses-ns and
+// messages-ns are each one's time a body, and responses/chat and messages/chat the
+// ratios, measured side by side so that a machine whose speed changes slows all alike.
+func BenchmarkParseAPIs32KB(b *testing.B) {
+	sys := benchSystem(false)
+	type api struct {
+		schema Schema
+		bodies [][]byte
+		p      Parser
+		t      time.Duration
+	}
+	apis := []*api{{schema: Chat}, {schema: Responses}, {schema: Messages}}
+	for i := range 16 {
+		q := fmt.Sprintf("Where is my order %d?", 12345+i)
+		apis[0].bodies = append(apis[0].bodies, fmt.Appendf(nil, `{"model":"llama","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, sys, q))
+		apis[1].bodies = append(apis[1].bodies, fmt.Appendf(nil, `{"model":"llama","instructions":%q,"input":[{"role":"user","content":[{"type":"input_text","text":%q}]}]}`, sys, q))
+		apis[2].bodies = append(apis[2].bodies, fmt.Appendf(nil, `{"model":"llama","max_tokens":64,"system":[{"type":"text","text":%q}],"messages":[{"role":"user","content":%q}]}`, sys, q))
+	}
+	var fresh Parser
+	chat, err := fresh.Parse(Chat, apis[0].bodies[0], memoLimits)
+	require.NoError(b, err)
+	want := string(chat.Text)
+	for _, a := range apis[1:] {
+		got, err := fresh.Parse(a.schema, a.bodies[0], memoLimits)
+		require.NoError(b, err)
+		require.Equal(b, want, string(got.Text), "schema %d: not the chat body's canonical form", a.schema)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		for k := range apis {
+			a := apis[(i+k)%len(apis)] // alternate which goes first
+			t0 := time.Now()
+			if _, err := a.p.Parse(a.schema, a.bodies[i%len(a.bodies)], memoLimits); err != nil {
+				b.Fatal(err)
+			}
+			a.t += time.Since(t0)
+		}
+		i++
+	}
+	for k, name := range []string{"chat", "responses", "messages"} {
+		b.ReportMetric(float64(apis[k].t.Nanoseconds())/float64(b.N), name+"-ns")
+	}
+	b.ReportMetric(float64(apis[1].t)/float64(apis[0].t), "responses/chat")
+	b.ReportMetric(float64(apis[2].t)/float64(apis[0].t), "messages/chat")
 }

@@ -22,10 +22,11 @@ package prompt
 // parts, in order (vLLM moves its images to a user message after it: an approximation).
 // The body has no cache_salt the engine reads (Schema.TakesCacheSalt).
 
-// blockFields are the members of one content block, read in one pass in any order.
+// blockFields are the members of one content block, read in one pass in any order; its
+// text is decoded in place, where the caller wants it (anthropicBlock).
 type blockFields struct {
-	typ, text, id, name, input, toolUseID []byte
-	hasInput                              bool
+	typ, id, name, input, toolUseID []byte
+	hasInput                        bool
 	// pre holds the tool messages of a user message's tool_result blocks, written
 	// before the message; isString: the content was a string.
 	pre      []byte
@@ -55,13 +56,15 @@ func (p *Parser) anthropicSystem(s *scanner) error {
 			if s.peek() != '{' {
 				return s.fail("system block must be an object")
 			}
-			b := &p.block
-			if err := p.anthropicBlock(s); err != nil {
+			mark := len(p.system)
+			n, err := p.anthropicBlock(s, &p.system)
+			if err != nil {
 				return err
 			}
-			if string(b.typ) == "text" && len(b.text) > 0 && !isBillingHeader(b.text) {
-				p.system = append(p.system, b.text...)
+			if string(p.block.typ) == "text" && n > 0 && !isBillingHeader(p.system[mark:]) {
 				p.hasSystem = true
+			} else {
+				p.system = p.system[:mark]
 			}
 			return nil
 		})
@@ -166,17 +169,37 @@ func (p *Parser) anthropicContent(s *scanner, m *msgFields) error {
 			return s.fail("content block must be an object")
 		}
 		start := s.i
-		if err := p.anthropicBlock(s); err != nil {
+		if system { // vLLM reads only a system message's text blocks
+			mark := len(p.inlineSystem)
+			n, err := p.anthropicBlock(s, &p.inlineSystem)
+			if err != nil {
+				return err
+			}
+			if string(b.typ) == "text" && n > 0 && !isBillingHeader(p.inlineSystem[mark:]) {
+				p.hasInline = true
+			} else {
+				p.inlineSystem = p.inlineSystem[:mark]
+			}
+			return nil
+		}
+		// A text block's text lands in the content, after the "\n" that joins it to the
+		// part before; any other block takes them back.
+		mark := len(m.content)
+		if m.parts > 0 {
+			m.content = append(m.content, '\n')
+		}
+		n, err := p.anthropicBlock(s, &m.content)
+		if err != nil {
 			return err
 		}
-		switch typ := string(b.typ); {
-		case typ == "text" && len(b.text) == 0: // vLLM skips an empty text block
-		case system:
-			// vLLM reads only a system message's text blocks.
-			if typ == "text" && !isBillingHeader(b.text) {
-				p.inlineSystem = append(p.inlineSystem, b.text...)
-				p.hasInline = true
-			}
+		typ := string(b.typ)
+		if typ == "text" && n > 0 {
+			m.parts++
+			return nil
+		}
+		m.content = m.content[:mark]
+		switch {
+		case typ == "text": // vLLM skips an empty text block
 		case typ == "thinking" || typ == "redacted_thinking": // not keyed
 		case typ == "tool_use":
 			input := b.input
@@ -194,23 +217,22 @@ func (p *Parser) anthropicContent(s *scanner, m *msgFields) error {
 				m.content = append(m.content, '\n')
 			}
 			m.parts++
-			if typ == "text" {
-				m.content = append(m.content, b.text...)
-			} else {
-				m.content = appendPart(m.content, b.typ, s, start)
-			}
+			m.content = appendPart(m.content, b.typ, s, start)
 		}
 		return nil
 	})
 }
 
 // anthropicBlock reads one content block's members into p.block (and a tool result's
-// content into p.inner).
-func (p *Parser) anthropicBlock(s *scanner) error {
+// content into p.inner), and appends its text to *text, returning the text's length:
+// decoded in place, a long system prompt is copied once fewer (BenchmarkParseAPIs32KB).
+// The caller keeps or drops the text once the block's type is known.
+func (p *Parser) anthropicBlock(s *scanner, text *[]byte) (int, error) {
 	b, t := &p.block, &p.inner
-	b.typ, b.text, b.id, b.name = b.typ[:0], b.text[:0], b.id[:0], b.name[:0]
+	b.typ, b.id, b.name = b.typ[:0], b.id[:0], b.name[:0]
 	b.input, b.toolUseID, b.hasInput = b.input[:0], b.toolUseID[:0], false
 	t.reset()
+	mark := len(*text)
 	var err error
 	p.key, err = s.object(p.key, func(key []byte) error {
 		if s.peek() == 'n' {
@@ -220,8 +242,8 @@ func (p *Parser) anthropicBlock(s *scanner) error {
 		switch string(key) {
 		case "type":
 			b.typ, err = s.str(b.typ[:0], canonical)
-		case "text":
-			b.text, err = s.str(b.text[:0], canonical)
+		case "text": // a repeated member: the last counts, as in Python's json
+			*text, err = s.str((*text)[:mark], canonical)
 		case "id":
 			b.id, err = s.str(b.id[:0], canonical)
 		case "name":
@@ -239,5 +261,5 @@ func (p *Parser) anthropicBlock(s *scanner) error {
 		}
 		return err
 	})
-	return err
+	return len(*text) - mark, err
 }

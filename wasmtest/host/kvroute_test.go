@@ -580,11 +580,15 @@ var benchColdTable = flag.Bool("coldtable", false, "BenchmarkKvrouteRequestPath:
 // Messages API's form (the same conversation: the same chain, the same owner).
 var benchAPI = flag.String("api", "chat", "BenchmarkKvrouteRequestPath: chat, responses or messages")
 
-// kvRequestIn is kvRequest's body of kvChat(system, q) in the API benchAPI names, on its
-// path and answered with its usage.
-func kvRequestIn(b *testing.B, system, q string) host.Request {
+// vsAPI: BenchmarkKvrouteRequestPath's second side, the same module taking the same
+// conversation in this API.
+var vsAPI = flag.String("vs-api", "", "BenchmarkKvrouteRequestPath: also run the same module on this API, side by side")
+
+// kvRequestIn is kvRequest's body of kvChat(system, q) in the API named (chat, responses
+// or messages), on its path and answered with its usage.
+func kvRequestIn(b *testing.B, api, system, q string) host.Request {
 	body, path, usage := kvChat(system, q), "/v1/chat/completions", ""
-	switch *benchAPI {
+	switch api {
 	case "chat":
 		return kvRequest(body[:len(body)/2], body[len(body)/2:])
 	case "responses":
@@ -594,7 +598,7 @@ func kvRequestIn(b *testing.B, system, q string) host.Request {
 		body = []byte(fmt.Sprintf(`{"model":"llama","max_tokens":64,"system":[{"type":"text","text":%q}],"messages":[{"role":"user","content":%q}]}`, system, q))
 		path, usage = "/v1/messages", `{"usage":{"input_tokens":8000,"output_tokens":1}}`
 	default:
-		b.Fatalf("-api %q: want chat, responses or messages", *benchAPI)
+		b.Fatalf("API %q: want chat, responses or messages", api)
 	}
 	req := kvRequest(body[:len(body)/2], body[len(body)/2:])
 	req.Headers[1] = [2]string{":path", path}
@@ -616,7 +620,9 @@ func kvRequestIn(b *testing.B, system, q string) host.Request {
 //
 //	go test ./wasmtest/host -run '^$' -bench KvrouteRequestPath -benchtime 4000x -args -baseline OLD.wasm
 //
-// -api responses or -api messages sends the same conversation through that API.
+// -api responses or -api messages sends the same conversation through that API; with
+// -vs-api chat, a second host of the same module ("chat-") takes the chat form of it,
+// request by request beside the first, for the ratio of the two APIs' costs.
 func BenchmarkKvrouteRequestPath(b *testing.B) {
 	path, err := wasmbuild.Filter()
 	require.NoError(b, err)
@@ -629,6 +635,7 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		cycles  int64
 		calls   map[string]int64
 		ticks   []int
+		api     string
 	}
 	load := func(name, path string) *side {
 		system := kvSystem
@@ -655,9 +662,14 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		require.NoError(b, err)
 		b.Cleanup(func() { h.Close(context.Background()) })
 		clk.Advance(200 * time.Millisecond) // the leader polls; the table reaches both VMs
-		return &side{name: name, h: h, clk: clk}
+		return &side{name: name, h: h, clk: clk, api: *benchAPI}
 	}
 	sides := []*side{load("", path)}
+	if *vsAPI != "" {
+		vs := load(*vsAPI+"-", path)
+		vs.api = *vsAPI
+		sides = append(sides, vs)
+	}
 	if *baselineWasm != "" {
 		sides = append(sides, load("base-", *baselineWasm))
 	}
@@ -667,18 +679,19 @@ func BenchmarkKvrouteRequestPath(b *testing.B) {
 		b.Cleanup(cleanup)
 		sides = append(sides, load("floor-", floor))
 	}
-	req := kvRequestIn(b, kvSystem+strings.Repeat("More context. ", 600), "where is my parcel")
-	var questions []host.Request
-	if *benchLines {
-		for i := range 64 {
-			questions = append(questions, kvRequestIn(b, kvSystemLines+strings.Repeat("More context. ", 600), fmt.Sprint("where is my parcel ", i)))
+	reqs := map[string][]host.Request{}
+	for _, s := range sides {
+		if *benchLines {
+			for i := range 64 {
+				reqs[s.api] = append(reqs[s.api], kvRequestIn(b, s.api, kvSystemLines+strings.Repeat("More context. ", 600), fmt.Sprint("where is my parcel ", i)))
+			}
+		} else {
+			reqs[s.api] = []host.Request{kvRequestIn(b, s.api, kvSystem+strings.Repeat("More context. ", 600), "where is my parcel")}
 		}
 	}
 	const tickEvery = 32
 	run := func(s *side, i int) time.Duration {
-		if questions != nil {
-			req = questions[i%len(questions)]
-		}
+		req := reqs[s.api][i%len(reqs[s.api])]
 		res, err := s.h.Do(context.Background(), req)
 		if err != nil {
 			b.Fatal(err)
