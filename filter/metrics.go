@@ -34,6 +34,7 @@ type metrics struct {
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
+	failovers      proxywasm.MetricCounter // ... after which the leader asked the next control-plane replica
 	tableLoads     proxywasm.MetricCounter // table versions loaded from shared data
 	tableErrors    proxywasm.MetricCounter // shared-data reads that failed verification
 	reportsSent    proxywasm.MetricCounter
@@ -66,6 +67,7 @@ func defineMetrics() metrics {
 		ledgerExpired:        c("kvroute_ledger_expired_total"),
 		polls:                c("kvroute_table_polls_total"),
 		pollErrors:           c("kvroute_table_poll_errors_total"),
+		failovers:            c("kvroute_table_failovers_total"),
 		tableLoads:           c("kvroute_table_loads_total"),
 		tableErrors:          c("kvroute_table_load_errors_total"),
 		reportsSent:          c("kvroute_reports_sent_total"),

@@ -68,6 +68,8 @@ type Server struct {
 	// (a poll is tiny; thousands of proxies make tens of thousands a second).
 	frameCounters [3]prometheus.Counter // full, delta, not_modified
 	versionHdrs   atomic.Pointer[versionHeaders]
+	epoch         string   // the publisher's epoch, in decimal
+	epochHdr      []string // api.TableEpochHeader's value
 }
 
 // versionHeaders are the header values every answer of one version shares.
@@ -148,6 +150,8 @@ func (s *Server) Handler() http.Handler {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
+	s.epoch = strconv.FormatUint(s.Publisher.Epoch(), 10)
+	s.epochHdr = []string{s.epoch}
 	if s.Metrics != nil {
 		for i, kind := range []string{"full", "delta", "not_modified"} {
 			s.frameCounters[i] = s.Metrics.TableFrames.WithLabelValues(kind)
@@ -248,7 +252,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc.Encode(v)
 }
 
-// table: GET /v1/table?version=V&model=M&wait_ms=W.
+// table: GET /v1/table?version=V&epoch=E&model=M&wait_ms=W. A version counted in
+// another epoch than this process's (another replica's, or this one's before a restart)
+// is answered as no version: a full table, at once.
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -265,6 +271,9 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		have, hasHave = n, true
+	}
+	if e := queryGet(q, "epoch"); e != "" && e != s.epoch {
+		have, hasHave = 0, false
 	}
 	model := queryGet(q, "model")
 	if len(model) > table.MaxStringLen {
@@ -306,6 +315,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		vh := s.versionHeaders(res.Version)
 		h[api.TableAgeHeader] = []string{s.ageMs(res)}
 		h["X-Kvroute-Version"], h["Etag"] = vh.value, vh.etag
+		h[api.TableEpochHeader] = s.epochHdr
 		w.WriteHeader(http.StatusNotModified)
 		if s.Metrics != nil {
 			s.frameCounters[2].Inc()
@@ -320,6 +330,11 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	h["X-Kvroute-Frame"] = hdrFrame[res.Kind]
 	h[api.TableAgeHeader] = []string{s.ageMs(res)}
 	h["Etag"] = vh.etag
+	if res.Kind == table.Full {
+		// A delta is only ever of the epoch the poll named: a ninth header there would
+		// grow the header map on every poll.
+		h[api.TableEpochHeader] = s.epochHdr
+	}
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodGet {
 		w.Write(res.Body)
