@@ -58,7 +58,10 @@ type Server struct {
 	// Ready, when set, is an extra readiness condition: an error says why not, and
 	// /readyz answers 503 with it.
 	Ready func() error
-	Now   func() time.Time
+	// Warmup, when set, is how complete a starting control plane's index is, for
+	// /debug/state.
+	Warmup func() WarmupState
+	Now    func() time.Time
 
 	inflightMu sync.Mutex
 	inflight   int64
@@ -527,6 +530,19 @@ type DebugState struct {
 	Replicas []index.ReplicaState `json:"replicas"`
 	// Budget: the index's limits and drops, plus report batches refused as busy.
 	Budget index.BudgetState `json:"budget"`
+	Warmup *WarmupState      `json:"warmup,omitempty"`
+}
+
+// WarmupState is how complete a starting control plane's index is: of the KV-event
+// streams it dials, how many have connected and applied the engine's replay buffer, and
+// whether its first table is still held for them (at most LimitMs; HeldMs once out).
+type WarmupState struct {
+	Streams     int     `json:"streams"`
+	StreamsRead int     `json:"streams_read"`
+	Complete    float64 `json:"complete"`
+	Held        bool    `json:"held"`
+	HeldMs      int64   `json:"held_ms"`
+	LimitMs     int64   `json:"limit_ms"`
 }
 
 func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
@@ -536,7 +552,12 @@ func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
 	}
 	b := s.Index.BudgetState()
 	b.Dropped["report_batches"] = map[string]uint64{"busy": s.busy.Load()}
-	writeJSON(w, DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now()), Budget: b})
+	st := DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now()), Budget: b}
+	if s.Warmup != nil {
+		ws := s.Warmup()
+		st.Warmup = &ws
+	}
+	writeJSON(w, st)
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
