@@ -17,9 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,6 +89,9 @@ type Options struct {
 	// control plane dials has applied the engine's replay buffer, or WarmUp has passed
 	// (warmup.go); 0 publishes it as soon as discovery lists replicas.
 	WarmUp time.Duration
+	// TakeoverAfter is server.Server.TakeoverAfter: for this long after the start, a
+	// filter holding another replica's table is sent back to it (0: off; for replicas).
+	TakeoverAfter time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -258,7 +263,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
 		MaxBytesInFlight: c.o.MaxReportBytesInFlight, BodyTimeout: c.o.BodyTimeout,
 		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
-		Ready: c.health.ready, Warmup: c.warm.state,
+		Ready: c.health.ready, Warmup: c.warm.state, TakeoverAfter: c.o.TakeoverAfter,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
@@ -354,7 +359,7 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 		}
 	}
 	c.Index.SetReplicas(specs, c.o.Now())
-	c.warm.expect(streams)
+	c.warm.expect(streams, slices.Collect(maps.Keys(c.replicas)))
 	for k, stop := range c.workers {
 		if _, ok := want[k]; !ok {
 			stop()
@@ -413,6 +418,9 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 		}
 		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
 		c.health.scraped(r.ID, err)
+		if err == nil {
+			c.warm.scraped(r.ID)
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -76,12 +76,12 @@ func TestFirstTableListsWhatRunningEnginesCached(t *testing.T) {
 	if m == nil || len(m.Replicas) != 1 || !slices.Equal(m.Lookup(keys[0]), []uint32{m.Replicas[0].Slot}) || !slices.Equal(m.Lookup(keys[1]), []uint32{m.Replicas[0].Slot}) {
 		t.Fatalf("the first table does not list the engine's cached blocks: %+v", m)
 	}
-	if st := warmupState(t, base); st.Streams != 1 || st.StreamsRead != 1 || st.Complete != 1 || st.Held {
+	if st := warmupState(t, base); st.Streams != 1 || st.StreamsRead != 1 || st.ReplicasScraped != 1 || st.Complete != 1 || st.Held {
 		t.Fatalf("warm-up %+v", st)
 	}
 }
 
-// While a stream has not been read the first table is held (and /readyz says not ready),
+// While a stream has not been read (or a replica not scraped) the first table is held (and /readyz says not ready),
 // at most the warm-up limit.
 func TestFirstTableWaitsForStreamsAtMostTheWarmUp(t *testing.T) {
 	pub, _ := runningEngine(t)
@@ -91,8 +91,11 @@ func TestFirstTableWaitsForStreamsAtMostTheWarmUp(t *testing.T) {
 		{ID: "e2", Model: "m", Addr: "10.0.0.2:8000", Metrics: metrics.URL + "/metrics", KV: "tcp://127.0.0.1:1"}, // refuses
 	}
 	_, base := startControlPlane(t, Options{Engines: engines, WarmUp: time.Hour, PublishInterval: 10 * time.Millisecond})
-	awaitCond(t, "e1's stream read", func() bool { return warmupState(t, base).StreamsRead == 1 })
-	if st := warmupState(t, base); !st.Held || st.Complete != 0.5 || st.Streams != 2 {
+	awaitCond(t, "e1's stream read, both replicas scraped", func() bool {
+		st := warmupState(t, base)
+		return st.StreamsRead == 1 && st.ReplicasScraped == 2
+	})
+	if st := warmupState(t, base); !st.Held || st.Complete != 0.75 || st.Streams != 2 || st.Replicas != 2 {
 		t.Fatalf("warm-up %+v", st)
 	}
 	for _, path := range []string{api.TablePath, "/readyz"} {
@@ -109,7 +112,7 @@ func TestFirstTableWaitsForStreamsAtMostTheWarmUp(t *testing.T) {
 	_, base = startControlPlane(t, Options{Engines: engines, WarmUp: 100 * time.Millisecond, PublishInterval: 10 * time.Millisecond})
 	p := &poller{t: t, base: base, tab: table.New()}
 	awaitCond(t, "the first table once the warm-up passed", func() bool { p.poll(); return p.tab.Version != 0 })
-	if st := warmupState(t, base); st.Held || st.HeldMs < 100 || st.Complete != 0.5 {
+	if st := warmupState(t, base); st.Held || st.HeldMs < 100 || st.StreamsRead != 1 {
 		t.Fatalf("warm-up %+v", st)
 	}
 }

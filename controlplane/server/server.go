@@ -58,6 +58,13 @@ type Server struct {
 	// Ready, when set, is an extra readiness condition: an error says why not, and
 	// /readyz answers 503 with it.
 	Ready func() error
+	// TakeoverAfter, when positive: for this long after Handler is called, a poll that
+	// names another epoch (a filter that holds another replica's table) is answered 503,
+	// and the filter asks its next replica, which has heard its reports for longer; a
+	// poll without an epoch is served at once. A replica learns the filters' text keys
+	// only from their reports, so one that just started would hand them a table without
+	// them.
+	TakeoverAfter time.Duration
 	// Warmup, when set, is how complete a starting control plane's index is, for
 	// /debug/state.
 	Warmup func() WarmupState
@@ -73,6 +80,7 @@ type Server struct {
 	versionHdrs   atomic.Pointer[versionHeaders]
 	epoch         string   // the publisher's epoch, in decimal
 	epochHdr      []string // api.TableEpochHeader's value
+	started       time.Time
 }
 
 // versionHeaders are the header values every answer of one version shares.
@@ -98,6 +106,9 @@ type Metrics struct {
 	ReportBatches *prometheus.CounterVec // by result
 	ReportBytes   prometheus.Gauge       // report body bytes held in flight
 	Report        index.ReportMetrics
+
+	// TakeoversDeclined counts polls of another epoch answered 503 (Server.TakeoverAfter).
+	TakeoversDeclined prometheus.Counter
 }
 
 // NewMetrics registers the API's metrics on reg.
@@ -111,6 +122,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_table_bytes_total", Help: "Bytes of table frames served."}),
 		ReportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
+		TakeoversDeclined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_takeovers_declined_total", Help: "Table polls naming another replica's epoch answered 503 because this replica started less than --takeover-after ago."}),
 		ReportBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_controlplane_report_bytes_in_flight", Help: "Report body bytes read and not yet applied (a batch past --max-report-bytes-in-flight gets 429)."}),
 		Report: index.ReportMetrics{
@@ -126,7 +139,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{-8192, -2048, -512, -128, -16, 0, 16, 128, 512, 2048, 8192},
 	})
 	m.Report.CachedError = hist
-	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.Report.Reports, m.Report.FalseHits, hist)
+	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.TakeoversDeclined, m.Report.Reports, m.Report.FalseHits, hist)
 	return m
 }
 
@@ -153,6 +166,7 @@ func (s *Server) Handler() http.Handler {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
+	s.started = time.Now()
 	s.epoch = strconv.FormatUint(s.Publisher.Epoch(), 10)
 	s.epochHdr = []string{s.epoch}
 	if s.Metrics != nil {
@@ -276,6 +290,14 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		have, hasHave = n, true
 	}
 	if e := queryGet(q, "epoch"); e != "" && e != s.epoch {
+		if s.TakeoverAfter > 0 && time.Since(s.started) < s.TakeoverAfter {
+			if s.Metrics != nil {
+				s.Metrics.TakeoversDeclined.Inc()
+			}
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "epoch %q is another replica's: this one started %v ago, ask that one", e, time.Since(s.started).Round(time.Millisecond))
+			return
+		}
 		have, hasHave = 0, false
 	}
 	model := queryGet(q, "model")
@@ -534,15 +556,18 @@ type DebugState struct {
 }
 
 // WarmupState is how complete a starting control plane's index is: of the KV-event
-// streams it dials, how many have connected and applied the engine's replay buffer, and
-// whether its first table is still held for them (at most LimitMs; HeldMs once out).
+// streams it dials, how many have connected and applied the engine's replay buffer, of
+// its replicas, how many were scraped, and whether its first table is still held for
+// them (at most LimitMs; HeldMs once out).
 type WarmupState struct {
-	Streams     int     `json:"streams"`
-	StreamsRead int     `json:"streams_read"`
-	Complete    float64 `json:"complete"`
-	Held        bool    `json:"held"`
-	HeldMs      int64   `json:"held_ms"`
-	LimitMs     int64   `json:"limit_ms"`
+	Streams         int     `json:"streams"`
+	StreamsRead     int     `json:"streams_read"`
+	Replicas        int     `json:"replicas"`
+	ReplicasScraped int     `json:"replicas_scraped"`
+	Complete        float64 `json:"complete"`
+	Held            bool    `json:"held"`
+	HeldMs          int64   `json:"held_ms"`
+	LimitMs         int64   `json:"limit_ms"`
 }
 
 func (s *Server) debug(w http.ResponseWriter, r *http.Request) {

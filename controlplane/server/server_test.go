@@ -240,6 +240,36 @@ func TestTableVersionsAreScopedToTheirEpoch(t *testing.T) {
 	}
 }
 
+// A replica that started less than TakeoverAfter ago sends a filter holding another
+// replica's table back (503): it has not heard that filter's reports for long. A filter
+// without a table, or of its own epoch, is served.
+func TestYoungReplicaDeclinesATakeover(t *testing.T) {
+	e := newEnv(t, "", 10)
+	e.place(t, rand.New(rand.NewPCG(7, 8)), "m", "10.0.0.1:8000", 2)
+	v := e.publish(t)
+	// Served in this goroutine (the handler reads TakeoverAfter as it changes).
+	poll := func(query string) (int, string) {
+		w := httptest.NewRecorder()
+		e.handler.ServeHTTP(w, httptest.NewRequest(http.MethodGet, api.TablePath+query, nil))
+		return w.Code, w.Header().Get(api.TableEpochHeader)
+	}
+	e.server.TakeoverAfter = time.Hour
+	code, own := poll("")
+	if code != 200 || own == "" {
+		t.Fatalf("no table yet: %d", code)
+	}
+	if code, _ := poll(fmt.Sprintf("?version=%d&epoch=%s", v, own)); code != http.StatusNotModified {
+		t.Fatalf("own epoch: %d", code)
+	}
+	if code, _ := poll(fmt.Sprintf("?version=%d&epoch=1&wait_ms=20000", v)); code != http.StatusServiceUnavailable {
+		t.Fatalf("another replica's epoch: %d, want 503 at once", code)
+	}
+	e.server.TakeoverAfter = time.Nanosecond
+	if code, epoch := poll(fmt.Sprintf("?version=%d&epoch=1", v)); code != 200 || epoch != own {
+		t.Fatalf("after TakeoverAfter: %d, epoch %q", code, epoch)
+	}
+}
+
 // Every table answer says how old its version is, so the filter dates the queue numbers
 // from when they were built, not from when its poll returned.
 func TestTableAnswersCarryTheVersionsAge(t *testing.T) {
