@@ -106,8 +106,9 @@ func TestFailoverAfterAPollWithoutAnswer(t *testing.T) {
 	})
 }
 
-// Reports go where the table comes from.
-func TestFailoverPostsReportsToTheReplicaItPolls(t *testing.T) {
+// Every replica builds its own table from the reports: each batch goes to the replica
+// the leader polls and a copy to each other one.
+func TestFailoverPostsReportsToEveryReplica(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		h := start(t, vm, failoverConfig)
 		h.Tick()
@@ -119,13 +120,21 @@ func TestFailoverPostsReportsToTheReplicaItPolls(t *testing.T) {
 		h.send(request{body: chat("sys", "q2")})
 		n := len(h.callouts())
 		h.Tick()
-		posted := 0
+		posted := map[string][]byte{}
 		for _, c := range h.callouts()[n:] {
 			if p, _ := header(c.Headers, ":path"); p == api.ReportsPath {
-				posted++
-				assert.Equal(t, replicaB, c.Upstream)
+				authority, _ := header(c.Headers, ":authority")
+				posted[c.Upstream+" "+authority] = c.Body
+				h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "204"}}, nil, nil)
 			}
 		}
-		assert.Positive(t, posted, "the placement is posted")
+		require.Len(t, posted, 2, "the placement is posted to both replicas: %v", posted)
+		a, b := posted[replicaA+" cp.kvroute.svc.cluster.local"], posted[replicaB+" cp-1.kvroute.svc.cluster.local"]
+		assert.NotEmpty(t, a)
+		assert.Equal(t, a, b, "the same batch")
+		sent, _ := h.GetCounterMetric("kvroute_reports_sent_total")
+		copies, _ := h.GetCounterMetric("kvroute_report_copies_sent_total")
+		assert.Positive(t, sent)
+		assert.Equal(t, sent, copies)
 	})
 }

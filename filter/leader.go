@@ -61,6 +61,11 @@ type schedule struct {
 	// epoch is the epoch of the leader's table (api.TableEpochHeader; 0: the control
 	// plane named none), sent back on each poll as the poll's epoch parameter.
 	epoch uint64
+	// Every replica builds its own table from the reports, so each batch is also posted
+	// to the other replicas (copies): copyCalls are the copies outstanding per target,
+	// copyHdrs their headers.
+	copyCalls []int
+	copyHdrs  [][][2]string
 }
 
 func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
@@ -74,6 +79,8 @@ func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
 		pollMs:     max(1, cfg.PollMs/tickMs) * tickMs,
 		item:       hostBuf{keep: 4 << 20},
 		targets:    cfg.Targets(),
+		copyCalls:  make([]int, len(cfg.Targets())),
+		copyHdrs:   make([][][2]string, len(cfg.Targets())),
 	}
 }
 
@@ -125,6 +132,7 @@ func (l *leader) tickShard(s *shard) {
 	case sc.reportBusy > 0:
 		if sc.reportBusy++; sc.reportBusy > sc.stuckAfter {
 			sc.reportBusy, sc.reportCalls = 0, 0
+			clear(sc.copyCalls)
 		}
 	case sc.reportWait > 0:
 		sc.reportWait--
@@ -150,8 +158,13 @@ func (l *leader) tryLease(now time.Time, ttl time.Duration) bool {
 	return proxywasm.SetSharedData(leaseKey, l.lease[:], cas) == nil
 }
 
+// callHeaders are the headers of a call to the replica the leader talks to now.
 func (s *shard) callHeaders(method, path string) [][2]string {
-	h := [][2]string{{":method", method}, {":path", path}, {":authority", s.sched.target().Authority}}
+	return s.callHeadersTo(s.sched.target(), method, path)
+}
+
+func (s *shard) callHeadersTo(e api.Endpoint, method, path string) [][2]string {
+	h := [][2]string{{":method", method}, {":path", path}, {":authority", e.Authority}}
 	if s.cp.Token != "" {
 		h = append(h, [2]string{"authorization", "Bearer " + s.cp.Token})
 	}
@@ -384,10 +397,43 @@ func (l *leader) post(s *shard, hdrs [][2]string, batch []byte, count int) {
 		})
 	if err != nil {
 		l.metrics.reportsDropped.Increment(n)
+	} else {
+		sc.reportCalls++
+		sc.reportBusy = 1
+	}
+	for i, e := range sc.targets {
+		if i != sc.current {
+			l.postCopy(s, i, e, batch, n)
+		}
+	}
+}
+
+// postCopy posts a copy of a batch of n reports to replica i of s's control plane. A
+// replica that has a tick's worth of copies outstanding (gone, or slow) misses it: the
+// copies never hold up the posts to the replica the leader polls.
+func (l *leader) postCopy(s *shard, i int, e api.Endpoint, batch []byte, n uint64) {
+	sc := &s.sched
+	if sc.copyCalls[i] >= maxPostsPerTick {
+		l.metrics.copiesDropped.Increment(n)
 		return
 	}
-	sc.reportCalls++
-	sc.reportBusy = 1
+	if sc.copyHdrs[i] == nil {
+		sc.copyHdrs[i] = append(s.callHeadersTo(e, "POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	}
+	_, err := proxywasm.DispatchHttpCall(e.Cluster, sc.copyHdrs[i], batch, nil,
+		uint32(s.cp.TimeoutMs), func(int, int, int) {
+			sc.copyCalls[i] = max(sc.copyCalls[i]-1, 0)
+			if s, _ := l.callStatus(); s >= 200 && s < 300 {
+				l.metrics.copiesSent.Increment(n)
+			} else {
+				l.metrics.copiesDropped.Increment(n)
+			}
+		})
+	if err != nil {
+		l.metrics.copiesDropped.Increment(n)
+		return
+	}
+	sc.copyCalls[i]++
 }
 
 // callStatus is the :status of the current http-call response (0 when the call failed:

@@ -39,6 +39,8 @@ type metrics struct {
 	tableErrors    proxywasm.MetricCounter // shared-data reads that failed verification
 	reportsSent    proxywasm.MetricCounter
 	reportsDropped proxywasm.MetricCounter
+	copiesSent     proxywasm.MetricCounter // reports also posted to another control-plane replica (failover)
+	copiesDropped  proxywasm.MetricCounter // ... that it did not take, or that were not sent (it had too many outstanding)
 
 	tableVersion proxywasm.MetricGauge // with shards: the lowest shard's (shards.go)
 	tableAgeMs   proxywasm.MetricGauge // with shards: the stalest shard's
@@ -72,6 +74,8 @@ func defineMetrics() metrics {
 		tableErrors:          c("kvroute_table_load_errors_total"),
 		reportsSent:          c("kvroute_reports_sent_total"),
 		reportsDropped:       c("kvroute_reports_dropped_total"),
+		copiesSent:           c("kvroute_report_copies_sent_total"),
+		copiesDropped:        c("kvroute_report_copies_dropped_total"),
 		tableVersion:         g("kvroute_table_version"),
 		tableAgeMs:           g("kvroute_table_age_ms"),
 	}
