@@ -93,8 +93,8 @@ func (sc *schedule) failOver() {
 	sc.pollHdrs, sc.reportHdrs = nil, nil
 }
 
-// backoff is the ticks to wait after failures failed polls in a row (or rounds of every
-// replica): doubling, up to about 2 s, so a dead control plane is not hammered.
+// backoff is the ticks to wait after that many failed polls in a row (with replicas:
+// rounds of them all): doubling, up to about 2 s, so a dead control plane is not hammered.
 func (sc *schedule) backoff(failures, tickMs int) int {
 	return min(sc.pollEvery<<min(failures, 5), max(1, 2000/tickMs)) - 1
 }
@@ -290,8 +290,7 @@ func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
 }
 
 // publish verifies a frame by applying it to the leader's own copy, then writes it to
-// shared data for the other VMs.
-// A full table starts the chain over in the epoch its answer named.
+// shared data for the other VMs. A full table starts over in the epoch its answer named.
 func (l *leader) publish(s *shard, body []byte, asked, epoch uint64, now time.Time) error {
 	f, err := table.Decode(body)
 	if err != nil {
