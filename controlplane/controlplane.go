@@ -17,9 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -83,6 +85,13 @@ type Options struct {
 	MaxConnections int
 	// ReplayTimeout bounds one KV-event replay request (default 2 s).
 	ReplayTimeout time.Duration
+	// WarmUp, when positive, holds the first table until every KV-event stream the
+	// control plane dials has applied the engine's replay buffer, or WarmUp has passed
+	// (warmup.go); 0 publishes it as soon as discovery lists replicas.
+	WarmUp time.Duration
+	// TakeoverAfter is server.Server.TakeoverAfter: for this long after the start, a
+	// filter holding another replica's table is sent back to it (0: off; for replicas).
+	TakeoverAfter time.Duration
 	// ShutdownTimeout bounds draining HTTP requests on shutdown (default 5 s).
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -122,6 +131,7 @@ type ControlPlane struct {
 	handOffs    *prometheus.CounterVec // by front.HandOff
 	refused     prometheus.Counter     // connections past MaxConnections
 	events      countedEvents          // the index's KV-event handler, drops counted
+	warm        *warmup
 	impostors   prometheus.Counter
 	peers       peerCache
 	health      health
@@ -201,7 +211,9 @@ func New(o Options) (*ControlPlane, error) {
 	c.refused = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvroute_controlplane_http_connections_refused_total",
 		Help: "HTTP connections refused (503, closed unread) because --max-connections were open."})
 	reg.MustRegister(c.versions, pt, c.unknownTop, c.impostors, c.handOffs, c.refused)
+	c.warm = newWarmup(o.WarmUp, reg)
 	c.events = newCountedEvents(ix.Events(), reg)
+	c.events.warm = c.warm
 	return c, nil
 }
 
@@ -222,6 +234,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		}
 	}
 	c.ln = ln
+	c.warm.start(time.Now())
 	ctx, cancel := context.WithCancel(ctx)
 	c.mu.Lock()
 	c.ctx = ctx
@@ -250,7 +263,7 @@ func (c *ControlPlane) Start(ctx context.Context) error {
 		Index: c.Index, Publisher: c.Publisher, Token: c.o.Token, MaxBodyBytes: c.o.MaxBodyBytes,
 		MaxBytesInFlight: c.o.MaxReportBytesInFlight, BodyTimeout: c.o.BodyTimeout,
 		Gatherer: c.Registry, Metrics: server.NewMetrics(c.Registry), Now: c.o.Now,
-		Ready: c.health.ready,
+		Ready: c.health.ready, Warmup: c.warm.state, TakeoverAfter: c.o.TakeoverAfter,
 	}
 	// Requests inherit ctx, so long polls return (304) as soon as shutdown begins
 	// instead of holding it up for their wait_ms. The filters' polls and reports go
@@ -321,6 +334,7 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 	reps := discovery.Replicas(all)
 	specs := make([]index.Spec, 0, len(reps))
 	want := map[string]func(context.Context){}
+	var streams []kvevents.StreamID
 	c.replicas = map[string]discovery.Replica{}
 	for _, r := range reps {
 		c.replicas[r.ID] = r
@@ -338,12 +352,14 @@ func (c *ControlPlane) setEngines(dyn []discovery.Engine, fromDiscovery bool) {
 				continue
 			}
 			src := kvevents.Source{ID: kvevents.StreamID{Replica: r.ID, Rank: s.Rank}, Endpoint: s.Endpoint, Topic: s.Topic, Replay: s.Replay}
+			streams = append(streams, src.ID)
 			want[fmt.Sprintf("kv|%s|%d|%s|%s|%s", r.ID, s.Rank, s.Endpoint, s.Replay, s.Topic)] = func(ctx context.Context) {
 				kvevents.Subscribe(ctx, src, c.events, kvevents.Options{ReplayTimeout: c.o.ReplayTimeout, Logger: c.log})
 			}
 		}
 	}
 	c.Index.SetReplicas(specs, c.o.Now())
+	c.warm.expect(streams, slices.Collect(maps.Keys(c.replicas)))
 	for k, stop := range c.workers {
 		if _, ok := want[k]; !ok {
 			stop()
@@ -402,6 +418,9 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 		}
 		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
 		c.health.scraped(r.ID, err)
+		if err == nil {
+			c.warm.scraped(r.ID)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -426,12 +445,12 @@ func (c *ControlPlane) publishLoop(ctx context.Context) {
 
 // PublishNow flushes the index into a new version if anything changed (or force),
 // and returns the current version. The first version is made as soon as discovery
-// has listed replicas, even an empty one.
+// has listed replicas, even an empty one, and the warm-up allows it (warmup.go).
 func (c *ControlPlane) PublishNow(force bool) uint64 {
 	c.pubMu.Lock() // flush and publish in one order
 	defer c.pubMu.Unlock()
 	now := c.o.Now()
-	if !c.Index.Ready() {
+	if !c.Index.Ready() || !c.warm.mayPublish(time.Now()) {
 		return c.Publisher.Version()
 	}
 	start := time.Now()
@@ -446,6 +465,7 @@ func (c *ControlPlane) PublishNow(force bool) uint64 {
 		c.log.Error("publish failed", "err", err)
 		return c.Publisher.Version()
 	}
+	c.warm.publishedFirst(time.Now())
 	c.versions.Inc()
 	c.publishTime.Observe(time.Since(start).Seconds())
 	return v

@@ -11,6 +11,7 @@ import (
 type countedEvents struct {
 	kvevents.Handler
 	dropped *prometheus.CounterVec
+	warm    *warmup // told of each stream read through its replay
 }
 
 func newCountedEvents(h kvevents.Handler, reg prometheus.Registerer) countedEvents {
@@ -22,6 +23,13 @@ func newCountedEvents(h kvevents.Handler, reg prometheus.Registerer) countedEven
 	}
 	reg.MustRegister(dropped)
 	return countedEvents{Handler: h, dropped: dropped}
+}
+
+func (h countedEvents) Connected(id kvevents.StreamID, up bool) {
+	if up && h.warm != nil {
+		h.warm.connected(id)
+	}
+	h.Handler.Connected(id, up)
 }
 
 func (h countedEvents) DecodeError(id kvevents.StreamID, err error) {

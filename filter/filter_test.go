@@ -297,7 +297,7 @@ func TestLeaderLeaseAndTablePublishThroughSharedData(t *testing.T) {
 
 		// The other VM's table, published in shared data, reaches this VM on its tick.
 		tb := fleet(t, 7, 3, nil, map[uint32][]string{0: {chat(system, "a")}})
-		require.NoError(t, rootKeys.publishFull(table.EncodeFull(tb), tb.Version, time.Now()))
+		require.NoError(t, rootKeys.publishFull(table.EncodeFull(tb), tb.Version, 0, time.Now()))
 		h.Tick()
 		_, hs := h.send(request{body: chat(system, "b")})
 		assert.Equal(t, "10.1.0.1:8000", strings.Split(endpoint(hs), ",")[0], "routed on the table from shared data")

@@ -54,6 +54,18 @@ type schedule struct {
 	pollHdrs, reportHdrs [][2]string
 	reportCalls          int     // report posts outstanding
 	count                [8]byte // the drained count being written to shared data
+	// targets are the control plane's replicas (api.ControlPlane.Targets); the leader
+	// polls and posts to targets[current] and moves to the next when a poll fails.
+	targets []api.Endpoint
+	current int
+	// epoch is the epoch of the leader's table (api.TableEpochHeader; 0: the control
+	// plane named none), sent back on each poll as the poll's epoch parameter.
+	epoch uint64
+	// Every replica builds its own table from the reports, so each batch is also posted
+	// to the other replicas (copies): copyCalls are the copies outstanding per target,
+	// copyHdrs their headers.
+	copyCalls []int
+	copyHdrs  [][][2]string
 }
 
 func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
@@ -66,7 +78,25 @@ func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
 		waitMs:     max(cfg.WaitMs, 0),
 		pollMs:     max(1, cfg.PollMs/tickMs) * tickMs,
 		item:       hostBuf{keep: 4 << 20},
+		targets:    cfg.Targets(),
+		copyCalls:  make([]int, len(cfg.Targets())),
+		copyHdrs:   make([][][2]string, len(cfg.Targets())),
 	}
+}
+
+// target is the control-plane replica the leader talks to now.
+func (sc *schedule) target() api.Endpoint { return sc.targets[sc.current] }
+
+// failOver moves to the next replica; the calls' headers name its authority.
+func (sc *schedule) failOver() {
+	sc.current = (sc.current + 1) % len(sc.targets)
+	sc.pollHdrs, sc.reportHdrs = nil, nil
+}
+
+// backoff is the ticks to wait after that many failed polls in a row (with replicas:
+// rounds of them all): doubling, up to about 2 s, so a dead control plane is not hammered.
+func (sc *schedule) backoff(failures, tickMs int) int {
+	return min(sc.pollEvery<<min(failures, 5), max(1, 2000/tickMs)) - 1
 }
 
 // leaseTTL: three missed renewals, and at least a second, before another VM takes over.
@@ -91,6 +121,7 @@ func (l *leader) tickShard(s *shard) {
 	case sc.pollBusy > 0:
 		if sc.pollBusy++; sc.pollBusy > sc.stuckAfter {
 			sc.pollBusy = 0
+			l.pollFailed(s, errors.New("no answer to the poll"))
 		}
 	case sc.pollWait > 0:
 		sc.pollWait--
@@ -101,6 +132,7 @@ func (l *leader) tickShard(s *shard) {
 	case sc.reportBusy > 0:
 		if sc.reportBusy++; sc.reportBusy > sc.stuckAfter {
 			sc.reportBusy, sc.reportCalls = 0, 0
+			clear(sc.copyCalls)
 		}
 	case sc.reportWait > 0:
 		sc.reportWait--
@@ -126,8 +158,13 @@ func (l *leader) tryLease(now time.Time, ttl time.Duration) bool {
 	return proxywasm.SetSharedData(leaseKey, l.lease[:], cas) == nil
 }
 
+// callHeaders are the headers of a call to the replica the leader talks to now.
 func (s *shard) callHeaders(method, path string) [][2]string {
-	h := [][2]string{{":method", method}, {":path", path}, {":authority", s.cp.Authority}}
+	return s.callHeadersTo(s.sched.target(), method, path)
+}
+
+func (s *shard) callHeadersTo(e api.Endpoint, method, path string) [][2]string {
+	h := [][2]string{{":method", method}, {":path", path}, {":authority", e.Authority}}
 	if s.cp.Token != "" {
 		h = append(h, [2]string{"authorization", "Bearer " + s.cp.Token})
 	}
@@ -145,6 +182,9 @@ func (l *leader) poll(s *shard) {
 		have = s.view.t.Version
 	}
 	path := api.TablePath + "?version=" + strconv.FormatUint(have, 10)
+	if have != 0 && sc.epoch != 0 {
+		path += "&epoch=" + strconv.FormatUint(sc.epoch, 10)
+	}
 	if sc.waitMs > 0 {
 		path += "&wait_ms=" + strconv.Itoa(sc.waitMs)
 	}
@@ -156,11 +196,12 @@ func (l *leader) poll(s *shard) {
 	}
 	sc.pollHdrs[1][1] = path // callHeaders' :path
 	sc.pollSent = (*l.clock)()
-	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, sc.pollHdrs, nil, nil,
+	cluster := sc.target().Cluster
+	_, err := proxywasm.DispatchHttpCall(cluster, sc.pollHdrs, nil, nil,
 		uint32(s.cp.TimeoutMs), func(_, bodySize, _ int) { l.onTable(s, have, bodySize) })
 	l.metrics.polls.Increment(1)
 	if err != nil {
-		l.pollFailed(s, fmt.Errorf("dispatch to cluster %q: %w", s.cp.Cluster, err))
+		l.pollFailed(s, fmt.Errorf("dispatch to cluster %q: %w", cluster, err))
 		return
 	}
 	sc.pollBusy = 1
@@ -173,9 +214,24 @@ func (l *leader) pollFailed(s *shard, err error) {
 		s.gauges.pollErrors.Increment(1)
 	}
 	sc.failedPolls++
-	// Back off (doubling, up to about 2 s) so a dead control plane is not hammered;
-	// log the first failure and then every 50th, not every tick.
-	sc.pollWait = min(sc.pollEvery<<min(sc.failedPolls, 5), max(1, 2000/l.tickMs)) - 1
+	if n := len(sc.targets); n > 1 {
+		// Another replica serves the same table: ask it on the next tick, and back off
+		// only once every replica failed in turn.
+		from := sc.target().Cluster
+		sc.failOver()
+		l.metrics.failovers.Increment(1)
+		sc.pollWait = 0
+		if sc.failedPolls%n == 0 {
+			sc.pollWait = sc.backoff(sc.failedPolls/n, l.tickMs)
+		}
+		if sc.failedPolls <= n || sc.failedPolls%50 == 0 {
+			proxywasm.LogWarnf("kvroute: %stable poll to %s failed (%d in a row), asking %s next: %v",
+				shardPrefix(s), from, sc.failedPolls, sc.target().Cluster, err)
+		}
+		return
+	}
+	sc.pollWait = sc.backoff(sc.failedPolls, l.tickMs)
+	// Log the first failure and then every 50th, not every tick.
 	if sc.failedPolls == 1 || sc.failedPolls%50 == 0 {
 		if s.name != "" {
 			proxywasm.LogWarnf("kvroute: shard %s: table poll failed (%d in a row), routing its models on its last table: %v", s.name, sc.failedPolls, err)
@@ -183,6 +239,14 @@ func (l *leader) pollFailed(s *shard, err error) {
 			proxywasm.LogWarnf("kvroute: table poll failed (%d in a row), routing on the last table: %v", sc.failedPolls, err)
 		}
 	}
+}
+
+// shardPrefix names s in a log line ("" for the control_plane block).
+func shardPrefix(s *shard) string {
+	if s.name == "" {
+		return ""
+	}
+	return "shard " + s.name + ": "
 }
 
 func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
@@ -199,7 +263,7 @@ func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
 	case status == 200:
 		body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		if err == nil {
-			err = l.publish(s, body, asked, built)
+			err = l.publish(s, body, asked, l.callEpoch(), built)
 		}
 		if err != nil {
 			l.pollFailed(s, err)
@@ -226,8 +290,8 @@ func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
 }
 
 // publish verifies a frame by applying it to the leader's own copy, then writes it to
-// shared data for the other VMs.
-func (l *leader) publish(s *shard, body []byte, asked uint64, now time.Time) error {
+// shared data for the other VMs. A full table starts over in the epoch its answer named.
+func (l *leader) publish(s *shard, body []byte, asked, epoch uint64, now time.Time) error {
 	f, err := table.Decode(body)
 	if err != nil {
 		return err
@@ -238,6 +302,7 @@ func (l *leader) publish(s *shard, body []byte, asked uint64, now time.Time) err
 	t := s.view.t
 	if f.Kind == table.Full {
 		t = table.New()
+		s.sched.epoch = epoch
 	}
 	if err := t.ApplyFrame(f); err != nil {
 		if errors.Is(err, table.ErrBaseMismatch) {
@@ -245,7 +310,7 @@ func (l *leader) publish(s *shard, body []byte, asked uint64, now time.Time) err
 		}
 		return err
 	}
-	s.view.t, s.view.loaded, s.view.confirmed = t, true, now
+	s.view.t, s.view.loaded, s.view.confirmed, s.view.epoch = t, true, now, s.sched.epoch
 	l.shards.versionLoaded(s, l.metrics)
 	if f.Kind == table.Delta {
 		err = s.keys.publishDelta(body, f, now)
@@ -258,7 +323,7 @@ func (l *leader) publish(s *shard, body []byte, asked uint64, now time.Time) err
 	if f.Kind == table.Delta {
 		frame = table.EncodeFullFormat(t, t.Format) // the chain's deltas are in t's format
 	}
-	return s.keys.publishFull(frame, t.Version, now)
+	return s.keys.publishFull(frame, t.Version, s.sched.epoch, now)
 }
 
 // postReports sends what the VMs queued for s since the last post to s's control plane:
@@ -316,7 +381,7 @@ func (l *leader) postOwn(s *shard, hdrs [][2]string) int {
 func (l *leader) post(s *shard, hdrs [][2]string, batch []byte, count int) {
 	sc := &s.sched
 	n := uint64(count)
-	_, err := proxywasm.DispatchHttpCall(s.cp.Cluster, hdrs, batch, nil,
+	_, err := proxywasm.DispatchHttpCall(sc.target().Cluster, hdrs, batch, nil,
 		uint32(s.cp.TimeoutMs), func(int, int, int) {
 			sc.reportCalls = max(sc.reportCalls-1, 0)
 			if sc.reportCalls == 0 {
@@ -331,10 +396,43 @@ func (l *leader) post(s *shard, hdrs [][2]string, batch []byte, count int) {
 		})
 	if err != nil {
 		l.metrics.reportsDropped.Increment(n)
+	} else {
+		sc.reportCalls++
+		sc.reportBusy = 1
+	}
+	for i, e := range sc.targets {
+		if i != sc.current {
+			l.postCopy(s, i, e, batch, n)
+		}
+	}
+}
+
+// postCopy posts a copy of a batch of n reports to replica i of s's control plane. A
+// replica that has a tick's worth of copies outstanding (gone, or slow) misses it: the
+// copies never hold up the posts to the replica the leader polls.
+func (l *leader) postCopy(s *shard, i int, e api.Endpoint, batch []byte, n uint64) {
+	sc := &s.sched
+	if sc.copyCalls[i] >= maxPostsPerTick {
+		l.metrics.copiesDropped.Increment(n)
 		return
 	}
-	sc.reportCalls++
-	sc.reportBusy = 1
+	if sc.copyHdrs[i] == nil {
+		sc.copyHdrs[i] = append(s.callHeadersTo(e, "POST", api.ReportsPath), [2]string{"content-type", api.ReportsContentType})
+	}
+	_, err := proxywasm.DispatchHttpCall(e.Cluster, sc.copyHdrs[i], batch, nil,
+		uint32(s.cp.TimeoutMs), func(int, int, int) {
+			sc.copyCalls[i] = max(sc.copyCalls[i]-1, 0)
+			if s, _ := l.callStatus(); s >= 200 && s < 300 {
+				l.metrics.copiesSent.Increment(n)
+			} else {
+				l.metrics.copiesDropped.Increment(n)
+			}
+		})
+	if err != nil {
+		l.metrics.copiesDropped.Increment(n)
+		return
+	}
+	sc.copyCalls[i]++
 }
 
 // callStatus is the :status of the current http-call response (0 when the call failed:
@@ -356,5 +454,19 @@ func (l *leader) callStatus() (status int, age time.Duration) {
 	return status, age
 }
 
-// tableAgeHeader is api.TableAgeHeader as hosts keep header names: lower case.
-var tableAgeHeader = strings.ToLower(api.TableAgeHeader)
+// callEpoch is the current http-call response's epoch header (0 without one).
+func (l *leader) callEpoch() uint64 {
+	v, err := l.value.callResponseHeader(tableEpochHeader)
+	if err != nil {
+		return 0
+	}
+	e, _ := strconv.ParseUint(v, 10, 64)
+	return e
+}
+
+// tableAgeHeader and tableEpochHeader are api's names as hosts keep header names:
+// lower case.
+var (
+	tableAgeHeader   = strings.ToLower(api.TableAgeHeader)
+	tableEpochHeader = strings.ToLower(api.TableEpochHeader)
+)

@@ -34,10 +34,13 @@ type metrics struct {
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
+	failovers      proxywasm.MetricCounter // ... after which the leader asked the next control-plane replica
 	tableLoads     proxywasm.MetricCounter // table versions loaded from shared data
 	tableErrors    proxywasm.MetricCounter // shared-data reads that failed verification
 	reportsSent    proxywasm.MetricCounter
 	reportsDropped proxywasm.MetricCounter
+	copiesSent     proxywasm.MetricCounter // reports also posted to another control-plane replica (failover)
+	copiesDropped  proxywasm.MetricCounter // ... that it did not take, or that were not sent (it had too many outstanding)
 
 	tableVersion proxywasm.MetricGauge // with shards: the lowest shard's (shards.go)
 	tableAgeMs   proxywasm.MetricGauge // with shards: the stalest shard's
@@ -66,10 +69,13 @@ func defineMetrics() metrics {
 		ledgerExpired:        c("kvroute_ledger_expired_total"),
 		polls:                c("kvroute_table_polls_total"),
 		pollErrors:           c("kvroute_table_poll_errors_total"),
+		failovers:            c("kvroute_table_failovers_total"),
 		tableLoads:           c("kvroute_table_loads_total"),
 		tableErrors:          c("kvroute_table_load_errors_total"),
 		reportsSent:          c("kvroute_reports_sent_total"),
 		reportsDropped:       c("kvroute_reports_dropped_total"),
+		copiesSent:           c("kvroute_report_copies_sent_total"),
+		copiesDropped:        c("kvroute_report_copies_dropped_total"),
 		tableVersion:         g("kvroute_table_version"),
 		tableAgeMs:           g("kvroute_table_age_ms"),
 	}

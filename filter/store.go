@@ -19,8 +19,9 @@ import (
 // "kvroute/shard/<name>/" (kvroute/shard/<name>/head, ...).
 //
 //	kvroute/head               the base version, its slot and chunk count, the chain of
-//	                           versions the deltas since then lead to, and when the leader
-//	                           last confirmed the table current
+//	                           versions the deltas since then lead to, when the leader
+//	                           last confirmed the table current, and the epoch (the
+//	                           control-plane replica) the versions are counted in
 //	kvroute/base/<slot>/<i>    a full frame in chunks, in one of two slots so a new
 //	                           base never overwrites the one readers may be loading
 //	kvroute/delta/<n>          the n-th delta after the base (n = 1..deltaRing-1)
@@ -34,8 +35,8 @@ const (
 	leaseKey  = "kvroute/lease"
 	chunkSize = 256 << 10
 	deltaRing = 64
-	headMagic = "KVH2"
-	headFixed = 4 + 8 + 1 + 4 + 8 + 1
+	headMagic = "KVH3"
+	headFixed = 4 + 8 + 1 + 4 + 8 + 1 // then 8 bytes a chain link, then the 8-byte epoch
 )
 
 // keys are one shard's keys in shared data, and the name of its report queue. flushed
@@ -60,7 +61,7 @@ func newKeys(shard string) keys {
 	}
 	return keys{prefix: p, head: p + "head", queue: p + reportQueue,
 		flushed: p + "reports/flushed", drained: p + "reports/drained",
-		buf: hostBuf{keep: headFixed + 8*deltaRing}}
+		buf: hostBuf{keep: headFixed + 8*deltaRing + 8}}
 }
 
 func (k *keys) base(slot byte, i int) string { return fmt.Sprintf("%sbase/%d/%d", k.prefix, slot, i) }
@@ -72,6 +73,9 @@ type head struct {
 	baseChunks  uint32
 	confirmedMs int64    // when the leader last heard the table is current (this host's clock)
 	chain       []uint64 // versions after each delta: delta n brings chain[n-2] (or base) to chain[n-1]
+	// epoch is the control-plane process the versions are counted in: two replicas'
+	// version numbers say nothing about each other.
+	epoch uint64
 }
 
 // version is the newest version published.
@@ -106,7 +110,7 @@ func (h head) encode(b []byte) []byte {
 	for _, v := range h.chain {
 		b = binary.LittleEndian.AppendUint64(b, v)
 	}
-	return b
+	return binary.LittleEndian.AppendUint64(b, h.epoch)
 }
 
 // decodeHead decodes b; the chain is appended to chain[:0].
@@ -122,7 +126,7 @@ func decodeHead(b []byte, chain []uint64) (head, error) {
 		chain:       chain[:0],
 	}
 	n := int(b[25])
-	if h.baseSlot > 1 || n >= deltaRing || len(b) != headFixed+8*n {
+	if h.baseSlot > 1 || n >= deltaRing || len(b) != headFixed+8*n+8 {
 		return head{}, errors.New("kvroute/head: inconsistent")
 	}
 	prev := h.base
@@ -133,6 +137,7 @@ func decodeHead(b []byte, chain []uint64) (head, error) {
 		}
 		h.chain, prev = append(h.chain, v), v
 	}
+	h.epoch = binary.LittleEndian.Uint64(b[len(b)-8:])
 	return h, nil
 }
 
@@ -157,6 +162,7 @@ func (k *keys) writeHead(h head, cas uint32) error {
 type view struct {
 	t         *table.Table
 	loaded    bool      // t holds a version read from shared data (or applied by the leader)
+	epoch     uint64    // the epoch t's version is counted in
 	confirmed time.Time // from the head: when the table was last known current
 	lastErr   string    // the last load failure, logged once per change and then every 100th
 	errCount  int
@@ -183,10 +189,10 @@ func (v *view) sync(k *keys, m *metrics, now time.Time) bool {
 		return false
 	}
 	v.confirmed = time.UnixMilli(h.confirmedMs)
-	if v.loaded && v.t.Version == h.version() {
+	if v.loaded && v.epoch == h.epoch && v.t.Version == h.version() {
 		return true
 	}
-	if v.loaded {
+	if v.loaded && v.epoch == h.epoch {
 		if at := h.after(v.t.Version); at >= 0 {
 			if err := k.applyDeltas(v.t, h, at+1); err == nil {
 				m.tableLoads.Increment(1)
@@ -203,7 +209,7 @@ func (v *view) sync(k *keys, m *metrics, now time.Time) bool {
 		v.failed(m, h.version(), err)
 		return true
 	}
-	v.t, v.loaded, v.lastErr, v.errCount = t, true, "", 0
+	v.t, v.loaded, v.epoch, v.lastErr, v.errCount = t, true, h.epoch, "", 0
 	m.tableLoads.Increment(1)
 	return true
 }
@@ -259,7 +265,7 @@ func (k *keys) loadBase(h head) (*table.Table, error) {
 
 // publishFull writes a full frame as the new base (into the slot readers are not using)
 // and points the head at it.
-func (k *keys) publishFull(frame []byte, version uint64, confirmed time.Time) error {
+func (k *keys) publishFull(frame []byte, version, epoch uint64, confirmed time.Time) error {
 	old, cas, err := k.readHead()
 	if err != nil && err != types.ErrorStatusNotFound {
 		old = head{}
@@ -275,7 +281,7 @@ func (k *keys) publishFull(frame []byte, version uint64, confirmed time.Time) er
 		}
 		n++
 	}
-	h := head{base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli()}
+	h := head{base: version, baseSlot: slot, baseChunks: uint32(n), confirmedMs: confirmed.UnixMilli(), epoch: epoch}
 	return k.writeHead(h, cas)
 }
 

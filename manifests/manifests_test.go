@@ -23,6 +23,7 @@ import (
 	networkingv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	kusttypes "sigs.k8s.io/kustomize/api/types"
@@ -208,7 +209,7 @@ func TestStrictDecodingCatchesMistakes(t *testing.T) {
 		{"duplicate key", "base/service.yaml",
 			"  selector:\n", "  selector:\n    app: x\n  selector:\n", "selector"},
 		{"misspelt PDB field", "base/pdb.yaml",
-			"maxUnavailable:", "maxUnavaliable:", "maxUnavaliable"},
+			"minAvailable:", "minAvaliable:", "minAvaliable"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -398,6 +399,61 @@ func TestCanaryIsSeparate(t *testing.T) {
 	want := map[string]string{"kvroute": "enabled", "kvroute-canary": "canary"}
 	if !reflect.DeepEqual(selectors, want) {
 		t.Fatalf("ECDS filters by label: %v, want %v", selectors, want)
+	}
+}
+
+// TestControlPlaneHasReplicas: two replicas that roll one at a time with the new one ready
+// first and serving minReadySeconds before the next goes, a budget that keeps one up,
+// spread over nodes and zones, the warm-up that makes a restarted replica useful, and the
+// DestinationRule on the control plane's Service that keeps each proxy on one replica.
+func TestControlPlaneHasReplicas(t *testing.T) {
+	base := render(t, "base")
+	var (
+		dep *appsv1.Deployment
+		pdb *policyv1.PodDisruptionBudget
+		dr  *networkingv1.DestinationRule
+		svc *corev1.Service
+	)
+	for _, o := range base {
+		switch v := o.Value.(type) {
+		case *appsv1.Deployment:
+			dep = v
+		case *policyv1.PodDisruptionBudget:
+			pdb = v
+		case *networkingv1.DestinationRule:
+			dr = v
+		case *corev1.Service:
+			svc = v
+		}
+	}
+	if dep == nil || pdb == nil || dr == nil || svc == nil {
+		t.Fatal("want the control plane's Deployment, PodDisruptionBudget, DestinationRule and Service")
+	}
+	ru := dep.Spec.Strategy.RollingUpdate
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 || ru == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge.IntValue() != 1 {
+		t.Errorf("want 2 replicas rolled with maxSurge 1, maxUnavailable 0: %v %+v", dep.Spec.Replicas, ru)
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
+		t.Errorf("want a PodDisruptionBudget with minAvailable 1: %+v", pdb.Spec)
+	}
+	keys := map[string]bool{}
+	for _, c := range dep.Spec.Template.Spec.TopologySpreadConstraints {
+		keys[c.TopologyKey] = c.LabelSelector != nil && reflect.DeepEqual(c.LabelSelector.MatchLabels, dep.Spec.Selector.MatchLabels)
+	}
+	if !keys["kubernetes.io/hostname"] || !keys["topology.kubernetes.io/zone"] {
+		t.Errorf("want the replicas spread over nodes and zones: %v", keys)
+	}
+	args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
+	if dep.Spec.MinReadySeconds == 0 || !strings.Contains(args, "--warm-up=") {
+		t.Errorf("want minReadySeconds and --warm-up: %d, %s", dep.Spec.MinReadySeconds, args)
+	}
+	if host := svc.Name + "." + svc.Namespace + ".svc.cluster.local"; dr.Spec.Host != host {
+		t.Errorf("DestinationRule host %q, want the control plane's Service %q", dr.Spec.Host, host)
+	}
+	lb := dr.Spec.TrafficPolicy.GetLoadBalancer().GetConsistentHash()
+	od := dr.Spec.TrafficPolicy.GetOutlierDetection()
+	if lb == nil || !lb.GetUseSourceIp() || od == nil || od.GetConsecutiveGatewayErrors().GetValue() != 1 {
+		t.Errorf("want each proxy kept on one replica until it fails a call: %v", dr.Spec.TrafficPolicy)
 	}
 }
 

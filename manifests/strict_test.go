@@ -100,6 +100,10 @@ var istioTypes = map[string]func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, p
 		o := &networkingv1.VirtualService{}
 		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
 	},
+	"networking.istio.io/v1/DestinationRule": func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, proto.Message) {
+		o := &networkingv1.DestinationRule{}
+		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec
+	},
 	"networking.istio.io/v1/Sidecar": func() (any, *metav1.TypeMeta, *metav1.ObjectMeta, proto.Message) {
 		o := &networkingv1.Sidecar{}
 		return o, &o.TypeMeta, &o.ObjectMeta, &o.Spec

@@ -42,8 +42,9 @@ type Handler interface {
 	// a replay's reply can be too.
 	DecodeError(id StreamID, err error)
 	// Connected reports the stream's own state: true once a subscription's ZMTP
-	// handshake completed (or, on a bound socket, a peer's first message arrived),
-	// false when that connection is lost.
+	// handshake completed and what the engine's replay buffer holds since the last
+	// batch applied (since its start, on the first connection) is applied (or, on a
+	// bound socket, a peer's first message arrived), false when that connection is lost.
 	Connected(id StreamID, up bool)
 }
 
@@ -123,7 +124,9 @@ func newStream(src Source) *stream {
 // Bad input is counted and skipped. A lost stream (the peer closed, the network cut it,
 // a frame above the cap, a failed handshake) is dialled again after a capped
 // exponential backoff, and the batches published meanwhile are fetched from the replay
-// endpoint before live ones are applied.
+// endpoint before live ones are applied. The first connection replays the engine's
+// buffer from its start: a control plane that (re)starts beside a running engine
+// rebuilds what the engine cached without waiting for the engine's next batch.
 func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 	o = o.withDefaults()
 	st := newStream(src)
@@ -140,10 +143,8 @@ func Subscribe(ctx context.Context, src Source, h Handler, o Options) {
 			continue
 		}
 		up := time.Now()
+		st.catchUp(ctx, h, o) // what was published while the stream was down, or ever
 		h.Connected(src.ID, true)
-		if st.applied >= 0 {
-			st.catchUp(ctx, h, o) // what was published while the stream was down
-		}
 		err = readStream(ctx, sub, func(frames [][]byte) { st.handleLive(ctx, frames, h, o) })
 		sub.Close()
 		h.Connected(src.ID, false)
@@ -181,8 +182,9 @@ func readStream(ctx context.Context, sub *zsub, onMsg func([][]byte)) error {
 	}
 }
 
-// catchUp runs after a reconnection: the batches published while the stream was down
-// are replayed now rather than when (if ever) the next live batch reveals the gap. The
+// catchUp runs after each connection: the batches published while the stream was down
+// (before the first connection: all the engine still buffers) are replayed now rather
+// than when (if ever) the next live batch reveals the gap. The
 // replay starts at the last batch applied, whose payload must be the one applied: an
 // engine that restarted and has already published past our sequence number would
 // otherwise pass its new batches off as the old stream's.

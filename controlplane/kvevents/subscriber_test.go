@@ -149,6 +149,42 @@ func TestSubscriberLiveGapReplayRestart(t *testing.T) {
 	}
 }
 
+// A control plane that starts (or restarts) beside an engine that has been running: the
+// first connection replays the engine's buffer at once, although the engine publishes
+// nothing more, and the stream counts as connected only once that is applied.
+func TestSubscriberFirstConnectionReplaysTheBuffer(t *testing.T) {
+	p := openPub(t, "tcp://*:0", "tcp://*:0", false)
+	defer p.Close()
+	mustPublish(t, p, stored(1))
+	mustPublish(t, p, stored(2))
+	mustPublish(t, p, removed(1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &connRecorder{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Subscribe(ctx, Source{ID: StreamID{"r1", 0}, Endpoint: p.Endpoint(), Replay: p.ReplayEndpoint()}, rec,
+			Options{Logger: quiet(), RetryInterval: 20 * time.Millisecond})
+	}()
+	rec.waitFor(t, "batch 0 BlockStored", "batch 1 BlockStored", "batch 2 BlockRemoved", "connected")
+	// Live batches follow on, nothing twice.
+	waitSubscribed(t, p)
+	mustPublish(t, p, stored(3))
+	rec.waitFor(t, "connected", "batch 3 BlockStored")
+	cancel()
+	<-done
+}
+
+// connRecorder is a recorder that also logs a stream's connection.
+type connRecorder struct{ recorder }
+
+func (r *connRecorder) Connected(id StreamID, up bool) {
+	if up {
+		r.add("connected")
+	}
+}
+
 func TestSubscriberGapWithoutReplay(t *testing.T) {
 	p := openPub(t, "tcp://*:0", "", false)
 	defer p.Close()

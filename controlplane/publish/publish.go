@@ -6,6 +6,7 @@ package publish
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ type Publisher struct {
 	maxHist int
 	maxKeys int
 	first   uint64
+	epoch   uint64
 
 	// frames holds the current version's encoded frames, one per (base, model,
 	// format), shared by every poll that asks for it: the first poll encodes it, the
@@ -104,10 +106,15 @@ type frameKey struct {
 // FirstVersion is the number of the first version (default: the Unix time in ms). A
 // restarted control plane thus never reuses a version number a filter may still hold
 // from the previous process, as long as versions advance at most once a millisecond.
+//
+// Epoch names this publisher's version space to filters (api.TableEpochHeader); default
+// a random non-zero number, so two replicas, or a process and its restart, never share
+// one.
 type Options struct {
 	MaxHistory   int
 	MaxDeltaKeys int
 	FirstVersion uint64
+	Epoch        uint64
 }
 
 // New returns a publisher at version 0 (no table yet).
@@ -121,8 +128,14 @@ func New(o Options) *Publisher {
 	if o.FirstVersion == 0 {
 		o.FirstVersion = uint64(time.Now().UnixMilli())
 	}
-	return &Publisher{t: table.New(), first: o.FirstVersion, maxHist: o.MaxHistory, maxKeys: o.MaxDeltaKeys, frames: map[frameKey]*frame{}, wake: make(chan struct{})}
+	for o.Epoch == 0 {
+		o.Epoch = rand.Uint64()
+	}
+	return &Publisher{t: table.New(), first: o.FirstVersion, epoch: o.Epoch, maxHist: o.MaxHistory, maxKeys: o.MaxDeltaKeys, frames: map[frameKey]*frame{}, wake: make(chan struct{})}
 }
+
+// Epoch names the version space of this publisher (Options.Epoch).
+func (p *Publisher) Epoch() uint64 { return p.epoch }
 
 // Version is the current version (0 before the first publish).
 func (p *Publisher) Version() uint64 {

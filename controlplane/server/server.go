@@ -58,7 +58,17 @@ type Server struct {
 	// Ready, when set, is an extra readiness condition: an error says why not, and
 	// /readyz answers 503 with it.
 	Ready func() error
-	Now   func() time.Time
+	// TakeoverAfter, when positive: for this long after Handler is called, a poll that
+	// names another epoch (a filter that holds another replica's table) is answered 503,
+	// and the filter asks its next replica, which has heard its reports for longer; a
+	// poll without an epoch is served at once. A replica learns the filters' text keys
+	// only from their reports, so one that just started would hand them a table without
+	// them.
+	TakeoverAfter time.Duration
+	// Warmup, when set, is how complete a starting control plane's index is, for
+	// /debug/state.
+	Warmup func() WarmupState
+	Now    func() time.Time
 
 	inflightMu sync.Mutex
 	inflight   int64
@@ -68,6 +78,9 @@ type Server struct {
 	// (a poll is tiny; thousands of proxies make tens of thousands a second).
 	frameCounters [3]prometheus.Counter // full, delta, not_modified
 	versionHdrs   atomic.Pointer[versionHeaders]
+	epoch         string   // the publisher's epoch, in decimal
+	epochHdr      []string // api.TableEpochHeader's value
+	started       time.Time
 }
 
 // versionHeaders are the header values every answer of one version shares.
@@ -93,6 +106,9 @@ type Metrics struct {
 	ReportBatches *prometheus.CounterVec // by result
 	ReportBytes   prometheus.Gauge       // report body bytes held in flight
 	Report        index.ReportMetrics
+
+	// TakeoversDeclined counts polls of another epoch answered 503 (Server.TakeoverAfter).
+	TakeoversDeclined prometheus.Counter
 }
 
 // NewMetrics registers the API's metrics on reg.
@@ -106,6 +122,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_table_bytes_total", Help: "Bytes of table frames served."}),
 		ReportBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
+		TakeoversDeclined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_takeovers_declined_total", Help: "Table polls naming another replica's epoch answered 503 because this replica started less than --takeover-after ago."}),
 		ReportBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_controlplane_report_bytes_in_flight", Help: "Report body bytes read and not yet applied (a batch past --max-report-bytes-in-flight gets 429)."}),
 		Report: index.ReportMetrics{
@@ -121,7 +139,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{-8192, -2048, -512, -128, -16, 0, 16, 128, 512, 2048, 8192},
 	})
 	m.Report.CachedError = hist
-	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.Report.Reports, m.Report.FalseHits, hist)
+	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.TakeoversDeclined, m.Report.Reports, m.Report.FalseHits, hist)
 	return m
 }
 
@@ -148,6 +166,9 @@ func (s *Server) Handler() http.Handler {
 	if s.Now == nil {
 		s.Now = time.Now
 	}
+	s.started = time.Now()
+	s.epoch = strconv.FormatUint(s.Publisher.Epoch(), 10)
+	s.epochHdr = []string{s.epoch}
 	if s.Metrics != nil {
 		for i, kind := range []string{"full", "delta", "not_modified"} {
 			s.frameCounters[i] = s.Metrics.TableFrames.WithLabelValues(kind)
@@ -248,7 +269,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc.Encode(v)
 }
 
-// table: GET /v1/table?version=V&model=M&wait_ms=W.
+// table: GET /v1/table?version=V&epoch=E&model=M&wait_ms=W. A version counted in
+// another epoch than this process's (another replica's, or this one's before a restart)
+// is answered as no version: a full table, at once.
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -265,6 +288,17 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		have, hasHave = n, true
+	}
+	if e := queryGet(q, "epoch"); e != "" && e != s.epoch {
+		if s.TakeoverAfter > 0 && time.Since(s.started) < s.TakeoverAfter {
+			if s.Metrics != nil {
+				s.Metrics.TakeoversDeclined.Inc()
+			}
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "epoch %q is another replica's: this one started %v ago, ask that one", e, time.Since(s.started).Round(time.Millisecond))
+			return
+		}
+		have, hasHave = 0, false
 	}
 	model := queryGet(q, "model")
 	if len(model) > table.MaxStringLen {
@@ -306,6 +340,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		vh := s.versionHeaders(res.Version)
 		h[api.TableAgeHeader] = []string{s.ageMs(res)}
 		h["X-Kvroute-Version"], h["Etag"] = vh.value, vh.etag
+		h[api.TableEpochHeader] = s.epochHdr
 		w.WriteHeader(http.StatusNotModified)
 		if s.Metrics != nil {
 			s.frameCounters[2].Inc()
@@ -320,6 +355,11 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	h["X-Kvroute-Frame"] = hdrFrame[res.Kind]
 	h[api.TableAgeHeader] = []string{s.ageMs(res)}
 	h["Etag"] = vh.etag
+	if res.Kind == table.Full {
+		// A delta is only ever of the epoch the poll named: a ninth header there would
+		// grow the header map on every poll.
+		h[api.TableEpochHeader] = s.epochHdr
+	}
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodGet {
 		w.Write(res.Body)
@@ -512,6 +552,22 @@ type DebugState struct {
 	Replicas []index.ReplicaState `json:"replicas"`
 	// Budget: the index's limits and drops, plus report batches refused as busy.
 	Budget index.BudgetState `json:"budget"`
+	Warmup *WarmupState      `json:"warmup,omitempty"`
+}
+
+// WarmupState is how complete a starting control plane's index is: of the KV-event
+// streams it dials, how many have connected and applied the engine's replay buffer, of
+// its replicas, how many were scraped, and whether its first table is still held for
+// them (at most LimitMs; HeldMs once out).
+type WarmupState struct {
+	Streams         int     `json:"streams"`
+	StreamsRead     int     `json:"streams_read"`
+	Replicas        int     `json:"replicas"`
+	ReplicasScraped int     `json:"replicas_scraped"`
+	Complete        float64 `json:"complete"`
+	Held            bool    `json:"held"`
+	HeldMs          int64   `json:"held_ms"`
+	LimitMs         int64   `json:"limit_ms"`
 }
 
 func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
@@ -521,7 +577,12 @@ func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
 	}
 	b := s.Index.BudgetState()
 	b.Dropped["report_batches"] = map[string]uint64{"busy": s.busy.Load()}
-	writeJSON(w, DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now()), Budget: b})
+	st := DebugState{Version: s.Publisher.Version(), Replicas: s.Index.DebugState(s.Now()), Budget: b}
+	if s.Warmup != nil {
+		ws := s.Warmup()
+		st.Warmup = &ws
+	}
+	writeJSON(w, st)
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {

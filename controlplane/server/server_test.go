@@ -100,6 +100,7 @@ type resp struct {
 	body  []byte
 	ctype string
 	age   string // the version's age header
+	epoch string // the publisher's epoch header
 }
 
 func (e *env) get(t testing.TB, query, token string) resp {
@@ -129,7 +130,7 @@ func (e *env) do(t testing.TB, query, token, formats string) resp {
 	defer r.Body.Close()
 	b, _ := io.ReadAll(r.Body)
 	v, _ := strconv.ParseUint(r.Header.Get("X-Kvroute-Version"), 10, 64)
-	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type"), r.Header.Get(api.TableAgeHeader)}
+	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type"), r.Header.Get(api.TableAgeHeader), r.Header.Get(api.TableEpochHeader)}
 }
 
 // serverTable is the publisher's table, encoded, for comparisons.
@@ -202,6 +203,70 @@ func TestTableFullDeltaNotModified(t *testing.T) {
 	}
 	if r := e.get(t, "?version=99999999999", ""); r.code != 200 || r.kind != "full" {
 		t.Fatalf("future version: %+v", r)
+	}
+}
+
+// Two replicas (or a process and its restart) count versions alike: both start at 100
+// here. A filter that moves from one to the other with a version the other also
+// published gets a full table, not a delta against a table it does not have, because
+// its poll names the epoch its version belongs to.
+func TestTableVersionsAreScopedToTheirEpoch(t *testing.T) {
+	a, b := newEnv(t, "", 10), newEnv(t, "", 10)
+	rng := rand.New(rand.NewPCG(5, 6))
+	a.place(t, rng, "m", "10.0.0.1:8000", 3)
+	va := a.publish(t)
+	for range 2 {
+		b.place(t, rng, "m", "10.0.0.2:8000", 2)
+		b.publish(t)
+	}
+	fromA := a.get(t, "", "")
+	if fromA.code != 200 || fromA.epoch == "" || fromA.epoch == b.get(t, "", "").epoch {
+		t.Fatalf("each replica names its own epoch: a %q, b %q", fromA.epoch, b.get(t, "", "").epoch)
+	}
+	// The filter holds a's v100; b published v100 and v101 of its own.
+	q := fmt.Sprintf("?version=%d&epoch=%s", va, fromA.epoch)
+	if r := b.get(t, q, ""); r.code != 200 || r.kind != "full" || r.epoch == fromA.epoch {
+		t.Fatalf("another epoch's version: %d %q, want a full table in b's epoch", r.code, r.kind)
+	}
+	if r := b.get(t, q+"&wait_ms=20000", ""); r.code != 200 || r.kind != "full" {
+		t.Fatalf("a long poll from another epoch is answered at once with a full table: %d %q", r.code, r.kind)
+	}
+	// Its own epoch, or none (filters that do not send it), keeps the usual answers.
+	if r := a.get(t, q, ""); r.code != http.StatusNotModified || r.epoch != fromA.epoch {
+		t.Fatalf("own epoch, current version: %d", r.code)
+	}
+	if r := b.get(t, fmt.Sprintf("?version=%d", va), ""); r.code != 200 || r.kind != "delta" {
+		t.Fatalf("without an epoch the version is taken as b's own: %d %q", r.code, r.kind)
+	}
+}
+
+// A replica that started less than TakeoverAfter ago sends a filter holding another
+// replica's table back (503): it has not heard that filter's reports for long. A filter
+// without a table, or of its own epoch, is served.
+func TestYoungReplicaDeclinesATakeover(t *testing.T) {
+	e := newEnv(t, "", 10)
+	e.place(t, rand.New(rand.NewPCG(7, 8)), "m", "10.0.0.1:8000", 2)
+	v := e.publish(t)
+	// Served in this goroutine (the handler reads TakeoverAfter as it changes).
+	poll := func(query string) (int, string) {
+		w := httptest.NewRecorder()
+		e.handler.ServeHTTP(w, httptest.NewRequest(http.MethodGet, api.TablePath+query, nil))
+		return w.Code, w.Header().Get(api.TableEpochHeader)
+	}
+	e.server.TakeoverAfter = time.Hour
+	code, own := poll("")
+	if code != 200 || own == "" {
+		t.Fatalf("no table yet: %d", code)
+	}
+	if code, _ := poll(fmt.Sprintf("?version=%d&epoch=%s", v, own)); code != http.StatusNotModified {
+		t.Fatalf("own epoch: %d", code)
+	}
+	if code, _ := poll(fmt.Sprintf("?version=%d&epoch=1&wait_ms=20000", v)); code != http.StatusServiceUnavailable {
+		t.Fatalf("another replica's epoch: %d, want 503 at once", code)
+	}
+	e.server.TakeoverAfter = time.Nanosecond
+	if code, epoch := poll(fmt.Sprintf("?version=%d&epoch=1", v)); code != 200 || epoch != own {
+		t.Fatalf("after TakeoverAfter: %d, epoch %q", code, epoch)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 
@@ -80,6 +81,9 @@ type ControlPlane struct {
 	Cluster string `json:"cluster"`
 	// Authority is the :authority of calls to it.
 	Authority string `json:"authority"`
+	// Failover lists more replicas of the same control plane, tried in turn after
+	// Cluster when a poll is refused, fails or times out (Targets).
+	Failover []Endpoint `json:"failover,omitempty"`
 	// Token, when set, is sent as "Authorization: Bearer <token>".
 	Token string `json:"token,omitempty"`
 	// PollMs is how often the leader asks for a new table version.
@@ -96,6 +100,24 @@ type ControlPlane struct {
 	// MaxReportBatch caps reports per POST.
 	MaxReportBatch int `json:"max_report_batch,omitempty"`
 }
+
+// Endpoint is one control-plane replica as the proxy reaches it.
+type Endpoint struct {
+	Cluster   string `json:"cluster"`
+	Authority string `json:"authority"`
+}
+
+// MaxFailover bounds control_plane.failover.
+const MaxFailover = 8
+
+// Targets are the replicas a filter polls, in the order it tries them: Cluster, then
+// Failover's.
+func (cp *ControlPlane) Targets() []Endpoint {
+	return append([]Endpoint{{Cluster: cp.Cluster, Authority: cp.Authority}}, cp.Failover...)
+}
+
+// isZero: no field set (a configuration with shards has no control_plane block).
+func (cp *ControlPlane) isZero() bool { return reflect.ValueOf(*cp).IsZero() }
 
 func (cp *ControlPlane) fillDefaults() {
 	def := func(v *int, d int) {
@@ -117,6 +139,19 @@ func (cp *ControlPlane) validate(path string, bad func(string, ...any)) {
 	}
 	if cp.Authority == "" {
 		bad("%s.authority is required", path)
+	}
+	if len(cp.Failover) > MaxFailover {
+		bad("%s.failover: %d endpoints, at most %d", path, len(cp.Failover), MaxFailover)
+	}
+	seen := map[string]bool{cp.Cluster: true}
+	for i, e := range cp.Failover {
+		if e.Cluster == "" || e.Authority == "" {
+			bad("%s.failover[%d]: cluster and authority are required", path, i)
+		}
+		if seen[e.Cluster] {
+			bad("%s.failover[%d].cluster %q is listed twice", path, i, e.Cluster)
+		}
+		seen[e.Cluster] = true
 	}
 	if cp.PollMs < 10 {
 		bad("%s.poll_ms %d is below 10", path, cp.PollMs)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,4 +32,33 @@ func TestConfigLongPollWaitAndTimeout(t *testing.T) {
 	assert.ErrorContains(t, err, "must exceed wait_ms")
 	_, err = parse(`, "wait_ms": 40000, "timeout_ms": 50000`)
 	assert.ErrorContains(t, err, "wait_ms 40000 is above 30000")
+}
+
+// control_plane.failover: more replicas of the same control plane, each with a cluster
+// and an authority, none listed twice; the block without it keeps its one target.
+func TestConfigFailoverTargets(t *testing.T) {
+	parse := func(cp string) (ControlPlane, error) {
+		c, err := ParseConfig([]byte(`{"control_plane": {"cluster": "a", "authority": "a.svc"` + cp + `}}`))
+		return c.ControlPlane, err
+	}
+	c, err := parse(``)
+	require.NoError(t, err)
+	assert.Equal(t, []Endpoint{{Cluster: "a", Authority: "a.svc"}}, c.Targets())
+
+	c, err = parse(`, "failover": [{"cluster": "b", "authority": "b.svc"}]`)
+	require.NoError(t, err)
+	assert.Equal(t, []Endpoint{{Cluster: "a", Authority: "a.svc"}, {Cluster: "b", Authority: "b.svc"}}, c.Targets())
+
+	_, err = parse(`, "failover": [{"cluster": "b"}]`)
+	assert.ErrorContains(t, err, "control_plane.failover[0]: cluster and authority are required")
+	_, err = parse(`, "failover": [{"cluster": "a", "authority": "x"}]`)
+	assert.ErrorContains(t, err, `control_plane.failover[0].cluster "a" is listed twice`)
+	_, err = parse(`, "failover": [` + strings.Repeat(`{"cluster": "b", "authority": "b"},`, 9) + `{"cluster": "c", "authority": "c"}]`)
+	assert.ErrorContains(t, err, "control_plane.failover: 10 endpoints, at most 8")
+
+	// Shards: a failover cluster is one control plane's, never another shard's.
+	_, err = ParseConfig([]byte(`{"shards": [
+		{"name": "x", "models": ["m1"], "control_plane": {"cluster": "a", "authority": "a", "failover": [{"cluster": "b", "authority": "b"}]}},
+		{"name": "y", "models": ["m2"], "control_plane": {"cluster": "b", "authority": "b"}}]}`))
+	assert.ErrorContains(t, err, `control_plane.cluster "b" is also shards[0] (x)'s`)
 }

@@ -23,6 +23,13 @@ const (
 	// numbers from it rather than from its poll's return: a relative age needs no clock
 	// agreement between the machines.
 	TableAgeHeader = "X-Kvroute-Age-Ms"
+	// TableEpochHeader on full tables and 304s names the control-plane process whose
+	// versions the answer counts in (a random number per process; a delta is always of
+	// the epoch its poll named). A filter sends it back
+	// as the poll's epoch parameter; a process that does not recognise it answers a full
+	// table, so a filter that moved between replicas never applies a delta against
+	// another replica's version.
+	TableEpochHeader = "X-Kvroute-Epoch"
 )
 
 // Report kinds.

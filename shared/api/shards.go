@@ -43,7 +43,7 @@ func (c *Config) ShardList() []Shard {
 }
 
 func (c *Config) validateShards(bad func(string, ...any)) {
-	if c.ControlPlane != (ControlPlane{}) {
+	if !c.ControlPlane.isZero() {
 		bad("control_plane and shards are exclusive: with shards, each shard has its own control_plane")
 	}
 	if len(c.Shards) > MaxShards {
@@ -68,11 +68,13 @@ func (c *Config) validateShards(bad func(string, ...any)) {
 			path = fmt.Sprintf("shards[%d] (%s)", i, s.Name)
 		}
 		s.ControlPlane.validate(path+".control_plane", bad)
-		if cl := s.ControlPlane.Cluster; cl != "" {
-			if other, dup := clusters[cl]; dup {
-				bad("%s.control_plane.cluster %q is also %s's: two shards are two control planes", path, cl, other)
+		for _, e := range s.ControlPlane.Targets() {
+			if cl := e.Cluster; cl != "" {
+				if other, dup := clusters[cl]; dup && other != path {
+					bad("%s.control_plane.cluster %q is also %s's: two shards are two control planes", path, cl, other)
+				}
+				clusters[cl] = path
 			}
-			clusters[cl] = path
 		}
 		if len(s.Models) == 0 && len(c.Shards) > 1 {
 			bad("%s.models is empty: with more than one shard, each lists the models it serves", path)

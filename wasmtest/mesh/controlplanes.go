@@ -86,6 +86,7 @@ func (m *Mesh) startControlPlane(s *cpShard) error {
 	cp, err := controlplane.New(controlplane.Options{
 		Listen: s.addr, Listener: ln, Engines: m.shardEngines(s),
 		PublishInterval: ms(m.opts.PublishInterval), ScrapeInterval: ms(m.opts.ScrapeInterval),
+		WarmUp: max(m.opts.ControlPlaneWarmUp, 0), TakeoverAfter: max(m.opts.ControlPlaneTakeoverAfter, 0),
 		Logger: logger,
 	})
 	if err != nil {
@@ -102,7 +103,34 @@ func (m *Mesh) startControlPlane(s *cpShard) error {
 	s.mu.Lock()
 	s.cp, s.stop = cp, cancel
 	s.mu.Unlock()
+	if m.opts.ControlPlaneReplicas > 1 {
+		go s.probeReady(ctx)
+	}
 	return nil
+}
+
+// probeReady marks the replica's cluster ready while its /readyz answers 200, probed
+// every 20 ms as a kubelet readiness probe would, until ctx ends.
+func (s *cpShard) probeReady(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok := false
+		if req, err := http.NewRequestWithContext(ctx, "GET", "http://"+s.addr+"/readyz", nil); err == nil {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+				ok = resp.StatusCode == http.StatusOK
+			}
+		}
+		if s.tap != nil && ctx.Err() == nil {
+			s.tap.ready.Store(ok)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // ControlPlane returns the running control plane (the first model's with Models), or
@@ -113,6 +141,35 @@ func (s *cpShard) running() *controlplane.ControlPlane {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cp
+}
+
+// ControlPlaneReplicaURL is the base URL of control-plane replica i.
+func (m *Mesh) ControlPlaneReplicaURL(i int) string { return "http://" + m.cps[i].addr }
+
+// KillControlPlaneReplica stops replica i the way SIGKILL does: every call in flight to
+// it and every later one fails at once, as Envoy answers a reset or refused upstream,
+// and the process goes without draining; its state is lost.
+func (m *Mesh) KillControlPlaneReplica(i int) {
+	s := m.cps[i]
+	s.tap.kill()
+	s.shutdown()
+}
+
+// StopControlPlaneReplica stops replica i the way SIGTERM does: long polls are answered
+// and the process drains.
+func (m *Mesh) StopControlPlaneReplica(i int) { m.cps[i].shutdown() }
+
+// StartControlPlaneReplica starts a fresh process of replica i at its address.
+func (m *Mesh) StartControlPlaneReplica(i int) error {
+	s := m.cps[i]
+	if s.running() != nil {
+		return fmt.Errorf("control-plane replica %d is already running", i)
+	}
+	if err := m.startControlPlane(s); err != nil {
+		return err
+	}
+	s.tap.revive()
+	return nil
 }
 
 // ControlPlaneURL is the control plane's base URL (the first model's with Models).
@@ -133,6 +190,9 @@ func (m *Mesh) StopControlPlane() {
 func (m *Mesh) StopShard(model string) { m.shard(model).shutdown() }
 
 func (s *cpShard) shutdown() {
+	if s.tap != nil {
+		s.tap.ready.Store(false) // a terminating pod leaves its Service's endpoints
+	}
 	s.mu.Lock()
 	cp, stop := s.cp, s.stop
 	s.cp, s.stop = nil, nil

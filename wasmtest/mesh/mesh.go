@@ -74,6 +74,16 @@ type Options struct {
 	ProxyAddr string
 	// ControlPlaneAddr is the control plane's HTTP address ("127.0.0.1:0").
 	ControlPlaneAddr string
+	// ControlPlaneReplicas runs that many replicas of the control plane of an unsharded
+	// mesh (1), each watching every engine on a port of its own and reached on a cluster
+	// of its own (ReplicaCluster); the filter lists the others as control_plane.failover.
+	ControlPlaneReplicas int
+	// ControlPlaneWarmUp is each control plane's Options.WarmUp (0: 5 s, the command's
+	// default; negative: off).
+	ControlPlaneWarmUp time.Duration
+	// ControlPlaneTakeoverAfter is each replica's Options.TakeoverAfter (0: 3 s with
+	// ControlPlaneReplicas, else off; negative: off).
+	ControlPlaneTakeoverAfter time.Duration
 	// VMs is the number of proxy worker VMs (2).
 	VMs int
 	// Namespace is the proxy's Kubernetes namespace in its node metadata (NAMESPACE, as
@@ -154,6 +164,13 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	def(&o.ControlPlaneReplicas, 1)
+	if o.ControlPlaneWarmUp == 0 {
+		o.ControlPlaneWarmUp = 5 * time.Second
+	}
+	if o.ControlPlaneTakeoverAfter == 0 && o.ControlPlaneReplicas > 1 {
+		o.ControlPlaneTakeoverAfter = 3 * time.Second
+	}
 	if len(o.Models) > 0 {
 		o.Engines = nil // sharded meshes simulate their engines
 		cp := o.Filter.ControlPlane
@@ -168,6 +185,27 @@ func (o *Options) defaults() {
 	if o.Filter.ControlPlane.Authority == "" {
 		o.Filter.ControlPlane.Authority = "kvroute-controlplane.kvroute-system.svc.cluster.local"
 	}
+	o.Filter.ControlPlane.Failover = nil
+	for i := 1; i < o.ControlPlaneReplicas; i++ {
+		o.Filter.ControlPlane.Failover = append(o.Filter.ControlPlane.Failover,
+			api.Endpoint{Cluster: ReplicaCluster(i), Authority: ReplicaAuthority(i)})
+	}
+}
+
+// ReplicaAuthority and ReplicaCluster name control-plane replica i of an unsharded mesh
+// (0 is Cluster), as a Service per replica would be named in Istio.
+func ReplicaAuthority(i int) string {
+	if i == 0 {
+		return "kvroute-controlplane.kvroute-system.svc.cluster.local"
+	}
+	return fmt.Sprintf("kvroute-controlplane-%d.kvroute-system.svc.cluster.local", i)
+}
+
+func ReplicaCluster(i int) string {
+	if i == 0 {
+		return Cluster
+	}
+	return "outbound|8080||" + ReplicaAuthority(i)
 }
 
 // Mesh is a running local mesh.
@@ -194,6 +232,9 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 	if o.SGLangReplicas < 0 || o.SGLangReplicas > o.Replicas {
 		return nil, fmt.Errorf("SGLangReplicas %d: want 0 to Replicas (%d)", o.SGLangReplicas, o.Replicas)
 	}
+	if o.ControlPlaneReplicas > 1 && len(o.Models) > 0 {
+		return nil, errors.New("ControlPlaneReplicas: replicas of a sharded mesh's control planes are not simulated")
+	}
 	proxyLn, err := listen("proxy", o.ProxyAddr)
 	if err != nil {
 		return nil, err
@@ -205,7 +246,7 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 	// (TestReplicaKilled failed so in a CI run: "control plane address ... is already in
 	// use"). A restart binds the address again.
 	m := &Mesh{opts: o}
-	shards := []string{""}
+	shards := slices.Repeat([]string{""}, o.ControlPlaneReplicas)
 	if len(o.Models) > 0 {
 		shards = o.Models
 	}
@@ -220,7 +261,7 @@ func Start(ctx context.Context, o Options) (*Mesh, error) {
 			m.Close() // the listeners held for the shards before
 			return nil, err
 		}
-		s := &cpShard{model: model, cluster: Cluster, addr: cpLn.Addr().String(), ln: cpLn}
+		s := &cpShard{model: model, cluster: ReplicaCluster(i), addr: cpLn.Addr().String(), ln: cpLn}
 		if model != "" {
 			s.cluster = ShardCluster(model)
 		}
@@ -270,11 +311,12 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 	totals := &tapTotals{}
 	clusters := map[string]host.Cluster{}
 	for _, s := range m.cps {
+		s.tap = newReportTap(s.addr, totals)
+		s.tap.gated = o.ControlPlaneReplicas > 1
+		clusters[s.cluster] = host.Cluster{Handler: s.tap}
 		if err := m.startControlPlane(s); err != nil { // on the listener held since Start
 			return err
 		}
-		s.tap = newReportTap(s.addr, totals)
-		clusters[s.cluster] = host.Cluster{Handler: s.tap}
 	}
 	m.Reports = m.cps[0].tap
 	cfg, err := json.Marshal(o.Filter)
@@ -383,6 +425,9 @@ func (m *Mesh) Ready(ctx context.Context) bool {
 	for {
 		loaded := true
 		for i, s := range m.cps {
+			if i > 0 && s.model == "" {
+				continue // another replica of the one control plane: the filter polls the first
+			}
 			if versions[i] < 0 {
 				versions[i] = m.healthyVersion(ctx, s)
 			}

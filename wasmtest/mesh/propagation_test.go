@@ -84,7 +84,7 @@ func TestPlacementPropagation(t *testing.T) {
 // data (filter/store.go's head: magic, base, slot, chunks, confirmed, chain).
 func proxyVersion(m *mesh.Mesh) uint64 {
 	b, _, ok := m.Host.SharedData("kvroute/head")
-	if !ok || len(b) < 26 || string(b[:4]) != "KVH2" {
+	if !ok || len(b) < 26 || string(b[:4]) != "KVH3" {
 		return 0
 	}
 	v := binary.LittleEndian.Uint64(b[4:])

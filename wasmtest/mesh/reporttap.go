@@ -5,11 +5,13 @@ package mesh
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/shared/api"
 )
@@ -20,6 +22,15 @@ import (
 type ReportTap struct {
 	rp  *httputil.ReverseProxy
 	sum *tapTotals
+	// killed: the control plane behind is gone (Mesh.KillControlPlaneReplica), and the
+	// calls in flight to it are cancelled.
+	mu       sync.Mutex
+	killed   bool
+	inflight map[*context.CancelFunc]struct{}
+	// gated: the cluster has the control plane as an endpoint only while ready holds,
+	// as a Kubernetes Service lists only ready pods (replicas of the control plane).
+	gated bool
+	ready atomic.Bool
 }
 
 type tapTotals struct {
@@ -39,10 +50,47 @@ func newReportTap(cpAddr string, sum *tapTotals) *ReportTap {
 	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, "control plane unreachable", http.StatusBadGateway)
 	}
-	return &ReportTap{rp: rp, sum: sum}
+	return &ReportTap{rp: rp, sum: sum, inflight: map[*context.CancelFunc]struct{}{}}
+}
+
+// kill fails every call in flight and every later one until revive.
+func (t *ReportTap) kill() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.killed = true
+	for cancel := range t.inflight {
+		(*cancel)()
+	}
+}
+
+func (t *ReportTap) revive() {
+	t.mu.Lock()
+	t.killed = false
+	t.mu.Unlock()
 }
 
 func (t *ReportTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	t.mu.Lock()
+	if t.killed {
+		t.mu.Unlock()
+		http.Error(w, "control plane unreachable", http.StatusBadGateway)
+		return
+	}
+	if t.gated && !t.ready.Load() {
+		t.mu.Unlock()
+		http.Error(w, "no healthy upstream", http.StatusServiceUnavailable) // Envoy's answer
+		return
+	}
+	t.inflight[&cancel] = struct{}{}
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.inflight, &cancel)
+		t.mu.Unlock()
+	}()
+	r = r.WithContext(ctx)
 	if r.URL.Path == api.ReportsPath && r.Body != nil {
 		b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 		r.Body.Close()

@@ -118,6 +118,8 @@ func run(args []string) error {
 	fs.IntVar(&o.MaxConnections, "max-connections", front.DefaultMaxConns+front.DefaultMaxFallbackConns, "HTTP connections held at once (four fifths for filters' polls and reports, the rest for other requests); past it a connection is answered 503, closed and counted")
 	fs.BoolVar(&o.InsecureNoToken, "insecure-no-token", false, "allow --listen on a non-loopback address without a token (anyone reaching the port can then post reports)")
 	fs.DurationVar(&o.ReplayTimeout, "replay-timeout", 2*time.Second, "timeout of one KV-event replay request")
+	fs.DurationVar(&o.TakeoverAfter, "takeover-after", 0, "with replicas: for this long after the start, answer 503 to filters holding another replica's table, so they stay with one that has heard their reports (the rollout's minReadySeconds; 0: off)")
+	fs.DurationVar(&o.WarmUp, "warm-up", 5*time.Second, "hold the first table until every KV-event stream has applied its engine's replay buffer, at most this long (0: publish at once); /readyz fails until the first table")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 5*time.Second, "time to drain HTTP requests on SIGTERM/SIGINT")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cli.Parse(fs, args); err != nil {

@@ -17,6 +17,7 @@
 //	kvroute-bench --workload gsp --rate 8 --replicas 4
 //	kvroute-bench --workload burst --burst-size 8 --burst-rate 2   # agent fan-out: new prefix per group
 //	kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
+//	kvroute-bench --cp-failover 300                 # the polled control-plane replica SIGKILLed at 5 min
 //	kvroute-bench --cpu-tier-tokens 2000000 --customers 600  # replicas offload KV to CPU memory
 //	kvroute-bench --trace trace.jsonl --trace-format mooncake --speedup 2
 package main
@@ -62,6 +63,7 @@ in-process.`,
   kvroute-bench --routers 8 --stale 500           # 8 proxies, tables 500 ms late
   kvroute-bench --workload gsp --rate 8 --replicas 4
   kvroute-bench --cp-outage 300:60                # the control plane unreachable for 60 s at 5 min
+  kvroute-bench --cp-failover 300                 # the polled control-plane replica SIGKILLed at 5 min
   kvroute-bench --cpu-tier-tokens 2000000 --customers 600  # replicas offload KV to CPU memory;
                                                   # adds kvroute-gpu-only, which ignores that tier
 
@@ -175,6 +177,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	mt := workload.DefaultMultiturn()
 	burst := workload.DefaultBurst()
 	var outage kvroute.Outage
+	var failoverAt time.Duration
 	var noLocal bool
 	cpuLoad := 3280 * time.Nanosecond
 
@@ -221,6 +224,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&burst.QuestionTokens, "burst-question-tokens", burst.QuestionTokens, "burst: each request's own part, in tokens")
 	fs.IntVar(&burst.OutputTokens, "burst-output-tokens", burst.OutputTokens, "burst: output tokens")
 	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (seconds or a duration)")
+	fs.Var(durFlag{&failoverAt, time.Second}, "cp-failover", "AT (seconds or a duration): the control-plane replica kvroute's proxies poll is SIGKILLed at AT and another replica takes over (docs/controlplane.md, \"Replicas\"): no table for one poll interval, no report lost; results are also split before/during/after")
 	fs.Var(outageFlag{&outage}, "cp-outage", "AT:DURATION (seconds or durations): kvroute's proxies receive no table and lose every report from AT for DURATION; results are also split before/during/after")
 	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn: turns per session")
 	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn: time between a session's turns")
@@ -314,10 +318,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return cli.Usagef("--rate-resolution %w", err)
 	}
+	if failoverAt > 0 {
+		if outage.Duration > 0 {
+			return cli.Usagef("--cp-failover and --cp-outage: one control-plane fault at a time")
+		}
+		outage = kvroute.FailoverOutage(failoverAt, o.KVRoute)
+	}
 	if outage.Duration > 0 {
 		o.KVRoute.Outages = append(o.KVRoute.Outages, outage)
 		end := outage.At + outage.Duration
-		o.Phases = []sim.Phase{{Name: "before", From: o.Warmup, To: outage.At}, {Name: "outage", From: outage.At, To: end},
+		name := "outage"
+		if outage.Failover {
+			name = "failover"
+		}
+		o.Phases = []sim.Phase{{Name: "before", From: o.Warmup, To: outage.At}, {Name: name, From: outage.At, To: end},
 			{Name: "next 60s", From: end, To: end + time.Minute}, {Name: "later", From: end + time.Minute, To: time.Duration(math.MaxInt64)}}
 	}
 	if *hot && w.Name() == "seed" {
@@ -347,7 +361,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, f := range o.Faults {
 		fmt.Fprintf(stdout, ", %s replica %d at %v", f.Kind, f.Replica, f.At)
 	}
-	if outage.Duration > 0 {
+	switch {
+	case outage.Failover:
+		fmt.Fprintf(stdout, ", kvroute's control-plane replica killed at %v (the other takes over in %v)", outage.At, outage.Duration)
+	case outage.Duration > 0:
 		fmt.Fprintf(stdout, ", control plane unreachable for kvroute from %v for %v", outage.At, outage.Duration)
 	}
 	if o.CPUTierTokens > 0 {

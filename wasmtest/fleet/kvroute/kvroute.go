@@ -111,8 +111,32 @@ func filterDefaults() api.Config {
 	return c
 }
 
-// Outage is a span in which the proxies cannot reach the control plane.
-type Outage struct{ At, Duration time.Duration }
+// Outage is a span in which the proxies cannot reach the control plane. With Failover,
+// the replica they poll is gone and they reach another one after Duration: their
+// reports meanwhile are not lost (the filter posts a copy of each to every replica, and
+// each replica ingests the engines itself, so the other holds the same state).
+type Outage struct {
+	At, Duration time.Duration
+	Failover     bool
+}
+
+// FailoverOutage is a SIGKILL of the control-plane replica the proxies poll, with
+// another replica beside it: the long poll in flight fails at once and the leader asks
+// the next replica on its next tick (filter/leader.go), one poll interval later.
+func FailoverOutage(at time.Duration, cfg Config) Outage {
+	return Outage{At: at, Duration: cfg.PollInterval, Failover: true}
+}
+
+// reportsLost reports whether a report posted at now is lost: in an outage without
+// another replica to take it.
+func (p *Policy) reportsLost(now time.Duration) bool {
+	for _, o := range p.cfg.Outages {
+		if now >= o.At && now < o.At+o.Duration {
+			return !o.Failover
+		}
+	}
+	return false
+}
 
 // cpDown reports whether the control plane is unreachable at now.
 func (p *Policy) cpDown(now time.Duration) bool {
@@ -280,7 +304,7 @@ func (p *Policy) Wake(now time.Duration) {
 			r.answered = now
 		}
 		if r.report.Due(now) {
-			if down {
+			if p.reportsLost(now) {
 				p.Stats.ReportsLost += len(r.queue)
 				r.queue = r.queue[:0]
 			} else {

@@ -17,10 +17,14 @@ import (
 
 // tiny is 20 customers at 20 req/s, 800-token prompts with a 600-token prefix, on the
 // fast profile: a seconds-long run in milliseconds.
-func tiny(t *testing.T, d time.Duration) workload.Workload {
+func tiny(t *testing.T, d time.Duration) workload.Workload { return seedOf(t, 20, 800, 600, d) }
+
+// seedOf is the seed workload of customers at 20 req/s for d, prompts of prompt tokens
+// with a prefix of prefix, 50 output tokens.
+func seedOf(t *testing.T, customers, prompt, prefix int, d time.Duration) *workload.Seed {
 	c := workload.DefaultSeed()
-	c.Customers, c.Rate, c.Duration = 20, 20, d
-	c.PromptTokens, c.PrefixTokens, c.OutputTokens = 800, 600, 50
+	c.Customers, c.Rate, c.Duration = customers, 20, d
+	c.PromptTokens, c.PrefixTokens, c.OutputTokens = prompt, prefix, 50
 	w, err := workload.NewSeed(c)
 	require.NoError(t, err)
 	return w
@@ -153,19 +157,19 @@ func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
 	assert.Positive(t, ix.Confirms, "and its outcome reports")
 }
 
+// sixtyCustomers is 60 customers of 3,000-token prefixes at 20 requests/s for d: all of
+// them fit 4 replicas' caches only when each replica keeps its own customers.
+func sixtyCustomers(t *testing.T, d time.Duration) *workload.Seed {
+	return seedOf(t, 60, 3400, 3000, d)
+}
+
 // A control-plane outage (no tables, reports lost) keeps the hit rate: past the 2 s
 // state-age guard the rule routes on the last table's prefix entries and the proxy's
 // own placements with its ledger as the load (shared/rule's stale regime). Without
 // that regime (MaxCacheAge 0: least-queued once the table is 2 s old, no local
 // placements) the same run falls to the cache-blind rate, so the test can fail.
 func TestControlPlaneOutageKeepsAffinity(t *testing.T) {
-	// 60 customers of 3,000-token prefixes: all of them fit the 4 replicas' caches only
-	// when each replica keeps its own customers.
-	c := workload.DefaultSeed()
-	c.Customers, c.Rate, c.Duration = 60, 20, 60*time.Second
-	c.PromptTokens, c.PrefixTokens, c.OutputTokens = 3400, 3000, 50
-	w, err := workload.NewSeed(c)
-	require.NoError(t, err)
+	w := sixtyCustomers(t, 60*time.Second)
 	phases := []sim.Phase{{Name: "before", From: 5 * time.Second, To: 20 * time.Second}, {Name: "outage", From: 23 * time.Second, To: 50 * time.Second}}
 	runOutage := func(cfg kvroute.Config) *sim.Result {
 		cfg.Outages = []kvroute.Outage{{At: 20 * time.Second, Duration: 30 * time.Second}}
@@ -289,4 +293,43 @@ func TestLongPollTimesOutInto304(t *testing.T) {
 	assert.LessOrEqual(t, kp.Stats.Versions, 3)
 	assert.Greater(t, kp.Stats.Decisions, w.Len()/2)
 	assert.Zero(t, kp.Stats.StaleDecisions, "the table never went stale: 304s kept confirming it")
+}
+
+// A SIGKILL of the control-plane replica the proxies poll, with another replica beside
+// it (--cp-failover): the proxies go without a table for one poll interval and lose no
+// report (their copies reached the other replica), so the cached rate after is the rate
+// before.
+func TestControlPlaneFailoverLosesNoReport(t *testing.T) {
+	w := sixtyCustomers(t, 40*time.Second)
+	phases := []sim.Phase{{Name: "before", From: 5 * time.Second, To: 20 * time.Second}, {Name: "after", From: 20 * time.Second, To: 40 * time.Second}}
+	run := func(o kvroute.Outage) (*sim.Result, int) {
+		cfg := kvroute.DefaultConfig()
+		cfg.Outages = []kvroute.Outage{o}
+		var p *kvroute.Policy
+		var err error
+		res, err := sim.Run(sim.Config{Replicas: 4, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1, Phases: phases},
+			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+				p, err = kvroute.New(f, routerOf, cfg)
+				return p, err
+			})
+		require.NoError(t, err)
+		return res, p.Stats.ReportsLost
+	}
+	failover := kvroute.FailoverOutage(20*time.Second, kvroute.DefaultConfig())
+	assert.Equal(t, 100*time.Millisecond, failover.Duration, "one poll interval")
+	res, lost := run(failover)
+	before, after := res.Phases[0], res.Phases[1]
+	t.Logf("cached before %.3f, after the failover %.3f", before.CachedTokenRate, after.CachedTokenRate)
+	assert.Zero(t, res.Failed)
+	assert.Zero(t, lost)
+	assert.GreaterOrEqual(t, after.CachedTokenRate, 0.98*before.CachedTokenRate)
+
+	// Over a longer span the difference shows: reports posted while no replica answers
+	// polls are lost only without another replica to take their copies.
+	long := kvroute.Outage{At: 20 * time.Second, Duration: 2 * time.Second, Failover: true}
+	_, lost = run(long)
+	assert.Zero(t, lost)
+	long.Failover = false
+	_, lost = run(long)
+	assert.Positive(t, lost, "an outage without another replica loses the reports posted in it")
 }
