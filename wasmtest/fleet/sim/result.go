@@ -16,6 +16,7 @@ type Result struct {
 	Requests int // completed
 	Failed   int // aborted by a fault, refused everywhere, or rejected (Rejected)
 	Rejected int // the engine refused them (too long)
+	Shed     int // refused by the proxy past capacity (429), not counted in Failed
 
 	// CachedTokenRate is cached prompt tokens / prompt tokens, as the engines counted
 	// them at admission (usage.prompt_tokens_details.cached_tokens).
@@ -145,6 +146,8 @@ func (r *runner) result() *Result {
 				acc.ttft = append(acc.ttft, rec.first-rec.at)
 				acc.per[rec.replica]++
 			}
+		case shed:
+			res.Shed++
 		case failed:
 			res.Failed++
 			if rec.rejected {

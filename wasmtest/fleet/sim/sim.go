@@ -81,6 +81,7 @@ const (
 	inflight
 	done
 	failed
+	shed // refused by the proxy past capacity (429)
 )
 
 type record struct {
