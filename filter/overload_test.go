@@ -3,6 +3,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -80,5 +81,38 @@ func TestOverloadAdmitsWithoutATable(t *testing.T) {
 		n, err := h.GetCounterMetric("kvroute_unrouted_total")
 		require.NoError(t, err)
 		assert.Equal(t, uint64(1), n)
+	})
+}
+
+// While the fleet is saturated (the wait past the lowest class limit) a tenant above its
+// weight's share of the admitted prefill tokens is refused, with reason "fairness";
+// another tenant at the same wait is admitted.
+func TestOverloadHoldsATenantToItsShare(t *testing.T) {
+	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000} // 0.86 s with a ~7,000-token prompt
+	steps := []struct {
+		tenant string
+		shed   bool
+	}{
+		{"noisy", false}, // no share yet
+		{"quiet", false}, // below its half
+		{"noisy", false}, // at its half
+		{"noisy", true},  // two thirds of the tokens: above its half
+		{"quiet", false},
+	}
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, overloadConfig)
+		h.serveTable(table.EncodeFull(fleet(t, 1, len(queued), queued, nil)))
+		for i, s := range steps {
+			body := chat(strconv.Itoa(i)+system, "q") // a prefix of its own: a cold prefill each
+			id, _ := h.exchange(request{body: body, headers: [][2]string{{"x-tenant", s.tenant}}})
+			reply := h.GetSentLocalResponse(id)
+			require.Equal(t, s.shed, reply != nil, "step %d (%s)", i, s.tenant)
+		}
+		n, err := h.GetCounterMetric("kvroute_shed_standard_fairness_total")
+		require.NoError(t, err)
+		assert.Equal(t, uint64(1), n)
+		n, err = h.GetCounterMetric("kvroute_shed_standard_wait_total")
+		require.NoError(t, err)
+		assert.Zero(t, n)
 	})
 }

@@ -88,6 +88,7 @@ type Controller struct {
 	limit  []float64 // each class's shed limit in seconds (+Inf: critical)
 	lowest float64   // the lowest limit: past it the fleet is saturated
 	rate   float64   // tokens/s for replicas whose table lists no speed
+	shares shares
 }
 
 // New returns the controller of o, nil when o has no classes (overload off).
@@ -99,6 +100,7 @@ func New(o *api.Overload) *Controller {
 	for _, l := range c.limit {
 		c.lowest = min(c.lowest, l)
 	}
+	c.shares.init(o)
 	return c
 }
 
@@ -144,7 +146,12 @@ func (c *Controller) Admit(class int, tenant string, wait, tokens float64, now t
 		switch {
 		case wait > c.limit[class]:
 			v.Reason, v.RetryAfter = ShedWait, retryAfter(wait-c.limit[class])
+		case wait > c.lowest && c.shares.over(tenant, now):
+			v.Reason, v.RetryAfter = ShedFairness, retryAfter(wait-c.lowest)
 		}
+	}
+	if v.Reason == Admitted {
+		c.shares.add(tenant, tokens, now)
 	}
 	return v
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/shared/api"
 )
@@ -66,4 +67,50 @@ func TestAdmitShedsByClassAndNeverCritical(t *testing.T) {
 			assert.Equal(t, k.reason != Admitted, v.Shed())
 		})
 	}
+}
+
+// A tenant sending ten times the others' tokens is held to its weight's share of the
+// admitted tokens while the fleet is saturated, and not at all while it is not.
+func TestFairnessHoldsATenantToItsWeightInTokens(t *testing.T) {
+	now := time.Unix(1000, 0)
+	const saturated, calm = 1.5, 0.5 // standard's limit is 2 s, the lowest 1 s
+	// run returns each tenant's share of the tokens admitted over the last 20 s of 30.
+	run := func(wait float64) map[string]float64 {
+		c := New(overload())
+		admitted := map[string]float64{}
+		total := 0.0
+		send := func(tenant string, at time.Time, measure bool) {
+			if v := c.Admit(1, tenant, wait, 100_000, at); !v.Shed() && measure {
+				admitted[tenant] += 100_000 // few huge prompts count as many tokens
+				total += 100_000
+			}
+		}
+		for i := range 3000 {
+			at, measure := now.Add(time.Duration(i)*10*time.Millisecond), i >= 1000
+			for range 10 {
+				send("noisy", at, measure)
+			}
+			send("quiet", at, measure)
+			send("big", at, measure)
+			send("big", at, measure)
+		}
+		for k := range admitted {
+			admitted[k] /= total
+		}
+		return admitted
+	}
+	share := run(saturated)
+	assert.InDelta(t, 0.25, share["noisy"], 0.025, "weights noisy 1, quiet 1, big 2: noisy's share is a quarter")
+	assert.InDelta(t, 0.5, share["big"], 0.05)
+	share = run(calm)
+	assert.InDelta(t, 10.0/13, share["noisy"], 0.01, "below saturation nobody is held back")
+}
+
+func TestSharesKeepAtMostMaxTenants(t *testing.T) {
+	c := New(overload())
+	now := time.Unix(1000, 0)
+	for i := range 3 * maxTenants {
+		c.Admit(1, string(rune('a'+i%26))+string(rune(i)), 0.1, 10, now)
+	}
+	require.Len(t, c.shares.tenants, maxTenants)
 }
