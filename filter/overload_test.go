@@ -26,9 +26,9 @@ var overloadConfig = strings.Replace(testConfig, `"max_body_bytes"`, `"overload"
 // 429 and Retry-After (an Envoy local reply), counted by class and reason; critical
 // requests, and every request the filter cannot place, go on.
 func TestOverloadShedsWithA429AndRetryAfter(t *testing.T) {
-	// At 14,025 tokens/s (the test fleet's speed) 8,000 queued tokens and the ~7,000-token
-	// prompt are a 1.07 s wait.
-	queued := []uint64{8_000, 8_000, 8_000}
+	// At 14,025 tokens/s (the test fleet's speed) 10,000 queued tokens are 0.71 s, and with
+	// the ~7,000-token prompt a 1.21 s wait.
+	queued := []uint64{10_000, 10_000, 10_000}
 	cases := []struct {
 		name    string
 		headers [][2]string
@@ -60,7 +60,7 @@ func TestOverloadShedsWithA429AndRetryAfter(t *testing.T) {
 				assert.Equal(t, c.status, reply.StatusCode)
 				ra, ok := header(reply.Headers, "retry-after")
 				require.True(t, ok, "with Retry-After")
-				assert.Equal(t, "1", ra, "1.07 s against 0.67 s: the queue drains to the limit within a second")
+				assert.Equal(t, "1", ra, "0.71 s against 0.67 s: the queue drains to the limit within a second")
 				assert.NotContains(t, string(reply.Data), "ACME", "the reply names no prompt text")
 				n, err := h.GetCounterMetric(c.metric)
 				require.NoError(t, err)
@@ -88,7 +88,9 @@ func TestOverloadAdmitsWithoutATable(t *testing.T) {
 // weight's share of the admitted prefill tokens is refused, with reason "fairness";
 // another tenant at the same wait is admitted.
 func TestOverloadHoldsATenantToItsShare(t *testing.T) {
-	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000} // 0.86 s with a ~7,000-token prompt
+	// 0.36 s of queue on each: saturated (past half the lowest limit, 0.33 s), and within
+	// standard's 1.33 s.
+	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000}
 	steps := []struct {
 		tenant string
 		shed   bool

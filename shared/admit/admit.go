@@ -1,24 +1,27 @@
 // Package admit decides, past the fleet's capacity, which requests a proxy forwards and
 // which it refuses at once (HTTP 429 with Retry-After) so that the rest meet their time
 // to first token. Every request has a priority class (api.Overload) with a TTFT budget.
-// The rule's own estimate decides: the pick's predicted wait for the request's prefill,
-// (Q + U) / speed of the replica the rule chose (its cost without the share it charges
-// the other requests there; package rule), in seconds.
+// The rule's own estimate decides: on the replica the rule picked, the queue Q ahead of
+// the request and its predicted wait (Q + U) / speed (the pick's cost without the share
+// it charges the other requests there; package rule), in seconds, scaled by what the
+// proxy observes (calibrate.go).
 //
-//   - A request whose predicted wait exceeds its class's shed limit is refused (reason
-//     "wait"): it would miss its budget, and the prefill it queues would delay the
-//     classes above it. A class's limit is its budget, capped at a share of the
-//     strictest budget above it that shrinks down the list ((n - i) / n for the i-th of
-//     n classes), so the lower classes are shed first and the queue a critical request
-//     finds stays below its budget.
+//   - Nothing is refused unless the fleet is saturated: the mean queue over the replicas
+//     the rule may pick is past half the lowest class limit. Below that some replicas
+//     are nearly idle and a long queue on one is the rule's choice, not a lack of room.
+//   - A request whose queue on the pick is past its class's limit, or whose predicted
+//     wait is past its budget, is refused (reason "wait"). A class's limit is its budget,
+//     capped at a share of the strictest budget above it that shrinks down the list
+//     ((n - i) / n for the i-th of n classes), so the lower classes are shed first and
+//     the queue a critical request finds stays below its budget.
 //   - Critical classes are never shed.
-//   - While the fleet is saturated (the predicted wait is past the lowest class limit),
-//     a tenant whose share of the prefill tokens this proxy admitted lately is above its
+//   - A tenant whose share of the prefill tokens this proxy admitted lately is above its
 //     weight's share is refused (reason "fairness"): in tokens, not requests, so one
 //     tenant's 100k-token prompts cannot starve the others.
 //
 // A request is never refused because its state is unknown: without a table, in the
-// stale or blind regime, or on the rule's fallback, it is admitted.
+// stale or blind regime, or on the rule's fallback, it is admitted. docs/overload.md has
+// the measurements behind these choices, and why the proxy refuses instead of holding.
 //
 // A Controller is per proxy (per VM in the filter) and not safe for concurrent use.
 package admit
@@ -89,6 +92,7 @@ type Controller struct {
 	lowest float64   // the lowest limit: past it the fleet is saturated
 	rate   float64   // tokens/s for replicas whose table lists no speed
 	shares shares
+	cal    calibration
 }
 
 // New returns the controller of o, nil when o has no classes (overload off).
@@ -137,20 +141,37 @@ func (c *Controller) Seconds(tokens, speed float64) float64 {
 	return tokens / speed
 }
 
-// Admit decides a request of class and tenant whose predicted wait is wait seconds
-// (negative: unknown) and which brings tokens of prefill; an admitted request's tokens
-// count in its tenant's share.
-func (c *Controller) Admit(class int, tenant string, wait, tokens float64, now time.Time) Verdict {
+// Wait is a request's predicted wait in seconds on the pick: Queue before its prefill can
+// start, Total until its first token (Queue and its own prefill); and Fleet, the least
+// queue among the replicas the rule may pick. Negative: unknown.
+type Wait struct{ Queue, Total, Fleet float64 }
+
+// saturation is the share of the lowest class limit that the least queue in the fleet
+// must exceed for the fleet to be saturated: below it some replica is nearly idle, and
+// nothing is refused.
+const saturation = 0.5
+
+// Admit decides request id, of class and tenant, that would wait w by the rule and brings
+// tokens of prefill; an admitted request's tokens count in its tenant's share, and its
+// first byte (Started) calibrates the waits.
+func (c *Controller) Admit(id uint64, class int, tenant string, w Wait, tokens float64, now time.Time) Verdict {
 	v := Verdict{Class: class}
-	if wait >= 0 && !c.cfg.Classes[class].Critical {
+	raw := w
+	k := c.cal.scale()
+	w.Queue, w.Total, w.Fleet = w.Queue*k, w.Total*k, w.Fleet*k
+	if w.Queue >= 0 && w.Fleet > saturation*c.lowest && !c.cfg.Classes[class].Critical {
+		budget := float64(c.cfg.Classes[class].TTFTBudgetMs) / 1000
 		switch {
-		case wait > c.limit[class]:
-			v.Reason, v.RetryAfter = ShedWait, retryAfter(wait-c.limit[class])
-		case wait > c.lowest && c.shares.over(tenant, now):
-			v.Reason, v.RetryAfter = ShedFairness, retryAfter(wait-c.lowest)
+		case w.Queue > c.limit[class]:
+			v.Reason, v.RetryAfter = ShedWait, retryAfter(w.Queue-c.limit[class])
+		case w.Total > budget:
+			v.Reason, v.RetryAfter = ShedWait, retryAfter(w.Total-budget)
+		case c.shares.over(tenant, now):
+			v.Reason, v.RetryAfter = ShedFairness, retryAfter(w.Fleet-saturation*c.lowest)
 		}
 	}
 	if v.Reason == Admitted {
+		c.cal.placed(id, raw, now)
 		c.shares.add(tenant, tokens, now)
 	}
 	return v

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,9 +45,9 @@ func TestRouteShedsByThePredictedWait(t *testing.T) {
 		want     admit.Reason
 	}{
 		{"an empty fleet admits the lowest class", "sheddable", 0, 0, 0, admit.Admitted},
-		{"sheddable past 0.67 s of queue at 10,000 tokens/s", "sheddable", 8_000, 0, 0, admit.ShedWait},
+		{"sheddable past 0.67 s of queue on the pick at 10,000 tokens/s", "sheddable", 8_000, 0, 0, admit.ShedWait},
 		{"standard is kept at the same queue", "standard", 8_000, 0, 0, admit.Admitted},
-		{"standard past 1.33 s", "standard", 14_000, 0, 0, admit.ShedWait},
+		{"standard past 1.33 s of queue", "standard", 14_000, 0, 0, admit.ShedWait},
 		{"the table's speed wins over the configured rate", "standard", 14_000, 20_000, 0, admit.Admitted},
 		{"critical is never shed", "critical", 1_000_000, 0, 0, admit.Admitted},
 		{"stale state (no queue numbers) is never shed", "sheddable", 1_000_000, 0, 5 * time.Second, admit.Admitted},
@@ -92,4 +93,18 @@ func TestRouteAdmitsWhatItCannotPlace(t *testing.T) {
 	assert.Equal(t, NoPrompt, res.Action)
 	assert.False(t, res.Verdict.Shed())
 
+}
+
+// A placed request's first byte (Router.Started) calibrates the admission's waits.
+func TestStartedCalibratesTheAdmission(t *testing.T) {
+	m := model(t, 3)
+	r := admitRouter()
+	now := time.Now()
+	for i := range 200 {
+		at := now.Add(time.Duration(i) * time.Second)
+		_, res := r.Route(tableOf(m), &Request{ID: uint64(i + 1), Schema: prompt.Chat, Body: chatBody("s", fmt.Sprint("q", i))}, 0, at)
+		require.Equal(t, Placed, res.Action)
+		r.Started(uint64(i+1), at.Add(2*time.Second)) // far later than a prompt of a few tokens on an idle fleet
+	}
+	assert.Greater(t, r.Admit.Scale(), 10.0)
 }

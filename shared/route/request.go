@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/rule"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -219,7 +220,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 		return d, res
 	}
 	if r.Admit != nil {
-		res.Verdict = r.Admit.Admit(r.Admit.Class(req.Class, req.Tenant), req.Tenant, r.predictedWait(&d), d.Uncached, now)
+		res.Verdict = r.Admit.Admit(req.ID, r.Admit.Class(req.Class, req.Tenant), req.Tenant, r.predictedWait(&d), d.Uncached, now)
 		if res.Verdict.Shed() {
 			return Decision{}, res
 		}
@@ -242,15 +243,26 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	return d, res
 }
 
-// predictedWait is the request's own wait for its prefill on the pick in seconds, (Q + U)
-// / speed: the rule's cost of the pick without the share it charges the other requests
-// there. Negative (unknown) unless the rule decided on fresh queue numbers.
-func (r *Router) predictedWait(d *Decision) float64 {
+// predictedWait is the request's predicted wait on the pick: its queue Q and, with its
+// own prefill U, the rule's cost without the share it charges the other requests,
+// (Q + U) / speed; and the least queue among the replicas the rule may pick, which says
+// whether the fleet is saturated. Unknown (negative) unless the rule decided on fresh
+// queue numbers.
+func (r *Router) predictedWait(d *Decision) admit.Wait {
 	if d.Stale || d.Fallback || len(d.Order) == 0 {
-		return -1
+		return admit.Wait{Queue: -1, Total: -1, Fleet: -1}
 	}
 	pick := &r.cands[d.Order[0]]
-	return r.Admit.Seconds(pick.Queued+d.Uncached, pick.Speed)
+	w := admit.Wait{Queue: r.Admit.Seconds(pick.Queued, pick.Speed), Total: r.Admit.Seconds(pick.Queued+d.Uncached, pick.Speed)}
+	n := 0
+	for i := range r.cands {
+		if cd := &r.cands[i]; rule.Eligible(*cd, r.Picker.Params) {
+			w.Fleet += r.Admit.Seconds(cd.Queued, cd.Speed)
+			n++
+		}
+	}
+	w.Fleet /= float64(max(n, 1))
+	return w
 }
 
 // routeWithoutPrompt orders the model's replicas by queued tokens: a request with no
