@@ -41,6 +41,9 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 	rec := &r.recs[i]
 	rec.req = req
 	rec.prompt = int32(len(req.Tokens))
+	if r.cfg.ClassBudgets != nil {
+		rec.class, rec.tenant = req.Class, req.Tenant
+	}
 	ch := r.pol.Route(req, now)
 	if ch.Shed {
 		rec.state = shed

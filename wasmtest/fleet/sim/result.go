@@ -47,6 +47,10 @@ type Result struct {
 	Hot, Others *GroupStats
 	// Phases are Config.Phases' numbers, in order.
 	Phases []PhaseStats
+	// Classes and Tenants are the requests by class and by tenant (Config.ClassBudgets),
+	// in the order of their first measured request.
+	Classes []ClassStats
+	Tenants []TenantStats
 
 	// Aborted: the run stopped early because the TTFT bound could not be met.
 	Aborted bool
@@ -192,6 +196,9 @@ func (r *runner) result() *Result {
 			ps.CachedTokenRate = float64(a.cached) / float64(a.prompt)
 		}
 		res.Phases = append(res.Phases, ps)
+	}
+	if r.cfg.ClassBudgets != nil {
+		res.Classes, res.Tenants = r.byClass()
 	}
 	return res
 }
