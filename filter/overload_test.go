@@ -118,3 +118,18 @@ func TestOverloadHoldsATenantToItsShare(t *testing.T) {
 		assert.Zero(t, n)
 	})
 }
+
+// Without classes a class header is not read and nothing is refused, however long the
+// queues; no shed counter exists.
+func TestWithoutClassesNothingIsShed(t *testing.T) {
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, testConfig)
+		h.serveTable(table.EncodeFull(fleet(t, 1, 3, []uint64{1e7, 1e7, 1e7}, nil)))
+		id, action := h.exchange(request{body: chat(system, "q"), headers: [][2]string{{"x-class", "sheddable"}}})
+		assert.Nil(t, h.GetSentLocalResponse(id))
+		assert.Equal(t, types.ActionContinue, action)
+		assert.NotEmpty(t, endpoint(h.GetCurrentRequestHeaders(id)))
+		_, err := h.GetCounterMetric("kvroute_shed_sheddable_wait_total")
+		assert.Error(t, err, "no shed counters without classes")
+	})
+}
