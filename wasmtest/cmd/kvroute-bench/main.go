@@ -544,6 +544,15 @@ func (b *bench) sweep(rates []float64) error {
 	if err := fleet.WriteSweep(stdout, b.load, points); err != nil {
 		return err
 	}
+	for _, p := range points {
+		if o.ClassBudgets == nil {
+			break
+		}
+		fmt.Fprintf(stdout, "\nat %.4g req/s, by class (goodput: completed within the budget per second; shed: 429 from kvroute's filter)\n", p.Rate)
+		if err := fleet.WriteClasses(stdout, p.Results); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens.\n")
 	if err := fleet.WriteNotes(stdout, b.names, nil); err != nil {
 		return err

@@ -315,3 +315,11 @@ func TestClassesPrintsEachClassAndTenant(t *testing.T) {
 	assert.Regexp(t, `(?m)^\s+round-robin\s+sheddable\s+\d+`, s)
 	assert.Regexp(t, `(?m)^\s+kvroute\s+.*noisy \d+\.\d%`, s, "tenants' prefill shares")
 }
+
+func TestClassesInASweepPrintEachRate(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(append(tiny, "--classes", "--policies", "kvroute", "--sweep-rate", "10:20:10"), &out, io.Discard))
+	s := out.String()
+	assert.Contains(t, s, "at 10 req/s, by class")
+	assert.Contains(t, s, "at 20 req/s, by class")
+}
