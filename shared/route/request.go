@@ -245,7 +245,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 
 // predictedWait is the request's predicted wait on the pick: its queue Q and, with its
 // own prefill U, the rule's cost without the share it charges the other requests,
-// (Q + U) / speed; and the least queue among the replicas the rule may pick, which says
+// (Q + U) / speed; and the mean queue over the replicas the rule may pick, which says
 // whether the fleet is saturated. Unknown (negative) unless the rule decided on fresh
 // queue numbers.
 func (r *Router) predictedWait(d *Decision) admit.Wait {
