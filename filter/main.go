@@ -30,6 +30,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
@@ -86,8 +87,10 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.router.Config = cfg
 	p.router.Reuse = true // the request path copies what it keeps (request.go route)
 	p.router.Tables = p.tableFor
+	p.router.Admit = admit.New(&p.cfg.Overload) // nil without classes: every request admitted
 	p.placed = newPlaced(p.vmID, &p.mem.value, p.router)
 	p.metrics = defineMetrics()
+	p.metrics.defineShed(&p.cfg.Overload)
 	tick := minTick(&p.cfg)
 	// The name reports carry, read once now rather than in the first request's.
 	p.shards = newShardSet(&p.cfg, tick, proxyName(p.vmID), &p.mem.value, &p.metrics)
@@ -102,6 +105,9 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.readWorkload()
 	proxywasm.LogInfof("kvroute: started (vm %016x, %s, tick %d ms, warm-up %d ms)", p.vmID, p.shards.describe(&p.cfg), tick,
 		time.Since(t0).Milliseconds())
+	if p.router.Admit != nil {
+		proxywasm.LogInfof("kvroute: overload %s", &p.cfg.Overload)
+	}
 	return types.OnPluginStartStatusOK
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 
+	"github.com/kvroute/kvroute/shared/admit"
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/route"
 )
 
@@ -31,6 +33,12 @@ type metrics struct {
 	// (vLLM --enable-force-include-usage, SGLang --stream-response-default-include-usage).
 	outcomesWithoutUsage proxywasm.MetricCounter
 	ledgerExpired        proxywasm.MetricCounter // local queue entries dropped by timeout
+	// Requests refused past capacity (429), by class and reason (package admit):
+	// kvroute_shed_<class>_<reason>_total; none without overload classes.
+	shedBy [][]proxywasm.MetricCounter
+	// shedNames keeps the counters' names alive: the SDK's test host keys its metrics
+	// by a view of the guest's memory, which a freed name would let the GC reuse.
+	shedNames []string
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -79,6 +87,24 @@ func defineMetrics() metrics {
 		tableVersion:         g("kvroute_table_version"),
 		tableAgeMs:           g("kvroute_table_age_ms"),
 	}
+}
+
+// defineShed defines the shed counters of o's classes.
+func (m *metrics) defineShed(o *api.Overload) {
+	for _, c := range o.Classes {
+		byReason := make([]proxywasm.MetricCounter, len(admit.Reasons))
+		for i, r := range admit.Reasons {
+			name := "kvroute_shed_" + c.Name + "_" + r.String() + "_total"
+			m.shedNames = append(m.shedNames, name)
+			byReason[i] = proxywasm.DefineCounterMetric(name)
+		}
+		m.shedBy = append(m.shedBy, byReason)
+	}
+}
+
+// shed is the counter of a refusal past capacity.
+func (m *metrics) shed(v admit.Verdict) proxywasm.MetricCounter {
+	return m.shedBy[v.Class][v.Reason-admit.ShedWait]
 }
 
 // refused is the counter of one refusal reason.

@@ -82,14 +82,7 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 		tb := fleet(t, 5, 4, []uint64{6000, 2000, 4000, 9000}, map[uint32][]string{2: {held}})
 		frame := table.EncodeFull(tb)
 		h.serveTable(frame)
-
-		cfg, err := api.ParseConfig([]byte(parityConfig))
-		require.NoError(t, err)
-		sim := kvroute.NewProxy(cfg, cfg.RuleParams(), 1, nil)
-		st := table.New()
-		_, err = st.Apply(frame)
-		require.NoError(t, err)
-		sim.Load(st, time.Now())
+		sim := simProxy(t, parityConfig, frame)
 
 		var simReports []api.Report
 		for i, s := range steps {
@@ -162,5 +155,60 @@ func TestFilterAndSimulatorRouteAlike(t *testing.T) {
 		}
 		assert.Positive(t, c.Spills, "the burst made the owner spill")
 		assert.Positive(t, c.Fallbacks, "requests without a prompt went least-queued")
+	})
+}
+
+// simProxy is the fleet simulator's proxy with the filter's configuration cfgJSON and
+// the table frame the filter was served.
+func simProxy(t *testing.T, cfgJSON string, frame []byte) *kvroute.Proxy {
+	cfg, err := api.ParseConfig([]byte(cfgJSON))
+	require.NoError(t, err)
+	sim := kvroute.NewProxy(cfg, cfg.RuleParams(), 1, nil)
+	st := table.New()
+	_, err = st.Apply(frame)
+	require.NoError(t, err)
+	sim.Load(st, time.Now())
+	return sim
+}
+
+// The filter and the simulator's proxy shed the same requests: a burst of every class
+// fills the ledger until the lower classes are refused, in the same order by both.
+func TestFilterAndSimulatorShedAlike(t *testing.T) {
+	classes := []string{"sheddable", "standard", "critical"}
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		cfgJSON := strings.Replace(overloadConfig, `"tenants"`, `"guards": {"tie_epsilon": 0.000001}, "tenants"`, 1)
+		h := start(t, vm, cfgJSON)
+		frame := table.EncodeFull(fleet(t, 5, 3, []uint64{2000, 3000, 4000}, nil))
+		h.serveTable(frame)
+		sim := simProxy(t, cfgJSON, frame)
+
+		shed := 0
+		for i := range 30 {
+			class := classes[i%3]
+			body := chat(fmt.Sprint("Customer ", i, " ", system[:4000]), "q")
+			id, _ := h.exchange(request{body: body, headers: [][2]string{{"x-class", class}}})
+			d, res := sim.Route(&route.Request{ID: uint64(i + 1), Schema: prompt.Chat, Body: []byte(body), Class: class}, time.Now())
+			reply := h.GetSentLocalResponse(id)
+			require.Equal(t, res.Verdict.Shed(), reply != nil, "request %d (%s): shed alike", i, class)
+			if reply != nil {
+				shed++
+				ra, _ := header(reply.Headers, "retry-after")
+				assert.Equal(t, fmt.Sprint(res.Verdict.RetryAfter), ra, "request %d: Retry-After", i)
+				continue
+			}
+			assert.Equal(t, d.Header(), endpoint(h.GetCurrentRequestHeaders(id)), "request %d: endpoints", i)
+		}
+		assert.Positive(t, shed, "the burst was shed in part")
+		assert.Equal(t, shed, sim.Stats().Shed)
+		var counted uint64
+		for _, c := range classes {
+			n, err := h.GetCounterMetric("kvroute_shed_" + c + "_wait_total")
+			require.NoError(t, err)
+			counted += n
+			if c == "critical" {
+				assert.Zero(t, n, "critical is never shed")
+			}
+		}
+		assert.Equal(t, uint64(shed), counted)
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/shared/route"
@@ -17,7 +18,8 @@ import (
 // set the endpoint header and let Envoy continue. Nothing here rejects a request because
 // routing failed: the header is then set by least-queued order or left unset, and Envoy's
 // fallback load balancer decides. The one refusal is an isolated tenant's request that
-// cannot carry its cache_salt (route.Refusal).
+// cannot carry its cache_salt (route.Refusal), and, with overload classes configured, a
+// request past the fleet's capacity (admit.Verdict).
 type httpContext struct {
 	types.DefaultHttpContext
 	p     *plugin
@@ -28,6 +30,7 @@ type httpContext struct {
 	decided     bool
 	tenant      string
 	modelHeader string
+	class       string // the class header's value (overload.class_header), if read
 
 	// While the body is held (see OnHttpRequestBody).
 	contentLength int64 // -1: none, or not a number
@@ -90,6 +93,10 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	if cfg.ModelHeader != "" {
 		m, _ := v.requestHeader(cfg.ModelHeader)
 		h.modelHeader = h.p.names.keep(m)
+	}
+	if cfg.Overload.ClassHeader != "" {
+		c, _ := v.requestHeader(cfg.Overload.ClassHeader)
+		h.class = h.p.names.keep(c)
 	}
 	if endOfStream {
 		if h.decide(nil, nil) {
@@ -240,6 +247,16 @@ func (h *httpContext) refuse(why route.Refusal) types.Action {
 	return types.ActionPause
 }
 
+// shed refuses a request past the fleet's capacity (package admit) with 429 and
+// Retry-After, an Envoy local reply, and counts it by class and reason.
+func (h *httpContext) shed(v admit.Verdict) {
+	h.p.metrics.shed(v).Increment(1)
+	hs := [][2]string{{"content-type", "text/plain"}, {"retry-after", strconv.Itoa(v.RetryAfter)}}
+	if err := proxywasm.SendHttpResponse(admit.Status, hs, []byte(v.Message()), -1); err != nil {
+		proxywasm.LogCriticalf("kvroute: cannot refuse a request past capacity: %v", err)
+	}
+}
+
 // route runs the routing sequence (route.Router.Route, the same function the fleet
 // simulator runs) and carries out its result: the endpoint header, the body with the
 // tenant's cache_salt, the counters and the placement report; or, for an isolated
@@ -250,11 +267,15 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	now := p.now()
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
 	p.placed.catchUp(now)
-	req.ID, req.Schema, req.ModelHeader, req.Tenant = h.reqID, h.schema, h.modelHeader, h.tenant
+	req.ID, req.Schema, req.ModelHeader, req.Tenant, req.Class = h.reqID, h.schema, h.modelHeader, h.tenant, h.class
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
 	d, res := p.router.Route(nil, req, 0, now)
 	m := &p.metrics
+	if res.Verdict.Shed() {
+		h.shed(res.Verdict)
+		return true
+	}
 	if res.Oversized {
 		m.oversized.Increment(1)
 	}

@@ -54,6 +54,9 @@ type Config struct {
 	// body's "model" field (for gateways that already resolved it).
 	ModelHeader string  `json:"model_header,omitempty"`
 	Tenants     Tenants `json:"tenants,omitempty"`
+	// Overload is priorities, shedding and fairness past capacity (overload.go); off
+	// without classes.
+	Overload Overload `json:"overload,omitempty"`
 	// Adapters maps a LoRA adapter's model name to its base model: the adapter's
 	// requests route on the base model's replicas, with chains seeded by the adapter.
 	Adapters map[string]string `json:"adapters,omitempty"`
@@ -273,6 +276,8 @@ func (c *Config) fillDefaults() {
 	c.EndpointHeader = strings.ToLower(c.EndpointHeader)
 	c.ModelHeader = strings.ToLower(c.ModelHeader)
 	c.Tenants.Header = strings.ToLower(c.Tenants.Header)
+	c.Overload.ClassHeader = strings.ToLower(c.Overload.ClassHeader)
+	c.Overload.fillDefaults()
 	if c.Tenants.Source == "" {
 		c.Tenants.Source = SourceWorkload
 	}
@@ -318,6 +323,7 @@ func (c *Config) Validate() error {
 		bad("model_header %q is not a valid header name", c.ModelHeader)
 	}
 	c.Tenants.validateSource(bad)
+	c.Overload.validate(bad)
 	isolated := c.Tenants.DefaultPolicy == PolicyIsolated
 	for _, p := range append([]string{c.Tenants.DefaultPolicy}, mapValues(c.Tenants.Policies)...) {
 		switch p {

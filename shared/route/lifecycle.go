@@ -8,8 +8,13 @@ import "time"
 // simulator make the same calls, so their ledgers and Locals age alike.
 
 // Started records that request id's prefill is done (its first response byte arrived
-// at at): Ledger.Started.
-func (r *Router) Started(id uint64, at time.Time) { r.Ledger.Started(id, at) }
+// at at): Ledger.Started, and the admission's calibration (admit.Controller.Started).
+func (r *Router) Started(id uint64, at time.Time) {
+	if r.Admit != nil {
+		r.Admit.Started(id, at)
+	}
+	r.Ledger.Started(id, at)
+}
 
 // Done ends request id's ledger entry: the request ended, or was never forwarded to the
 // replica Route picked (Ledger.Done).

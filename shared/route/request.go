@@ -4,9 +4,11 @@ import (
 	"errors"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/rule"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -30,6 +32,8 @@ type Request struct {
 	ModelHeader string
 	// Tenant is who the request belongs to (api.Tenants.Source says where it came from).
 	Tenant string
+	// Class is the class header's value (api.Overload.ClassHeader), "" for none.
+	Class string
 }
 
 // Action is what Route did with a request.
@@ -130,6 +134,9 @@ type Result struct {
 	Body []byte
 	// Placement is the placement report (Action == Placed).
 	Placement api.Report
+	// Verdict is the admission's (Router.Admit); when Verdict.Shed(), the request must be
+	// answered with 429 and Verdict.RetryAfter and not forwarded: Route recorded nothing.
+	Verdict admit.Verdict
 	// LocalKeys is the tail of Placement.Keys past what the table lists the picked
 	// replica as holding: what Route recorded in Local, and what a proxy's other worker
 	// VMs need to record (filter/placed.go). The keys before it add nothing to a match
@@ -212,6 +219,12 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	if len(d.Addrs) == 0 {
 		return d, res
 	}
+	if r.Admit != nil {
+		res.Verdict = r.Admit.Admit(req.ID, r.Admit.Class(req.Class, req.Tenant), req.Tenant, r.predictedWait(&d), d.Uncached, now)
+		if res.Verdict.Shed() {
+			return Decision{}, res
+		}
+	}
 	r.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, now)
 	res.Action = Placed
 	var ckpts []uint64
@@ -228,6 +241,28 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	res.LocalKeys = res.Placement.Keys[known:]
 	r.Local.Add(m.Name, res.LocalKeys, d.Addrs[0], now)
 	return d, res
+}
+
+// predictedWait is the request's predicted wait on the pick: its queue Q and, with its
+// own prefill U, the rule's cost without the share it charges the other requests,
+// (Q + U) / speed; and the mean queue over the replicas the rule may pick, which says
+// whether the fleet is saturated. Unknown (negative) unless the rule decided on fresh
+// queue numbers.
+func (r *Router) predictedWait(d *Decision) admit.Wait {
+	if d.Stale || d.Fallback || len(d.Order) == 0 {
+		return admit.Wait{Queue: -1, Total: -1, Fleet: -1}
+	}
+	pick := &r.cands[d.Order[0]]
+	w := admit.Wait{Queue: r.Admit.Seconds(pick.Queued, pick.Speed), Total: r.Admit.Seconds(pick.Queued+d.Uncached, pick.Speed)}
+	n := 0
+	for i := range r.cands {
+		if cd := &r.cands[i]; rule.Eligible(*cd, r.Picker.Params) {
+			w.Fleet += r.Admit.Seconds(cd.Queued, cd.Speed)
+			n++
+		}
+	}
+	w.Fleet /= float64(max(n, 1))
+	return w
 }
 
 // routeWithoutPrompt orders the model's replicas by queued tokens: a request with no

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prefix"
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -125,6 +126,9 @@ type Router struct {
 	// control plane per model, api.Shard) routes each request on its model's shard. A
 	// nil table leaves the request unrouted.
 	Tables func(model string) (*table.Table, time.Duration)
+	// Admit, when set (api.Overload with classes), refuses placed requests past capacity
+	// (package admit); nil admits every request.
+	Admit *admit.Controller
 
 	parser  prompt.Parser
 	memo    prefix.Memo // the last prompts' keys: a shared prefix is compared, not hashed

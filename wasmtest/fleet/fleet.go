@@ -56,6 +56,8 @@ type Options struct {
 	// policy kvroute-gpu-only is kvroute reading GPU holders only (tiers.go).
 	CPUTierTokens   int
 	CPULoadPerToken time.Duration
+	// ClassBudgets, when set, reports requests by class and tenant (sim.Config).
+	ClassBudgets map[string]time.Duration
 }
 
 // DefaultOptions are docs/rule.md's fleet.
@@ -138,7 +140,7 @@ func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 	return sim.Config{
 		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers,
 		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
-		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken,
+		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken, ClassBudgets: o.ClassBudgets,
 	}
 }
 

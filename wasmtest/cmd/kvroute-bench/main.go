@@ -205,6 +205,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		tieEps      = fs.Float64("tie-epsilon", o.KVRoute.Rule.TieEpsilon, "kvroute and oracle: near-tie fraction broken at random")
 		wasm        = fs.Bool("wasm", false, "also run kvroute through the compiled filter (bin/kvroute.wasm's code, built from this checkout) on the wasm host: policy kvroute-wasm")
 		cpuprofile  = fs.String("cpuprofile", "", "write a CPU profile here")
+		classes     = fs.Bool("classes", false, "mixed senders with priority classes (docs/overload.md): interactive (critical), team and a noisy tenant (standard), batch (sheddable); results by class and tenant")
+		shed        = fs.Bool("shed", true, "with --classes: kvroute's filter has the classes and sheds past capacity (false: it admits everything, as without classes)")
 	)
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
 	fs.Var(durFlag{&duration, time.Second}, "duration", "seed and multiturn: arrivals span (seconds or a duration)")
@@ -300,6 +302,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	load, label, err := wf.load(o)
 	if err != nil {
 		return err
+	}
+	if *classes {
+		ov := fleet.MixedOverload(o.Profile.PrefillSecondsPerToken())
+		o.ClassBudgets = fleet.Budgets(&ov)
+		if *shed {
+			o.KVRoute.Filter.Overload = ov
+		}
+		at, seed := load.At, o.Seed
+		load.At = func(rate float64) (workload.Workload, error) {
+			w, err := at(rate)
+			if err != nil {
+				return nil, err
+			}
+			return workload.NewMixed(w, workload.DefaultParts(), seed)
+		}
 	}
 	w, err := load.At(load.Rate)
 	if err != nil {
@@ -440,6 +457,12 @@ func (b *bench) compare(phases bool) error {
 			return err
 		}
 	}
+	if o.ClassBudgets != nil {
+		fmt.Fprintf(stdout, "\nby class (goodput: completed within the budget per second; shed: 429 from kvroute's filter)\n")
+		if err := fleet.WriteClasses(stdout, results); err != nil {
+			return err
+		}
+	}
 	if o.HotGroup >= 0 {
 		fmt.Fprintf(stdout, "\nhot customer (group %d) vs the others\n", o.HotGroup)
 		if err := fleet.WriteHot(stdout, results); err != nil {
@@ -537,6 +560,15 @@ func (b *bench) sweep(rates []float64) error {
 	}
 	if err := fleet.WriteSweep(stdout, b.load, points); err != nil {
 		return err
+	}
+	for _, p := range points {
+		if o.ClassBudgets == nil {
+			break
+		}
+		fmt.Fprintf(stdout, "\nat %.4g req/s, by class (goodput: completed within the budget per second; shed: 429 from kvroute's filter)\n", p.Rate)
+		if err := fleet.WriteClasses(stdout, p.Results); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens.\n")
 	if err := fleet.WriteNotes(stdout, b.names, nil); err != nil {

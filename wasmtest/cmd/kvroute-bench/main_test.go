@@ -305,3 +305,21 @@ func TestPlotFormat(t *testing.T) {
 	require.ErrorContains(t, err, "want a .svg, .png or .pdf file")
 	assert.NotContains(t, out.String(), "policy", "the flag is checked before any simulation runs")
 }
+
+func TestClassesPrintsEachClassAndTenant(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(append(tiny, "--classes", "--policies", "kvroute,round-robin"), &out, io.Discard))
+	s := out.String()
+	assert.Contains(t, s, "senders interactive/critical 15% team/standard 25% noisy/standard 40% batch/sheddable 20%")
+	assert.Regexp(t, `(?m)^\s+kvroute\s+critical\s+\d+\s+\d+\s+0\s`, s, "a row per policy and class; critical never shed")
+	assert.Regexp(t, `(?m)^\s+round-robin\s+sheddable\s+\d+`, s)
+	assert.Regexp(t, `(?m)^\s+kvroute\s+.*noisy \d+\.\d%`, s, "tenants' prefill shares")
+}
+
+func TestClassesInASweepPrintEachRate(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(append(tiny, "--classes", "--policies", "kvroute", "--sweep-rate", "10:20:10"), &out, io.Discard))
+	s := out.String()
+	assert.Contains(t, s, "at 10 req/s, by class")
+	assert.Contains(t, s, "at 20 req/s, by class")
+}

@@ -167,6 +167,8 @@ type Stats struct {
 	// StaleDecisions are the rule's stale-regime decisions
 	// (kvroute_stale_decisions_total).
 	StaleDecisions int
+	// Shed are the requests refused past capacity (api.Overload; 429).
+	Shed int
 	// Applied counts the versions the proxies applied and ApplyLag their total delay
 	// from publication (the Go mirror's proxies; not counted for kvroute-wasm).
 	Applied  int
@@ -420,7 +422,10 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		return policy.Choice{}
 	}
 	nowT := at(now)
-	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: prompt.Chat, Body: req.Body}, nowT)
+	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: prompt.Chat, Body: req.Body, Tenant: req.Tenant, Class: req.Class}, nowT)
+	if res.Verdict.Shed() {
+		return policy.Choice{Shed: true}
+	}
 	if res.Action == route.Unrouted {
 		return policy.Choice{}
 	}

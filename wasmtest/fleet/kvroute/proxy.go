@@ -3,6 +3,7 @@ package kvroute
 import (
 	"time"
 
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/route"
 	"github.com/kvroute/kvroute/shared/rule"
@@ -27,6 +28,7 @@ func NewProxy(cfg api.Config, rp rule.Params, seed uint64, stats *Stats) *Proxy 
 	}
 	rt := route.NewRouter(rp, seed)
 	rt.Config = cfg
+	rt.Admit = admit.New(&rt.Config.Overload) // as filter/main.go: nil without classes
 	return &Proxy{rt: rt, t: table.New(), stats: stats}
 }
 
@@ -49,6 +51,10 @@ func (x *Proxy) Route(req *route.Request, now time.Time) (route.Decision, route.
 	}
 	if res.ParseError != nil {
 		st.ParseErrors++
+	}
+	if res.Verdict.Shed() {
+		st.Shed++ // the filter's kvroute_shed_<class>_<reason>_total
+		return d, res
 	}
 	if res.Body != nil {
 		st.SaltInjected++

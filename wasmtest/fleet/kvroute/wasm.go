@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/publish"
 	"github.com/kvroute/kvroute/controlplane/server"
+	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
@@ -44,6 +45,7 @@ type WasmPolicy struct {
 	hosts    []*host.Host
 	streams  map[uint64]*wasmStream
 	header   string
+	classes  bool // the filter has classes: requests carry their class and tenant
 	Stats    Stats
 }
 
@@ -56,7 +58,15 @@ type wasmStream struct {
 	s       *host.Stream
 	fwd     host.Headers
 	started bool
+	local   int // the status of the filter's local reply (429: shed), 0 for none
 }
+
+// The headers kvroute-wasm's requests carry their class and tenant in when the filter
+// has classes (Config.Filter.Overload).
+const (
+	wasmClassHeader  = "x-kvroute-class"
+	wasmTenantHeader = "x-kvroute-tenant"
+)
 
 // WasmOptions are the wasm variant's own knobs.
 type WasmOptions struct {
@@ -104,6 +114,11 @@ func NewWasm(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config, o
 		Guards: api.Guards{MaxKVUsage: cfg.Rule.MaxKVUsage, MaxStateAgeMs: int(cfg.Rule.MaxStateAge / time.Millisecond),
 			TieEpsilon: cfg.Rule.TieEpsilon, MaxEndpoints: cfg.Rule.MaxEndpoints},
 	}
+	if o := cfg.Filter.Overload; o.Enabled() {
+		pc.Overload = o
+		pc.Overload.ClassHeader = wasmClassHeader
+		pc.Tenants = api.Tenants{Source: api.SourceHeader, Header: wasmTenantHeader}
+	}
 	pcJSON, err := json.Marshal(pc)
 	if err != nil {
 		return nil, err
@@ -112,7 +127,7 @@ func NewWasm(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config, o
 	if err != nil {
 		return nil, fmt.Errorf("filter configuration: %w", err)
 	}
-	p.header = parsed.EndpointHeader
+	p.header, p.classes = parsed.EndpointHeader, parsed.Overload.Enabled()
 	for k := range cfg.Routers {
 		h, err := host.New(context.Background(), wasm, host.Config{
 			VMs: 1, PluginConfig: pcJSON, PluginName: "kvroute", Node: host.Node{ID: fmt.Sprintf("proxy-%d", k)},
@@ -191,15 +206,24 @@ func (p *WasmPolicy) Route(req *workload.Request, now time.Duration) policy.Choi
 	ws := &wasmStream{}
 	ws.s = h.VM(0).NewStream(host.StreamInfo{SourceAddress: "10.1.0.1:40000"}, host.StreamHooks{
 		RequestHeaders: func(hd host.Headers, _ bool) { ws.fwd = hd.Clone() },
+		LocalReply:     func(status int) { ws.local = status },
 	})
 	p.streams[req.ID] = ws
 	hdrs := host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "vllm.models.svc"},
 		{":scheme", "http"}, {"content-type", "application/json"}, {"content-length", strconv.Itoa(len(req.Body))}}
+	if p.classes {
+		hdrs = append(hdrs, [2]string{wasmClassHeader, req.Class}, [2]string{wasmTenantHeader, req.Tenant})
+	}
 	if _, err := ws.s.SendRequestHeaders(hdrs, false); err != nil {
 		panic(fmt.Sprintf("kvroute wasm sim: request headers: %v", err))
 	}
 	if _, err := ws.s.SendRequestBody(req.Body, true); err != nil {
 		panic(fmt.Sprintf("kvroute wasm sim: request body: %v", err))
+	}
+	if ws.local == admit.Status {
+		delete(p.streams, req.ID)
+		p.Stats.Shed++
+		return policy.Choice{Shed: true}
 	}
 	v := ws.fwd.Get(p.header)
 	if v == "" {

@@ -53,6 +53,8 @@ type Choice struct {
 	// Rule: the policy applied kvroute's rule, and Spill is the rule's own view that
 	// the pick is not a replica holding the longest cached prefix.
 	Rule, Spill bool
+	// Shed: the proxy refused the request past capacity (429); it goes nowhere.
+	Shed bool
 }
 
 // Outcome is what the proxy learns when a response ends.

@@ -41,7 +41,15 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 	rec := &r.recs[i]
 	rec.req = req
 	rec.prompt = int32(len(req.Tokens))
+	if r.cfg.ClassBudgets != nil {
+		rec.class, rec.tenant = req.Class, req.Tenant
+	}
 	ch := r.pol.Route(req, now)
+	if ch.Shed {
+		rec.state = shed
+		rec.req = nil
+		return
+	}
 	target := -1
 	for _, j := range ch.Order {
 		if j >= 0 && j < len(r.f.engines) && r.f.alive[j] {
@@ -158,7 +166,7 @@ func (r *runner) hopeless(now time.Duration) bool {
 	if late > allowed {
 		return true
 	}
-	for r.scan < len(r.recs) && (r.recs[r.scan].hasFirst || r.recs[r.scan].state == failed || !r.recs[r.scan].measured) {
+	for r.scan < len(r.recs) && (r.recs[r.scan].hasFirst || r.recs[r.scan].state >= failed || !r.recs[r.scan].measured) {
 		r.scan++
 	}
 	for j := r.scan; j < len(r.recs); j++ {
@@ -166,7 +174,7 @@ func (r *runner) hopeless(now time.Duration) bool {
 		if now-rec.at <= r.cfg.AbortTTFT {
 			break
 		}
-		if rec.measured && !rec.hasFirst && rec.state != failed {
+		if rec.measured && !rec.hasFirst && rec.state < failed { // failed or shed: no first token to wait for
 			late++
 			if late > allowed {
 				return true

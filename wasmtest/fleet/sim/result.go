@@ -16,6 +16,7 @@ type Result struct {
 	Requests int // completed
 	Failed   int // aborted by a fault, refused everywhere, or rejected (Rejected)
 	Rejected int // the engine refused them (too long)
+	Shed     int // refused by the proxy past capacity (429), not counted in Failed
 
 	// CachedTokenRate is cached prompt tokens / prompt tokens, as the engines counted
 	// them at admission (usage.prompt_tokens_details.cached_tokens).
@@ -46,6 +47,10 @@ type Result struct {
 	Hot, Others *GroupStats
 	// Phases are Config.Phases' numbers, in order.
 	Phases []PhaseStats
+	// Classes and Tenants are the requests by class and by tenant (Config.ClassBudgets),
+	// in the order of their first measured request.
+	Classes []ClassStats
+	Tenants []TenantStats
 
 	// Aborted: the run stopped early because the TTFT bound could not be met.
 	Aborted bool
@@ -145,6 +150,8 @@ func (r *runner) result() *Result {
 				acc.ttft = append(acc.ttft, rec.first-rec.at)
 				acc.per[rec.replica]++
 			}
+		case shed:
+			res.Shed++
 		case failed:
 			res.Failed++
 			if rec.rejected {
@@ -189,6 +196,9 @@ func (r *runner) result() *Result {
 			ps.CachedTokenRate = float64(a.cached) / float64(a.prompt)
 		}
 		res.Phases = append(res.Phases, ps)
+	}
+	if r.cfg.ClassBudgets != nil {
+		res.Classes, res.Tenants = r.byClass()
 	}
 	return res
 }

@@ -54,6 +54,9 @@ type Config struct {
 	// Phases, when set, are also reported apart (by arrival time): before, during and
 	// after a fault, for example.
 	Phases []Phase
+	// ClassBudgets, when set, reports the requests by class (workload.Request.Class)
+	// and tenant: a class's goodput counts its requests that met its TTFT budget.
+	ClassBudgets map[string]time.Duration
 }
 
 // Phase is a span of arrival times reported on its own.
@@ -81,6 +84,7 @@ const (
 	inflight
 	done
 	failed
+	shed // refused by the proxy past capacity (429)
 )
 
 type record struct {
@@ -95,6 +99,7 @@ type record struct {
 	preempts              int32
 	measured, hasFirst    bool
 	rejected, lateCounted bool
+	class, tenant         string // with Config.ClassBudgets
 }
 
 // fleet implements policy.Fleet.

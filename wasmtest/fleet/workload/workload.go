@@ -69,6 +69,10 @@ type Request struct {
 	Chain  *cache.Chain
 
 	OutputTokens int
+
+	// Tenant and Class are who sends the request and its priority class (the tenant
+	// header and the class header a filter with overload classes reads); "" for none.
+	Tenant, Class string
 }
 
 // RoutingText is SGLang's routing text for a chat request: every message's text joined
