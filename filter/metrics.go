@@ -31,6 +31,12 @@ type metrics struct {
 	// (vLLM --enable-force-include-usage, SGLang --stream-response-default-include-usage).
 	outcomesWithoutUsage proxywasm.MetricCounter
 	ledgerExpired        proxywasm.MetricCounter // local queue entries dropped by timeout
+	// Responses requests naming previous_response_id: sent first to the replica that
+	// answered it, or not (unknown, gone or unhealthy: the engine may not find it).
+	followed   proxywasm.MetricCounter
+	followLost proxywasm.MetricCounter
+	// Responses responses whose id was not found in the body's first bytes.
+	responseIDsMissed proxywasm.MetricCounter
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -64,6 +70,9 @@ func defineMetrics() metrics {
 		outcomes:             c("kvroute_outcomes_total"),
 		outcomesWithoutUsage: c("kvroute_outcomes_without_usage_total"),
 		ledgerExpired:        c("kvroute_ledger_expired_total"),
+		followed:             c("kvroute_follow_ups_affine_total"),
+		followLost:           c("kvroute_follow_ups_lost_total"),
+		responseIDsMissed:    c("kvroute_response_ids_missed_total"),
 		polls:                c("kvroute_table_polls_total"),
 		pollErrors:           c("kvroute_table_poll_errors_total"),
 		tableLoads:           c("kvroute_table_loads_total"),
