@@ -42,6 +42,26 @@ func WriteTable(w io.Writer, results []*sim.Result) error {
 	return tw.Flush()
 }
 
+// WriteFollowUps writes, when the workload has Responses follow-ups, how many each policy
+// sent to a replica whose store lacked the previous response (vLLM's 404 not found);
+// nothing otherwise.
+func WriteFollowUps(w io.Writer, results []*sim.Result) error {
+	if !slices.ContainsFunc(results, func(r *sim.Result) bool { return r.FollowUps > 0 }) {
+		return nil
+	}
+	fmt.Fprintf(w, "\nResponses follow-ups by previous_response_id (in failed: those not found on the replica they reached)\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tfollow-ups\tnot found\tshare\t")
+	for _, r := range results {
+		share := math.NaN()
+		if r.FollowUps > 0 {
+			share = float64(r.NotFound) / float64(r.FollowUps)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t\n", r.Policy, r.FollowUps, r.NotFound, pct(share))
+	}
+	return tw.Flush()
+}
+
 // WriteHot writes the hot-group split: how many replicas served the hot group and its
 // TTFT against everyone else's.
 func WriteHot(w io.Writer, results []*sim.Result) error {
