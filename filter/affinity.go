@@ -14,24 +14,31 @@ import (
 // session last (shared/route/affinity.go says what the router does with them), so a
 // follow-up finds its replica whichever VM takes it:
 //
-//	kvroute/affinity/<i>  slot i of affinityRing: magic, the entry's key (a hash of its
+//	kvroute/affinity/<b>  bucket b of affinityBuckets: magic, then up to affinityWays
+//	                      entries, newest first, each the entry's key (a hash of its
 //	                      kind, the tenant and the response or session id), when (unix
-//	                      ms), the prompt tokens (sessions), the replica's address
+//	                      ms), the prompt tokens (sessions) and the replica's address
 //
-// An entry lives in the slot its key picks; a newer entry whose key picks the same slot
-// replaces it, and a reader takes an entry only when the key matches and it is younger
-// than its kind's age limit. So the map is bounded in entries (affinityRing) and age,
-// costs one shared-data write per learned id and one read per request that names one,
-// and holds hashes and addresses, never an id or prompt text. Losing an entry loses only
+// An entry lives in the bucket its key picks; writing it puts it first and drops the
+// same key's older entry, and the oldest when the bucket is full. A reader takes an
+// entry only when the key matches and it is younger than its kind's age limit. So the
+// map is bounded in entries (affinityBuckets x affinityWays) and age, costs a read and a
+// write per learned id and one read per request that names one, and holds hashes and
+// addresses, never an id or prompt text. A bucket of several entries keeps a live entry
+// until that many newer ones land on its bucket: with one entry per slot, 400 live
+// follow-ups in 4,096 slots lost 1% of them to collisions. Losing an entry loses only
 // the preference: the rule then places the request alone.
 const (
-	affinityRing  = 4096
-	affinityMagic = "KVA1"
+	affinityBuckets = 1024
+	affinityWays    = 8
+	affinityMagic   = "KVA2"
 	// responseMaxAge bounds how long a response's replica is remembered: vLLM's store
 	// keeps responses until the process ends, agents' follow-ups come within minutes.
 	responseMaxAge = time.Hour
 	// sessionMaxAge is rule.MaxCacheAge's default: past it caches have turned over.
 	sessionMaxAge = 10 * time.Minute
+	// entryHead is an entry's fixed part: key, time, tokens, address length.
+	entryHead = 8 + 8 + 4 + 1
 )
 
 const (
@@ -39,7 +46,7 @@ const (
 	affinitySession  byte = 'S'
 )
 
-var affinityKeys = func() (k [affinityRing]string) {
+var affinityKeys = func() (k [affinityBuckets]string) {
 	for i := range k {
 		k[i] = "kvroute/affinity/" + strconv.Itoa(i)
 	}
@@ -70,29 +77,74 @@ func affinityKey(kind byte, tenant string, id []byte) uint64 {
 
 // remember records that key's replica is addr (tokens: its prompt, sessions only).
 func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Time) {
-	b := append(a.buf[:0], affinityMagic...)
-	b = binary.LittleEndian.AppendUint64(b, key)
-	b = binary.LittleEndian.AppendUint64(b, uint64(now.UnixMilli()))
-	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))
-	b = append(b, addr...)
-	a.buf = b
-	// Unconditional: the newest entry for a slot wins.
-	_ = proxywasm.SetSharedData(affinityKeys[key%affinityRing], b, 0)
+	if len(addr) > 255 {
+		return
+	}
+	bucket := affinityKeys[key%affinityBuckets]
+	for try := 0; try < 2; try++ {
+		old, cas, err := a.value.sharedData(bucket)
+		if err != nil {
+			old = nil
+		}
+		b := append(a.buf[:0], affinityMagic...)
+		b = binary.LittleEndian.AppendUint64(b, key)
+		b = binary.LittleEndian.AppendUint64(b, uint64(now.UnixMilli()))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))
+		b = append(b, byte(len(addr)))
+		b = append(b, addr...)
+		n := 1
+		forEachEntry(old, func(e []byte, k uint64) bool {
+			if k != key && n < affinityWays {
+				b = append(b, e...)
+				n++
+			}
+			return n < affinityWays
+		})
+		a.buf = b
+		// With the read's CAS: a sibling's write in between is kept, and this one tried again.
+		if proxywasm.SetSharedData(bucket, b, uint32(cas)) == nil {
+			return
+		}
+	}
 }
 
 // lookup returns key's replica and prompt tokens when its entry is younger than maxAge.
 func (a *affinity) lookup(key uint64, maxAge time.Duration, now time.Time) (string, float64, bool) {
-	b, _, err := a.value.sharedData(affinityKeys[key%affinityRing])
-	const head = 4 + 8 + 8 + 4
-	if err != nil || len(b) <= head || string(b[:4]) != affinityMagic || binary.LittleEndian.Uint64(b[4:]) != key {
+	b, _, err := a.value.sharedData(affinityKeys[key%affinityBuckets])
+	if err != nil {
 		return "", 0, false
 	}
-	at := time.UnixMilli(int64(binary.LittleEndian.Uint64(b[12:])))
+	var found []byte
+	forEachEntry(b, func(e []byte, k uint64) bool {
+		if k == key {
+			found = e
+		}
+		return found == nil
+	})
+	if found == nil {
+		return "", 0, false
+	}
+	at := time.UnixMilli(int64(binary.LittleEndian.Uint64(found[8:])))
 	if now.Sub(at) > maxAge {
 		return "", 0, false
 	}
-	tokens := float64(math.Float32frombits(binary.LittleEndian.Uint32(b[20:])))
-	return a.names.keep(string(b[head:])), tokens, true
+	tokens := float64(math.Float32frombits(binary.LittleEndian.Uint32(found[16:])))
+	return a.names.keep(string(found[entryHead:])), tokens, true
+}
+
+// forEachEntry calls f with each whole entry of bucket b and its key, newest first,
+// until f returns false; a bucket without the magic, or a torn entry, ends it.
+func forEachEntry(b []byte, f func(entry []byte, key uint64) bool) {
+	if len(b) < len(affinityMagic) || string(b[:len(affinityMagic)]) != affinityMagic {
+		return
+	}
+	for b = b[len(affinityMagic):]; len(b) >= entryHead; {
+		n := entryHead + int(b[entryHead-1])
+		if len(b) < n || !f(b[:n], binary.LittleEndian.Uint64(b)) {
+			return
+		}
+		b = b[n:]
+	}
 }
 
 // responseID finds a Responses response's id in the first bytes of its body: the first

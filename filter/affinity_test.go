@@ -134,3 +134,32 @@ func sessionTwoSteps(t *testing.T, vm types.VMContext, cfg string, stays bool) {
 		}
 	}
 }
+
+// A bucket keeps its affinityWays newest entries: an entry survives until that many
+// newer ones land on its bucket, and rewriting a key keeps one entry for it.
+func TestAffinityBucketKeepsItsNewestEntries(t *testing.T) {
+	start(t, &vmContext{}, testConfig) // the emulator's shared data
+	a := affinity{value: &hostBuf{}, names: &names{}}
+	now := time.Now()
+	key := func(i int) uint64 { return uint64(7 + affinityBuckets*i) } // one bucket
+	for i := range affinityWays {
+		a.remember(key(i), fmt.Sprintf("10.0.0.%d:8000", i), float64(i), now)
+	}
+	a.remember(key(3), "10.0.0.33:8000", 33, now) // rewritten: still 8 entries
+	for i := range affinityWays {
+		addr, _, ok := a.lookup(key(i), time.Hour, now)
+		require.True(t, ok, "entry %d", i)
+		if i == 3 {
+			assert.Equal(t, "10.0.0.33:8000", addr)
+		}
+	}
+	a.remember(key(affinityWays), "10.0.0.99:8000", 0, now)
+	_, _, ok := a.lookup(key(0), time.Hour, now)
+	assert.False(t, ok, "the oldest goes")
+	addr, tokens, ok := a.lookup(key(1), time.Hour, now)
+	assert.True(t, ok)
+	assert.Equal(t, "10.0.0.1:8000", addr)
+	assert.Equal(t, 1.0, tokens)
+	_, _, ok = a.lookup(key(affinityWays+1), time.Hour, now)
+	assert.False(t, ok, "a key never written")
+}
