@@ -163,3 +163,56 @@ func TestAffinityBucketKeepsItsNewestEntries(t *testing.T) {
 	_, _, ok = a.lookup(key(affinityWays+1), time.Hour, now)
 	assert.False(t, ok, "a key never written")
 }
+
+// Responses follow-ups in steady state, each naming the response before it: learning an
+// answer's id and looking a follow-up's up allocate nothing in the guest.
+func TestFollowUpPathGuestAllocs(t *testing.T) {
+	clk := time.Unix(1_800_000_000, 0)
+	h, reset := benchHost(t, &clockedVM{now: func() time.Time { return clk }})
+	defer reset()
+	const warm, n, every, gap = 6000, 512, 32, 400 * time.Microsecond
+	reqs := make([][]byte, warm+n)
+	resps := make([][]byte, warm+n)
+	tool := strings.Repeat("exit status 0; 3 files changed. ", 64)
+	for i := range reqs {
+		reqs[i] = []byte(followUpBody(fmt.Sprintf("resp_%08d", i-1), tool))
+		resps[i] = []byte(fmt.Sprintf(`{"id":"resp_%08d","object":"response","output":[],"usage":{"input_tokens":8000,"input_tokens_details":{"cached_tokens":5984},"output_tokens":1,"total_tokens":8001}}`, i))
+	}
+	reqHeaders := [][2]string{{":method", "POST"}, {":path", "/v1/responses"}, {":authority", "llm"}, {"content-type", "application/json"}}
+	respHeaders := [][2]string{{":status", "200"}, {"content-type", "application/json"}}
+	var first string
+	one := func(i int) {
+		id := h.InitializeHttpContext()
+		h.CallOnRequestHeaders(id, reqHeaders, false)
+		h.CallOnRequestBody(id, reqs[i], true)
+		if i == warm {
+			first = endpoint(h.GetCurrentRequestHeaders(id))
+		}
+		h.CallOnResponseHeaders(id, respHeaders, false)
+		h.CallOnResponseBody(id, resps[i], true)
+		h.CompleteHttpContext(id)
+		clk = clk.Add(gap)
+		if i%every == every-1 {
+			h.keepFresh()
+		}
+	}
+	for i := range warm {
+		one(i)
+	}
+	sites := measureAllocs(func() {
+		for i := warm; i < warm+n; i++ {
+			one(i)
+		}
+	})
+	var guest int64
+	for _, s := range sites {
+		if s.guest && !s.tick && !s.sdk {
+			guest += s.objects
+			t.Logf("guest %8.3f allocs/req %9.0f B/req  %s", float64(s.objects)/n, float64(s.bytes)/n, s.where)
+		}
+	}
+	assert.NotEmpty(t, first)
+	followed, _ := h.GetCounterMetric("kvroute_follow_ups_affine_total")
+	assert.Equal(t, uint64(warm+n-1), followed, "every follow-up but the first found its replica")
+	assert.LessOrEqual(t, float64(guest)/n, 0.01, "the follow-up path allocated %d objects over %d requests", guest, n)
+}
