@@ -2,6 +2,8 @@ package mesh_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -64,4 +66,37 @@ func TestAgentNodeClients(t *testing.T) {
 	waitFor(t, "twenty outcomes", func() bool { return metric(m, "kvroute_outcomes_total") == 20 })
 	waitFor(t, "ten with cached tokens", func() bool { return m.Summary().Outcomes == 10 })
 	assert.Zero(t, metric(m, "kvroute_outcomes_without_usage_total"))
+}
+
+// A session header steers only when the filter is configured to trust it (make run
+// --session-header): then each session's second request, whose prefix no replica holds
+// yet, stays on the replica of its first; unconfigured, the same client header changes
+// nothing and the eight second requests spread over the idle replicas (all eight
+// staying by chance: 1 in 65,536).
+func TestSessionHeaderOnlyWhenTrusted(t *testing.T) {
+	for _, trusted := range []bool{true, false} {
+		t.Run(fmt.Sprint("trusted=", trusted), func(t *testing.T) {
+			o := mesh.Options{}
+			if trusted {
+				o.Filter.SessionHeader = "x-session-id"
+			}
+			m := start(t, o)
+			stayed := 0
+			for s := range 8 {
+				session := fmt.Sprint("agent-", s)
+				task := strings.Repeat(fmt.Sprintf("Session %d works on its own task. ", s), 60)
+				first := send(t, m, task, "step 1", "x-session-id", session)
+				// A prefix no replica has seen: only the session can keep it there.
+				second := send(t, m, strings.ToUpper(task), "step 2", "x-session-id", session)
+				if second.addr == first.addr {
+					stayed++
+				}
+			}
+			if trusted {
+				assert.Equal(t, 8, stayed, "every session kept its replica")
+			} else {
+				assert.Less(t, stayed, 8, "an untrusted session header steers nothing")
+			}
+		})
+	}
 }
