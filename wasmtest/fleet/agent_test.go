@@ -35,4 +35,8 @@ func TestAgentFollowUpsNeedTheReplicaThatStoredTheResponse(t *testing.T) {
 	assert.Zero(t, kv.Failed)
 	assert.Equal(t, w.Len(), kv.Requests)
 	assert.GreaterOrEqual(t, kv.CachedTokenRate, 0.97*oracle.CachedTokenRate)
+	row := JSONRow(kv)
+	assert.Equal(t, kv.FollowUps, row.FollowUps)
+	require.NotNil(t, row.NotFound, "0 not found is written")
+	assert.Zero(t, *row.NotFound)
 }

@@ -136,6 +136,10 @@ type JSONPolicy struct {
 	MaxMeanQueue    float64  `json:"max_mean_queue"`
 	SpillRate       float64  `json:"spill_rate"`
 	Preemptions     int      `json:"preemptions"`
+	// FollowUps and NotFound are set on a workload with Responses follow-ups
+	// (sim.Result): how many, and how many reached a replica without the response.
+	FollowUps int  `json:"follow_ups,omitempty"`
+	NotFound  *int `json:"follow_ups_not_found,omitempty"`
 }
 
 // JSONReport is the --json document.
@@ -157,12 +161,17 @@ func jsonSecs(d time.Duration) *float64 {
 
 // JSONRow converts one result.
 func JSONRow(r *sim.Result) JSONPolicy {
-	return JSONPolicy{
+	row := JSONPolicy{
 		Name: r.Policy, Requests: r.Requests, CachedTokenRate: round6(r.CachedTokenRate),
 		TTFTp50: jsonSecs(r.TTFTp50), TTFTp95: jsonSecs(r.TTFTp95), TTFTp99: jsonSecs(r.TTFTp99),
 		E2Ep50: jsonSecs(r.E2Ep50), MaxMeanQueue: round6(r.MaxMeanQueue), SpillRate: round6(r.SpillRate),
 		Preemptions: r.Preemptions,
 	}
+	if r.FollowUps > 0 {
+		nf := r.NotFound
+		row.FollowUps, row.NotFound = r.FollowUps, &nf
+	}
+	return row
 }
 
 func round6(v float64) float64 { return math.Round(v*1e6) / 1e6 }
