@@ -50,7 +50,8 @@ fmt-check: ## fail if any Go file needs gofmt
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# npm packages the end-to-end tests use (the official openai client), pinned by the lockfile.
+# npm packages the end-to-end tests use (the official openai and @anthropic-ai/sdk clients),
+# pinned by the lockfile.
 # python3-zmq gives TestZsubReadsALibzmqPublisher libzmq, vLLM's ZMQ library; best effort
 # (as root with apt-get): without it that test is skipped and says so.
 testdeps: ## the npm packages the end-to-end tests use (npm ci); libzmq's python3-zmq if it can

@@ -59,6 +59,7 @@ type plugin struct {
 	shards   shardSet  // the control planes polled, and which serves each model (shards.go)
 	leader   leader    // the lease, and polling and posting when this VM holds it (leader.go)
 	placed   placed    // the placements shared with the sibling VMs (placed.go)
+	affinity affinity  // responses' and sessions' replicas, shared with the sibling VMs (affinity.go)
 	routed   *shard    // the shard of the request being routed
 	reqNow   time.Time // when the request being routed is routed
 	free     []*httpContext
@@ -89,6 +90,8 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.router.Tables = p.tableFor
 	p.router.Admit = admit.New(&p.cfg.Overload) // nil without classes: every request admitted
 	p.placed = newPlaced(p.vmID, &p.mem.value, p.router)
+	p.affinity = affinity{value: &p.mem.value, names: &p.names}
+	p.router.Follows = p.follows
 	p.metrics = defineMetrics()
 	p.metrics.defineShed(&p.cfg.Overload)
 	tick := minTick(&p.cfg)

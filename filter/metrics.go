@@ -39,6 +39,12 @@ type metrics struct {
 	// shedNames keeps the counters' names alive: the SDK's test host keys its metrics
 	// by a view of the guest's memory, which a freed name would let the GC reuse.
 	shedNames []string
+	// Responses requests naming previous_response_id: sent first to the replica that
+	// answered it, or not (unknown, gone or unhealthy: the engine may not find it).
+	followed   proxywasm.MetricCounter
+	followLost proxywasm.MetricCounter
+	// Responses responses whose id was not found in the body's first bytes.
+	responseIDsMissed proxywasm.MetricCounter
 
 	polls          proxywasm.MetricCounter // table polls sent (leader)
 	pollErrors     proxywasm.MetricCounter // ... that failed
@@ -75,6 +81,9 @@ func defineMetrics() metrics {
 		outcomes:             c("kvroute_outcomes_total"),
 		outcomesWithoutUsage: c("kvroute_outcomes_without_usage_total"),
 		ledgerExpired:        c("kvroute_ledger_expired_total"),
+		followed:             c("kvroute_follow_ups_affine_total"),
+		followLost:           c("kvroute_follow_ups_lost_total"),
+		responseIDsMissed:    c("kvroute_response_ids_missed_total"),
 		polls:                c("kvroute_table_polls_total"),
 		pollErrors:           c("kvroute_table_poll_errors_total"),
 		failovers:            c("kvroute_table_failovers_total"),

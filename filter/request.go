@@ -31,6 +31,7 @@ type httpContext struct {
 	tenant      string
 	modelHeader string
 	class       string // the class header's value (overload.class_header), if read
+	session     uint64 // the session header's entry key (affinity.go), 0: none
 
 	// While the body is held (see OnHttpRequestBody).
 	contentLength int64 // -1: none, or not a number
@@ -50,6 +51,9 @@ type httpContext struct {
 	// A Messages stream's usage in its first chunk (message_start), if any.
 	head             prompt.Usage
 	headRead, headOK bool
+	// idSought: body bytes searched for a Responses response's id (affinity.go), -1
+	// once found or given up.
+	idSought int
 }
 
 // maxFreeContexts bounds the contexts a VM keeps for reuse.
@@ -97,6 +101,11 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	if cfg.Overload.ClassHeader != "" {
 		c, _ := v.requestHeader(cfg.Overload.ClassHeader)
 		h.class = h.p.names.keep(c)
+	}
+	if cfg.SessionHeader != "" {
+		if s, err := v.requestHeader(cfg.SessionHeader); err == nil && s != "" {
+			h.session = affinityKey(affinitySession, h.tenant, []byte(s))
+		}
 	}
 	if endOfStream {
 		if h.decide(nil, nil) {
@@ -268,6 +277,9 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	// The sibling VMs' placements since the last request (one 8-byte read if none).
 	p.placed.catchUp(now)
 	req.ID, req.Schema, req.ModelHeader, req.Tenant, req.Class = h.reqID, h.schema, h.modelHeader, h.tenant, h.class
+	if h.session != 0 {
+		req.Session, req.SessionTokens, _ = p.affinity.lookup(h.session, sessionMaxAge, now)
+	}
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
 	d, res := p.router.Route(nil, req, 0, now)
@@ -314,6 +326,15 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 		m.unrouted.Increment(1)
 		return
 	}
+	switch res.Follow {
+	case route.Followed:
+		m.followed.Increment(1)
+	case route.FollowLost:
+		m.followLost.Increment(1)
+	}
+	if h.session != 0 {
+		p.affinity.remember(h.session, d.Addrs[0], d.PredictedCached+d.Uncached, now)
+	}
 	if res.Action == route.NoPrompt {
 		m.fallbacks.Increment(1)
 		return
@@ -338,6 +359,12 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	h.shard.reports.enqueue(&h.report)
 	h.shared = p.placed.share(&h.report, res.LocalKeys, d.Uncached)
 	return false
+}
+
+// follows is the router's Follows: the replica that answered a Responses response.
+func (p *plugin) follows(previousResponseID []byte, tenant string) string {
+	addr, _, _ := p.affinity.lookup(affinityKey(affinityResponse, tenant, previousResponseID), responseMaxAge, p.reqNow)
+	return addr
 }
 
 // endpointHeader builds the endpoint header's value.

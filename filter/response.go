@@ -57,6 +57,9 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 				h.head, h.headOK = h.p.usage.FindUsage(chunk)
 				h.headRead = true
 			}
+			if h.schema == prompt.Responses {
+				h.learnResponseID(chunk, now)
+			}
 			h.tail = keepTail(h.tail, chunk)
 		}
 	}
@@ -101,10 +104,9 @@ func keepTail(tail, chunk []byte) []byte {
 func (h *httpContext) finish() {
 	h.finished = true
 	p := h.p
-	served := h.first
-	// The replica that served may be a retry target or the fallback's choice.
-	if up, err := p.mem.value.property(upstreamAddress); err == nil && len(up) > 0 && string(up) != served {
-		served = p.names.keep(string(up))
+	served := h.served()
+	if h.schema == prompt.Responses && h.idSought >= 0 && h.status >= 200 && h.status < 300 {
+		p.metrics.responseIDsMissed.Increment(1)
 	}
 	r := h.report
 	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, served, h.status, p.now().UnixMilli()
@@ -121,4 +123,35 @@ func (h *httpContext) finish() {
 	}
 	h.tail = h.tail[:0]
 	h.shard.reports.enqueue(&r)
+}
+
+// served is the replica that answered: the pick, or a retry target or the fallback's
+// choice (Envoy's upstream address).
+func (h *httpContext) served() string {
+	p := h.p
+	if up, err := p.mem.value.property(upstreamAddress); err == nil && len(up) > 0 && string(up) != h.first {
+		return p.names.keep(string(up))
+	}
+	return h.first
+}
+
+// maxIDSearch bounds how far into a Responses body its id is looked for: vLLM sends it
+// first (the body's first member, or the first event's response's).
+const maxIDSearch = 4 << 10
+
+// learnResponseID records, from a successful Responses answer's first chunks, which
+// replica holds the response (affinity.go), so its follow-ups go there.
+func (h *httpContext) learnResponseID(chunk []byte, now time.Time) {
+	if h.idSought < 0 || h.status < 200 || h.status >= 300 {
+		return
+	}
+	if id := responseID(chunk); id != nil {
+		h.p.affinity.remember(affinityKey(affinityResponse, h.tenant, id), h.served(), 0, now)
+		h.idSought = -1
+		return
+	}
+	if h.idSought += len(chunk); h.idSought >= maxIDSearch {
+		h.p.metrics.responseIDsMissed.Increment(1)
+		h.idSought = -1
+	}
 }

@@ -1,9 +1,9 @@
 package manifests_test
 
-// Only vLLM's OpenAI inference API and its health check reach the engines through the
-// mesh: the clients' VirtualService answers every other path with 404, and the
-// AuthorizationPolicy on the vLLM pods refuses it with 403, except /metrics, which the
-// control plane scrapes.
+// Only vLLM's inference APIs (OpenAI's, and Anthropic's Messages) and its health check
+// reach the engines through the mesh: the clients' VirtualService answers every other
+// path with 404, and the AuthorizationPolicy on the vLLM pods refuses it with 403, except
+// /metrics, which the control plane scrapes.
 
 import (
 	"os"
@@ -58,6 +58,7 @@ var vllmRoutes = []vllmRoute{
 	{"/v1/completions", "A", inference},
 	{"/v1/embeddings", "A", inference},
 	{"/v1/responses", "A", inference},
+	{"/v1/messages", "A", inference}, // Anthropic's Messages API (vllm/entrypoints/anthropic/api_router.py)
 	{"/v1/audio/transcriptions", "A", inference},
 	{"/v1/audio/translations", "A", inference},
 	{"/v1/models", "A", health},
@@ -66,8 +67,7 @@ var vllmRoutes = []vllmRoute{
 	// Stored responses by id: not tenant-scoped, so not exposed.
 	{"/v1/responses/resp_123", "A", refused},
 	{"/v1/responses/resp_123/cancel", "A", refused},
-	// Not OpenAI APIs (Anthropic, pooling, scoring, reranking).
-	{"/v1/messages", "A", refused},
+	// Not inference APIs kvroute routes (pooling, scoring, reranking).
 	{"/pooling", "A", refused},
 	{"/classify", "A", refused},
 	{"/score", "A", refused},

@@ -57,6 +57,12 @@ type Config struct {
 	// Overload is priorities, shedding and fairness past capacity (overload.go); off
 	// without classes.
 	Overload Overload `json:"overload,omitempty"`
+	// SessionHeader, when set, names a header that carries a session id (an agent's
+	// x-session-id): a session's requests prefer the replica of its previous one while
+	// the rule's cost allows (shared/route/affinity.go). Trusted as it arrives, like
+	// tenants.header: set it only where the mesh sets or strips it (docs/threat-model.md).
+	// Unset, no header is read.
+	SessionHeader string `json:"session_header,omitempty"`
 	// Adapters maps a LoRA adapter's model name to its base model: the adapter's
 	// requests route on the base model's replicas, with chains seeded by the adapter.
 	Adapters map[string]string `json:"adapters,omitempty"`
@@ -275,6 +281,7 @@ func (c *Config) fillDefaults() {
 	}
 	c.EndpointHeader = strings.ToLower(c.EndpointHeader)
 	c.ModelHeader = strings.ToLower(c.ModelHeader)
+	c.SessionHeader = strings.ToLower(c.SessionHeader)
 	c.Tenants.Header = strings.ToLower(c.Tenants.Header)
 	c.Overload.ClassHeader = strings.ToLower(c.Overload.ClassHeader)
 	c.Overload.fillDefaults()
@@ -321,6 +328,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ModelHeader != "" && !validHeaderName(c.ModelHeader) {
 		bad("model_header %q is not a valid header name", c.ModelHeader)
+	}
+	if c.SessionHeader != "" && !validHeaderName(c.SessionHeader) {
+		bad("session_header %q is not a valid header name", c.SessionHeader)
 	}
 	c.Tenants.validateSource(bad)
 	c.Overload.validate(bad)

@@ -34,6 +34,11 @@ type Request struct {
 	Tenant string
 	// Class is the class header's value (api.Overload.ClassHeader), "" for none.
 	Class string
+	// Session is the replica that served the request's session last ("" for none, or
+	// no session), and SessionTokens that request's prompt tokens: the replica is
+	// credited with them cached, and the rule's cost decides (affinity.go).
+	Session       string
+	SessionTokens float64
 }
 
 // Action is what Route did with a request.
@@ -137,6 +142,9 @@ type Result struct {
 	// Verdict is the admission's (Router.Admit); when Verdict.Shed(), the request must be
 	// answered with 429 and Verdict.RetryAfter and not forwarded: Route recorded nothing.
 	Verdict admit.Verdict
+	// Follow says whether the request continued a stored response (Router.Follows) and
+	// whether it went to that response's replica first.
+	Follow FollowOutcome
 	// LocalKeys is the tail of Placement.Keys past what the table lists the picked
 	// replica as holding: what Route recorded in Local, and what a proxy's other worker
 	// VMs need to record (filter/placed.go). The keys before it add nothing to a match
@@ -147,6 +155,19 @@ type Result struct {
 	// on every VM of the proxy for every request.
 	LocalKeys []uint64
 }
+
+// FollowOutcome is what became of a request that continues a stored response.
+type FollowOutcome uint8
+
+const (
+	// NoFollow: the request names no previous response (or no Follows is set).
+	NoFollow FollowOutcome = iota
+	// Followed: it went to the replica that answered the previous response first.
+	Followed
+	// FollowLost: that replica is unknown, gone from the table or unhealthy; the rule
+	// placed the request alone (the engine may not find the response).
+	FollowLost
+)
 
 // Route runs one request through the whole sequence: parse the body, resolve the model
 // (LoRA adapters route on their base model's replicas), choose the chain's salt (tenant
@@ -173,6 +194,8 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 			}
 			return Decision{}, res
 		}
+		r.aff = affinity{session: req.Session, sessionTokens: req.SessionTokens}
+		defer func() { r.aff = affinity{} }()
 		return r.routeWithoutPrompt(t, req, req.ModelHeader, float64(req.Size)/4, tableAge, now, res)
 	}
 	// The parser's memory of earlier bodies (shared/prompt's strmemo.go) serves an
@@ -180,6 +203,8 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	tenantSalt, isolated := cfg.TenantSalt(req.Tenant)
 	r.parser.Partition = tenantSalt
 	pr, err := r.parser.Parse(req.Schema, req.Body, prompt.Limits{MaxBytes: cfg.MaxBodyBytes, MaxDepth: cfg.MaxJSONDepth})
+	r.aff = r.affinityOf(pr.PreviousResponseID, req)
+	defer func() { r.aff = affinity{} }()
 	model := pr.Model
 	if req.ModelHeader != "" {
 		model = req.ModelHeader
@@ -227,6 +252,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	}
 	r.Ledger.Add(req.ID, d.Addrs[0], d.Uncached, now)
 	res.Action = Placed
+	res.Follow = r.followOutcome(d.Addrs[0])
 	var ckpts []uint64
 	if r.Reuse {
 		ckpts = r.ckpts[:0]
@@ -291,6 +317,7 @@ func (r *Router) routeWithoutPrompt(t *table.Table, req *Request, model string, 
 	}
 	r.Ledger.Add(req.ID, d.Addrs[0], estTokens, now)
 	res.Action = NoPrompt
+	res.Follow = r.followOutcome(d.Addrs[0])
 	return d, res
 }
 

@@ -129,7 +129,12 @@ type Router struct {
 	// Admit, when set (api.Overload with classes), refuses placed requests past capacity
 	// (package admit); nil admits every request.
 	Admit *admit.Controller
+	// Follows, when set, gives the replica that answered the response a Responses body
+	// continues (its previous_response_id, for tenant), "" when unknown: the request goes
+	// there first while the table lists it healthy (affinity.go).
+	Follows func(previousResponseID []byte, tenant string) string
 
+	aff     affinity // the request being routed's (affinity.go)
 	parser  prompt.Parser
 	memo    prefix.Memo // the last prompts' keys: a shared prefix is compared, not hashed
 	mm      matchMemo   // the last chain's hits in the table
@@ -182,7 +187,8 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 			MeanUncached: float64(rep.MeanUncached),
 		})
 	}
-	d := r.decision(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order))
+	r.creditSession(m, c.PromptTokens)
+	d := r.decision(m, r.pin(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order), r.aff.follow))
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
 		d.PredictedCached = pick.Cached
@@ -201,7 +207,20 @@ func (r *Router) LeastQueued(m *table.Model, tableAge time.Duration, now time.Ti
 		correction, _ := r.Ledger.Sums(rep.Addr, now.Add(-age))
 		r.cands = append(r.cands, rule.Candidate{Queued: queued(rep.Queued, correction), Healthy: rep.Healthy})
 	}
-	return r.decision(m, r.Picker.LeastQueued(r.cands, r.order))
+	pin := r.aff.follow
+	if replicaIndex(m, pin) < 0 {
+		pin = r.aff.session // no prompt to match: the session's replica while healthy
+	}
+	return r.decision(m, r.pin(m, r.Picker.LeastQueued(r.cands, r.order), pin))
+}
+
+// pin puts the healthy replica addr first in rd's order (affinity.go); rd as it is when
+// addr is "" or not a healthy replica of m.
+func (r *Router) pin(m *table.Model, rd rule.Decision, addr string) rule.Decision {
+	if i := replicaIndex(m, addr); i >= 0 {
+		rd.Order = pinFirst(rd.Order, i, max(r.Picker.Params.MaxEndpoints, 1))
+	}
+	return rd
 }
 
 // queued is Q(r): the snapshot's queued tokens with the ledger's correction (never below

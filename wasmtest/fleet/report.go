@@ -42,6 +42,26 @@ func WriteTable(w io.Writer, results []*sim.Result) error {
 	return tw.Flush()
 }
 
+// WriteFollowUps writes, when the workload has Responses follow-ups, how many each policy
+// sent to a replica whose store lacked the previous response (vLLM's 404 not found);
+// nothing otherwise.
+func WriteFollowUps(w io.Writer, results []*sim.Result) error {
+	if !slices.ContainsFunc(results, func(r *sim.Result) bool { return r.FollowUps > 0 }) {
+		return nil
+	}
+	fmt.Fprintf(w, "\nResponses follow-ups by previous_response_id (in failed: those not found on the replica they reached)\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tfollow-ups\tnot found\tshare\t")
+	for _, r := range results {
+		share := math.NaN()
+		if r.FollowUps > 0 {
+			share = float64(r.NotFound) / float64(r.FollowUps)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t\n", r.Policy, r.FollowUps, r.NotFound, pct(share))
+	}
+	return tw.Flush()
+}
+
 // WriteHot writes the hot-group split: how many replicas served the hot group and its
 // TTFT against everyone else's.
 func WriteHot(w io.Writer, results []*sim.Result) error {
@@ -116,6 +136,10 @@ type JSONPolicy struct {
 	MaxMeanQueue    float64  `json:"max_mean_queue"`
 	SpillRate       float64  `json:"spill_rate"`
 	Preemptions     int      `json:"preemptions"`
+	// FollowUps and NotFound are set on a workload with Responses follow-ups
+	// (sim.Result): how many, and how many reached a replica without the response.
+	FollowUps int  `json:"follow_ups,omitempty"`
+	NotFound  *int `json:"follow_ups_not_found,omitempty"`
 }
 
 // JSONReport is the --json document.
@@ -137,12 +161,17 @@ func jsonSecs(d time.Duration) *float64 {
 
 // JSONRow converts one result.
 func JSONRow(r *sim.Result) JSONPolicy {
-	return JSONPolicy{
+	row := JSONPolicy{
 		Name: r.Policy, Requests: r.Requests, CachedTokenRate: round6(r.CachedTokenRate),
 		TTFTp50: jsonSecs(r.TTFTp50), TTFTp95: jsonSecs(r.TTFTp95), TTFTp99: jsonSecs(r.TTFTp99),
 		E2Ep50: jsonSecs(r.E2Ep50), MaxMeanQueue: round6(r.MaxMeanQueue), SpillRate: round6(r.SpillRate),
 		Preemptions: r.Preemptions,
 	}
+	if r.FollowUps > 0 {
+		nf := r.NotFound
+		row.FollowUps, row.NotFound = r.FollowUps, &nf
+	}
+	return row
 }
 
 func round6(v float64) float64 { return math.Round(v*1e6) / 1e6 }

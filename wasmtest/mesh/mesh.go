@@ -300,8 +300,9 @@ func (m *Mesh) start(ctx context.Context, prof timing.Profile, proxyLn net.Liste
 		s, err := server.Start(server.Config{
 			Host: "127.0.0.1", ModelName: m.engineModel(i), EnableAdmin: true, DefaultMaxTokens: 16,
 			ForceIncludeUsage: !o.NoForcedUsage, SGLangCacheReport: true, // SGLang's --enable-cache-report
-			Logger:  o.Logger.With("replica", i),
-			Replica: rc,
+			ResponsesStore: true, // VLLM_ENABLE_RESPONSES_API_STORE=1, as a Responses API user runs vLLM
+			Logger:         o.Logger.With("replica", i),
+			Replica:        rc,
 		})
 		if err != nil {
 			return fmt.Errorf("engine %d: %w", i, err)

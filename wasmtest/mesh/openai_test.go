@@ -25,23 +25,9 @@ import (
 // Under `make test` (KVROUTE_REQUIRE_NODE=1) a missing Node or package fails the test;
 // a plain `go test` skips it.
 func TestOpenAINodeClient(t *testing.T) {
-	dir := filepath.Join("testdata", "openai")
-	node, err := exec.LookPath("node")
-	_, modErr := os.Stat(filepath.Join(dir, "node_modules", "openai"))
-	if err != nil || modErr != nil {
-		if os.Getenv("KVROUTE_REQUIRE_NODE") == "1" {
-			t.Fatalf("node (%v) or the openai package (%v) missing: run `make testdeps`", err, modErr)
-		}
-		t.Skip("node or testdata/openai/node_modules missing: run `make testdeps`")
-	}
+	node := nodeClients(t, "openai")
 	m := start(t, mesh.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), m.URL()).Output()
-	if ee, ok := err.(*exec.ExitError); ok {
-		t.Fatalf("client failed: %v\n%s", err, ee.Stderr)
-	}
-	require.NoError(t, err)
+	out := node(m, "client.mjs")
 	type usage struct {
 		PromptTokens        int `json:"prompt_tokens"`
 		CompletionTokens    int `json:"completion_tokens"`
@@ -83,4 +69,36 @@ func TestOpenAINodeClient(t *testing.T) {
 	waitFor(t, "three outcomes", func() bool { return m.Summary().Outcomes == 3 })
 	assert.Zero(t, metric(m, "kvroute_outcomes_without_usage_total"))
 	assert.Equal(t, int64(3), m.Proxy.Stats().Requests)
+}
+
+// nodeClients returns a runner of the Node scripts in testdata/openai, whose
+// node_modules (`make testdeps`) must hold packages; under `make test`
+// (KVROUTE_REQUIRE_NODE=1) a missing Node or package fails the test, a plain `go test`
+// skips it. The runner passes the mesh's URL and returns the script's output.
+func nodeClients(t *testing.T, packages ...string) func(m *mesh.Mesh, script string) []byte {
+	t.Helper()
+	dir := filepath.Join("testdata", "openai")
+	node, err := exec.LookPath("node")
+	for _, p := range packages {
+		if _, modErr := os.Stat(filepath.Join(dir, "node_modules", p)); err == nil && modErr != nil {
+			err = modErr
+		}
+	}
+	if err != nil {
+		if os.Getenv("KVROUTE_REQUIRE_NODE") == "1" {
+			t.Fatalf("node or the packages %v missing (%v): run `make testdeps`", packages, err)
+		}
+		t.Skipf("node or the packages %v in testdata/openai/node_modules missing: run `make testdeps`", packages)
+	}
+	return func(m *mesh.Mesh, script string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, node, filepath.Join(dir, script), m.URL()).Output()
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Fatalf("%s failed: %v\n%s", script, err, ee.Stderr)
+		}
+		require.NoError(t, err)
+		return out
+	}
 }

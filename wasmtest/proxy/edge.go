@@ -23,7 +23,11 @@ import (
 // Checked against vLLM (vllm-project/vllm): vllm/entrypoints/openai/api_server.py at
 // 048027fbbdb8c252560205a6159ba3288ede291e registers the chat, completion, models and
 // pooling routers (POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-// POST /v1/embeddings) and the serve routers, among them GET /health. vLLM serves
+// POST /v1/embeddings), the responses router (POST /v1/responses;
+// vllm/entrypoints/openai/responses/api_router.py at f6e93254b87059a005c9043f4c72322994aff95a,
+// its GET and cancel by id stay out, as in manifests/) and the anthropic router (POST
+// /v1/messages; vllm/entrypoints/anthropic/api_router.py at
+// 42fa4c096d406754b7e5c6d93835fe390487c8af), and the serve routers, among them GET /health. vLLM serves
 // /tokenize and /detokenize at the root, not under /v1
 // (vllm/entrypoints/serve/tokenize/api_router.py at
 // 045d7575500e01e0f4a7ff84e039a9f7f7dc3bd0), so they are not part of the OpenAI API and
@@ -34,6 +38,8 @@ var DefaultRoutes = []string{
 	"/v1/chat/completions",
 	"/v1/models",
 	"/v1/embeddings",
+	"/v1/responses",
+	"/v1/messages",
 	"/health",
 }
 

@@ -175,6 +175,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := workload.DefaultSeed()
 	gsp := workload.DefaultGSP()
 	mt := workload.DefaultMultiturn()
+	agent := workload.DefaultAgent()
 	burst := workload.DefaultBurst()
 	var outage kvroute.Outage
 	var failoverAt time.Duration
@@ -182,13 +183,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cpuLoad := 3280 * time.Nanosecond
 
 	var (
-		wl          = fs.String("workload", "seed", "workload: seed, gsp, multiturn or burst (see --trace for Mooncake)")
+		wl          = fs.String("workload", "seed", "workload: seed, gsp, multiturn, agent or burst (see --trace for Mooncake)")
 		trace       = fs.String("trace", "", "replay a trace file instead of a generated workload")
 		traceFormat = fs.String("trace-format", "mooncake", "trace format (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids of 512-token blocks)")
 		speedup     = fs.Float64("speedup", 1, "--trace: divide the trace's timestamps by this (a trace's rate is a time compression; --rate, --find-rate and --sweep-rate set it from requests per second)")
 		profile     = fs.String("profile", "seed000", "replica timing profile: seed000 (Llama 3.3 70B FP8, TP=2 H200) or fast")
 		policies    = fs.String("policies", "all", "comma-separated policies: "+strings.Join(fleet.Policies, ",")+" (all), and kvroute-wasm (the compiled filter; also with --wasm)")
-		rate        = fs.Float64("rate", 0, "requests per second, where --find-rate starts (unset: the workload's: seed 40, gsp 8, multiturn 10, burst --burst-rate x --burst-size; with --trace, the trace's timestamps are divided to give this rate, instead of --speedup)")
+		rate        = fs.Float64("rate", 0, "requests per second, where --find-rate starts (unset: the workload's: seed 40, gsp 8, multiturn and agent 10, burst --burst-rate x --burst-size; with --trace, the trace's timestamps are divided to give this rate, instead of --speedup)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
@@ -209,7 +210,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		shed        = fs.Bool("shed", true, "with --classes: kvroute's filter has the classes and sheds past capacity (false: it admits everything, as without classes)")
 	)
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
-	fs.Var(durFlag{&duration, time.Second}, "duration", "seed and multiturn: arrivals span (seconds or a duration)")
+	fs.Var(durFlag{&duration, time.Second}, "duration", "seed, multiturn and agent: arrivals span (seconds or a duration)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "random seed: arrivals, texts, tie breaks")
 	fs.IntVar(&seed.Customers, "customers", seed.Customers, "seed: distinct customer prefixes")
 	fs.IntVar(&seed.PromptTokens, "prompt-tokens", seed.PromptTokens, "seed: prompt length in tokens")
@@ -228,9 +229,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (seconds or a duration)")
 	fs.Var(durFlag{&failoverAt, time.Second}, "cp-failover", "AT (seconds or a duration): the control-plane replica kvroute's proxies poll is SIGKILLed at AT and another replica takes over (docs/controlplane.md, \"Replicas\"): no table for one poll interval, no report lost; results are also split before/during/after")
 	fs.Var(outageFlag{&outage}, "cp-outage", "AT:DURATION (seconds or durations): kvroute's proxies receive no table and lose every report from AT for DURATION; results are also split before/during/after")
-	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn: turns per session")
-	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn: time between a session's turns")
-	fs.IntVar(&mt.Apps, "apps", mt.Apps, "multiturn: distinct system prompts")
+	fs.IntVar(&mt.Turns, "turns", mt.Turns, "multiturn and agent: turns per session (agent: 8)")
+	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn and agent: time between a session's turns (agent: 15 s)")
+	fs.IntVar(&mt.Apps, "apps", mt.Apps, "multiturn and agent: distinct system prompts")
+	fs.Float64Var(&agent.MessagesShare, "messages-share", agent.MessagesShare, "agent: share of sessions on the Messages API (resending the history); the rest are Responses follow-ups by previous_response_id")
 	fs.IntVar(&o.Routers, "routers", o.Routers, "independent proxies, each with its own ledger and table (requests spread uniformly)")
 	fs.Var(durFlag{&stale, time.Millisecond}, "stale", "kvroute: the table each proxy receives is this old (ms or a duration)")
 	fs.Var(faultFlag{sim.Kill, &o.Faults}, "kill-replica", "AT[:REPLICA]: the replica (default 0) dies at AT (seconds or a duration); repeatable")
@@ -288,7 +290,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	o.KVRoute.Rule.TieEpsilon = *tieEps
 
 	wf := workloadFlags{name: *wl, trace: *trace, format: *traceFormat, rate: *rate, speedup: *speedup, duration: duration,
-		hot: *hot, hotShare: *hotShare, shared: *shared, seed: seed, gsp: gsp, mt: mt, burst: burst}
+		hot: *hot, hotShare: *hotShare, shared: *shared, seed: seed, gsp: gsp, mt: mt, agent: agent, burst: burst}
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "rate":
@@ -297,6 +299,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			wf.speedupSet = true
 		case "burst-rate":
 			wf.burstRateSet = true
+		case "turns":
+			wf.agent.Turns = mt.Turns
+		case "think":
+			wf.agent.Think = mt.Think
+		case "apps":
+			wf.agent.Apps = mt.Apps
 		}
 	})
 	load, label, err := wf.load(o)
@@ -463,6 +471,9 @@ func (b *bench) compare(phases bool) error {
 			return err
 		}
 	}
+	if err := fleet.WriteFollowUps(stdout, results); err != nil {
+		return err
+	}
 	if o.HotGroup >= 0 {
 		fmt.Fprintf(stdout, "\nhot customer (group %d) vs the others\n", o.HotGroup)
 		if err := fleet.WriteHot(stdout, results); err != nil {
@@ -615,6 +626,7 @@ type workloadFlags struct {
 	seed                              workload.SeedConfig
 	gsp                               workload.GSPConfig
 	mt                                workload.MultiturnConfig
+	agent                             workload.AgentConfig
 	burst                             workload.BurstConfig
 }
 
@@ -680,6 +692,10 @@ func (f workloadFlags) load(o fleet.Options) (fleet.Load, string, error) {
 			at.Rate = rate
 			return workload.NewMultiturn(at)
 		}
+	case "agent":
+		c := f.agent
+		c.Seed, c.BlockSize, c.Duration, l.Rate = o.Seed, bs, f.duration, c.Rate
+		l.At = func(rate float64) (workload.Workload, error) { at := c; at.Rate = rate; return workload.NewAgent(at) }
 	case "burst":
 		if f.rateSet && f.burstRateSet {
 			return l, "", cli.Usagef("--rate and --burst-rate: give one (burst requests per second are groups per second x --burst-size)")
@@ -694,7 +710,7 @@ func (f workloadFlags) load(o fleet.Options) (fleet.Load, string, error) {
 			return workload.NewBurst(at)
 		}
 	default:
-		return l, "", cli.Usagef("--workload %q: want seed, gsp, multiturn or burst", f.name)
+		return l, "", cli.Usagef("--workload %q: want seed, gsp, multiturn, agent or burst", f.name)
 	}
 	if f.rateSet {
 		l.Rate = f.rate

@@ -97,6 +97,7 @@ type options struct {
 	logLevel                                 string
 	enablePrefixCaching, promptTokensDetails bool
 	forceIncludeUsage, cacheReport           bool
+	responsesStore                           bool
 	cpuOffloadTokens                         int
 	cpuLoadUsPerToken                        float64
 }
@@ -104,6 +105,8 @@ type options struct {
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs := cli.NewFlagSet(command, help, out)
 	seed := os.Getenv("PYTHONHASHSEED")
+	// vLLM reads bool(int(os.getenv("VLLM_ENABLE_RESPONSES_API_STORE", "0"))) (vllm/envs.py).
+	storeOn, _ := strconv.Atoi(os.Getenv("VLLM_ENABLE_RESPONSES_API_STORE"))
 	if seed == "" {
 		seed = "0"
 	}
@@ -139,6 +142,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "accepted for vLLM compatibility; usage always carries prompt_tokens_details.cached_tokens")
 	fs.BoolVar(&o.cacheReport, "enable-cache-report", false, "--engine sglang: SGLang's flag: usage carries prompt_tokens_details.cached_tokens when the prompt hit the cache")
+	fs.BoolVar(&o.responsesStore, "enable-responses-store", storeOn != 0, "vLLM's VLLM_ENABLE_RESPONSES_API_STORE (taken from it when set): keep Responses API responses in this process's memory so previous_response_id finds them; off, store=true is silently ignored")
 	fs.BoolVar(&o.forceIncludeUsage, "enable-force-include-usage", false, "vLLM's: every stream carries usage (in each chunk and a last chunk of its own), whatever stream_options says")
 	return fs
 }
@@ -273,7 +277,7 @@ func parse(args []string, out io.Writer) ([]server.Config, error) {
 		cfgs = append(cfgs, server.Config{
 			Host: o.host, Port: port, ModelName: name, LoRAModules: o.loras,
 			DefaultMaxTokens: o.defaultMaxTokens, VocabSize: o.vocabSize, EnableAdmin: o.enableAdmin, Version: ver,
-			ForceIncludeUsage: o.forceIncludeUsage, SGLangCacheReport: o.cacheReport,
+			ForceIncludeUsage: o.forceIncludeUsage, SGLangCacheReport: o.cacheReport, ResponsesStore: o.responsesStore,
 			Logger: log.With("replica", i),
 			Replica: replica.Config{
 				Engine: sched.Config{Profile: prof, NumGPUBlocks: o.numGPUBlocks, HashAlgo: o.hashAlgo, HashSeed: o.hashSeed,

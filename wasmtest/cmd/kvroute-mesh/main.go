@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/controlplane/discovery"
 	"github.com/kvroute/kvroute/internal/cli"
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/wasmtest/mesh"
 )
 
@@ -82,6 +83,7 @@ type options struct {
 	replicas, vms, kvBlocks, maxSeqs int
 	proxyAddr, cpAddr, wasm, model   string
 	profile, logLevel                string
+	sessionHeader                    string
 	timeScale                        float64
 	every                            time.Duration
 	demo                             bool
@@ -141,6 +143,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.wasm, "wasm", "bin/kvroute.wasm", "the filter module (make wasm builds it); empty builds it from this checkout")
 	fs.IntVar(&o.vms, "vms", 2, "proxy worker VMs (Envoy worker threads)")
 	fs.StringVar(&o.model, "model", "llama", "served model name")
+	fs.StringVar(&o.sessionHeader, "session-header", "", "a request header naming an agent's session (e.g. x-session-id) that the filter trusts: a session's requests prefer the replica of its previous one (the filter's session_header); unset, a client's session header is ignored")
 	fs.StringVar(&o.profile, "profile", "seed000", "engine timing: seed000 (Llama 3.3 70B FP8 on TP=2 H200: 71.3 us per prefill token) or fast")
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "wall seconds per simulated engine second (1 = real time)")
 	fs.IntVar(&o.kvBlocks, "kv-blocks", 1250, "KV pool per replica in 16-token blocks: 1250 (20,000 tokens) holds about 13 of the demo's system prompts, so the demo's 40 fit the fleet but not one replica (0 = the profile's 558,124 tokens)")
@@ -196,7 +199,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 	m, err := mesh.Start(ctx, mesh.Options{
 		Replicas: o.replicas, Model: o.model, Profile: o.profile, TimeScale: o.timeScale,
 		KVBlocks: o.kvBlocks, MaxNumSeqs: o.maxSeqs, ProxyAddr: o.proxyAddr, ControlPlaneAddr: o.cpAddr,
-		VMs: o.vms, WasmPath: o.wasm, Engines: o.engines,
+		VMs: o.vms, WasmPath: o.wasm, Engines: o.engines, Filter: api.Config{SessionHeader: o.sessionHeader},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		OnListen: func() {
 			if len(o.engines) > 0 {

@@ -257,15 +257,10 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, j *job) {
 	handles := make([]*replica.Handle, 0, len(j.prompts))
 	for i, p := range j.prompts {
-		h, err := s.rep.Submit(replica.Request{ID: fmt.Sprintf("%s-%d", j.id, i), Prompt: p, MaxTokens: j.maxTokens,
-			CacheSalt: j.salt, LoRA: j.lora, LoraID: j.loraID})
-		if err != nil {
+		h, e := s.submit(j, i, p)
+		if e != nil {
 			abortAll(handles)
-			if errors.Is(err, sched.ErrTooLong) {
-				s.fail(w, openai.BadRequest("%v", err))
-			} else {
-				s.fail(w, openai.ServerError(http.StatusInternalServerError, err.Error()))
-			}
+			s.fail(w, e)
 			return
 		}
 		handles = append(handles, h)
@@ -274,6 +269,37 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, j *job) {
 		s.stream(w, r, j, handles)
 	} else {
 		s.complete(w, r, j, handles)
+	}
+}
+
+// submit hands prompt i of j to the replica.
+func (s *Server) submit(j *job, i int, prompt []uint32) (*replica.Handle, *openai.Error) {
+	h, err := s.rep.Submit(replica.Request{ID: fmt.Sprintf("%s-%d", j.id, i), Prompt: prompt, MaxTokens: j.maxTokens,
+		CacheSalt: j.salt, LoRA: j.lora, LoraID: j.loraID})
+	switch {
+	case err == nil:
+		return h, nil
+	case errors.Is(err, sched.ErrTooLong):
+		return nil, openai.BadRequest("%v", err)
+	default:
+		return nil, openai.ServerError(http.StatusInternalServerError, err.Error())
+	}
+}
+
+// follow waits for h to finish, calling each (when not nil) with every update that
+// brings tokens or the end; a false from each, or ctx ending, aborts the request.
+func follow(ctx context.Context, h *replica.Handle, each func(replica.Progress) bool) (replica.Progress, bool) {
+	have := 0
+	for {
+		p, err := h.Wait(ctx, have)
+		if err != nil || (each != nil && !each(p)) {
+			h.Abort()
+			return p, false
+		}
+		if p.Done {
+			return p, true
+		}
+		have = len(p.Tokens)
 	}
 }
 
@@ -382,22 +408,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, handles 
 			}
 		}()
 	}
-	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if flusher != nil {
-		flusher.Flush()
-	}
-	send := func(b []byte) bool {
-		if _, err := w.Write(b); err != nil {
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return true
-	}
+	send := startSSE(w)
 	created := time.Now().Unix()
 	sent := make([]int, len(handles))
 	final := make([]replica.Progress, len(handles))

@@ -1,7 +1,8 @@
 // Package server is the engine simulator's HTTP front end: vLLM's OpenAI-compatible
-// API (POST /v1/completions, /v1/chat/completions, /tokenize, GET /v1/models,
-// /health, /version, /metrics, POST /reset_prefix_cache) over one replica (package
-// replica), plus loopback-only fault switches under /admin/ for tests.
+// API (POST /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages,
+// /tokenize, GET /v1/models, /health, /version, /metrics, POST /reset_prefix_cache)
+// over one replica (package replica), plus loopback-only fault switches under /admin/
+// for tests.
 //
 // Prompt text is never logged: logs carry request ids and token counts.
 //
@@ -55,6 +56,11 @@ type Config struct {
 	// SGLangCacheReport is SGLang's --enable-cache-report: usage carries
 	// prompt_tokens_details.cached_tokens (--engine sglang; vLLM's always does here).
 	SGLangCacheReport bool
+	// ResponsesStore is vLLM's VLLM_ENABLE_RESPONSES_API_STORE: off, a Responses
+	// request's store=true is silently ignored and previous_response_id is never found.
+	ResponsesStore bool
+	// ResponsesStoreSize bounds the store (0: DefaultResponseStoreSize; vLLM's is unbounded).
+	ResponsesStoreSize int
 	// EnableAdmin serves /admin/* (to loopback clients only).
 	EnableAdmin bool
 	// Version is the vLLM release imitated (zero: version.Default): it picks the
@@ -73,6 +79,7 @@ type Server struct {
 	ln    net.Listener
 	srv   *http.Server
 	loras map[string]int // adapter name -> lora_id (1-based, as vLLM)
+	store *responseStore // the Responses API's in-memory store
 	ids   atomic.Uint64
 
 	slowMetrics atomic.Int64 // ns
@@ -108,7 +115,8 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Replica.Logger = cfg.Logger
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, loras: map[string]int{}, failStatus: 500,
-		rng: rand.New(rand.NewPCG(1, 2)), served: make(chan struct{})}
+		rng: rand.New(rand.NewPCG(1, 2)), served: make(chan struct{}),
+		store: newResponseStore(cfg.ResponsesStoreSize)}
 	if !cfg.Version.NestedErrors() || cfg.Replica.Kind == replica.EngineSGLang {
 		s.env = openai.Flat // SGLang's ErrorResponse is vLLM 0.10.0's flat shape (sglang.go)
 	}
@@ -228,6 +236,8 @@ func (s *Server) Handler() http.Handler {
 		s.sglangRoutes(mux)
 	} else {
 		mux.HandleFunc("GET /v1/models", s.models)
+		mux.HandleFunc("POST /v1/responses", s.responses)
+		mux.HandleFunc("POST /v1/messages", s.messages)
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {

@@ -169,6 +169,10 @@ type Stats struct {
 	StaleDecisions int
 	// Shed are the requests refused past capacity (api.Overload; 429).
 	Shed int
+	// Followed and FollowLost are the Responses follow-ups sent to the replica that
+	// stored their previous response, or not (kvroute_follow_ups_affine_total,
+	// kvroute_follow_ups_lost_total).
+	Followed, FollowLost int
 	// Applied counts the versions the proxies applied and ApplyLag their total delay
 	// from publication (the Go mirror's proxies; not counted for kvroute-wasm).
 	Applied  int
@@ -220,6 +224,10 @@ type router struct {
 	answered time.Duration
 	queue    []api.Report
 	order    []int
+	// responses is the filter's map of Responses answers to the replica that answered
+	// (filter/affinity.go), learned at their first body bytes; one per proxy, shared by
+	// its worker VMs but not with other proxies.
+	responses map[string]string
 }
 
 func (cfg *Config) check() error {
@@ -260,6 +268,8 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 		if cfg.NoLocal {
 			r.rt.Local.MaxKeys = 0
 		}
+		r.responses = map[string]string{}
+		r.rt.Follows = func(id []byte, _ string) string { return r.responses[string(id)] }
 		p.routers = append(p.routers, r)
 	}
 	return p, nil
@@ -412,8 +422,8 @@ func (p *Policy) postReports(r *router, now time.Duration) {
 
 // ---- proxies ----
 
-// Route is the filter's request path for a chat request (filter/request.go): the proxy
-// the request reaches runs route.Router.Route on its table.
+// Route is the filter's request path (filter/request.go): the proxy the request reaches
+// runs route.Router.Route on its table.
 func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	k := p.routerOf(req)
 	r := p.routers[k]
@@ -422,7 +432,11 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		return policy.Choice{}
 	}
 	nowT := at(now)
-	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: prompt.Chat, Body: req.Body, Tenant: req.Tenant, Class: req.Class}, nowT)
+	schema := req.Schema
+	if schema == 0 {
+		schema = prompt.Chat
+	}
+	d, res := r.Proxy.Route(&route.Request{ID: req.ID, Schema: schema, Body: req.Body, Tenant: req.Tenant, Class: req.Class}, nowT)
 	if res.Verdict.Shed() {
 		return policy.Choice{Shed: true}
 	}
@@ -452,8 +466,12 @@ func (p *Policy) Started(*workload.Request, int, time.Duration) {}
 
 // FirstByte is OnHttpResponseBody's first call: prefill is done (for a stream, the first
 // token), so the engine's queue numbers no longer hold the request's prefill.
-func (p *Policy) FirstByte(req *workload.Request, _ int, now time.Duration) {
+func (p *Policy) FirstByte(req *workload.Request, i int, now time.Duration) {
 	if pl := p.placed[req.ID]; pl != nil {
+		if req.Schema == prompt.Responses && pl.placed {
+			// The answer's first bytes carry its id (filter/response.go learnResponseID).
+			p.routers[pl.router].responses[workload.ResponseID(req.ID)] = p.f.Addr(i)
+		}
 		rt := p.routers[pl.router].rt
 		if p.cfg.LedgerStarts {
 			rt.Started(req.ID, at(now))

@@ -59,6 +59,12 @@ func (x *Proxy) Route(req *route.Request, now time.Time) (route.Decision, route.
 	if res.Body != nil {
 		st.SaltInjected++
 	}
+	switch res.Follow {
+	case route.Followed:
+		st.Followed++
+	case route.FollowLost:
+		st.FollowLost++
+	}
 	switch res.Action {
 	case route.Unrouted:
 		st.Unrouted++

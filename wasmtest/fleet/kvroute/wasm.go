@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane/server"
 	"github.com/kvroute/kvroute/shared/admit"
 	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 	"github.com/kvroute/kvroute/wasmtest/host"
@@ -209,7 +210,7 @@ func (p *WasmPolicy) Route(req *workload.Request, now time.Duration) policy.Choi
 		LocalReply:     func(status int) { ws.local = status },
 	})
 	p.streams[req.ID] = ws
-	hdrs := host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "vllm.models.svc"},
+	hdrs := host.Headers{{":method", "POST"}, {":path", apiPath(req.Schema)}, {":authority", "vllm.models.svc"},
 		{":scheme", "http"}, {"content-type", "application/json"}, {"content-length", strconv.Itoa(len(req.Body))}}
 	if p.classes {
 		hdrs = append(hdrs, [2]string{wasmClassHeader, req.Class}, [2]string{wasmTenantHeader, req.Tenant})
@@ -257,14 +258,34 @@ func (p *WasmPolicy) Started(req *workload.Request, _ int, at time.Duration) {
 	_, _ = ws.s.SendResponseHeaders(host.Headers{{":status", "200"}, {"content-type", "text/event-stream; charset=utf-8"}}, false)
 }
 
-// FirstByte delivers the first SSE chunk (the role delta vLLM sends with the first token).
+// FirstByte delivers the first SSE chunk: the role delta vLLM sends with the first token;
+// a Responses stream's response.created event, which carries the response's id; a
+// Messages stream's message_start.
 func (p *WasmPolicy) FirstByte(req *workload.Request, _ int, at time.Duration) {
 	ws := p.streams[req.ID]
 	if ws == nil || !ws.started {
 		return
 	}
 	p.advance(at)
-	_, _ = ws.s.SendResponseBody([]byte(`data: {"id":"chatcmpl-sim","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n"), false)
+	first := `data: {"id":"chatcmpl-sim","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n"
+	switch req.Schema {
+	case prompt.Responses:
+		first = `event: response.created` + "\n" + `data: {"response":{"id":"` + workload.ResponseID(req.ID) + `","object":"response","status":"in_progress","output":[]},"sequence_number":0,"type":"response.created"}` + "\n\n"
+	case prompt.Messages:
+		first = `event: message_start` + "\n" + `data: {"type":"message_start","message":{"id":"chatcmpl-sim","content":[],"model":"sim","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":` + strconv.Itoa(len(req.Tokens)) + `,"output_tokens":0}}}` + "\n\n"
+	}
+	_, _ = ws.s.SendResponseBody([]byte(first), false)
+}
+
+// apiPath is the request path of schema's API.
+func apiPath(schema prompt.Schema) string {
+	switch schema {
+	case prompt.Responses:
+		return "/v1/responses"
+	case prompt.Messages:
+		return "/v1/messages"
+	}
+	return "/v1/chat/completions"
 }
 
 // Finished ends the stream: the last SSE chunk carries usage, as vLLM's with
@@ -283,6 +304,14 @@ func (p *WasmPolicy) Finished(req *workload.Request, _ int, at time.Duration, o 
 		}
 		usage := fmt.Sprintf(`data: {"id":"chatcmpl-sim","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`+"\n\ndata: [DONE]\n\n",
 			o.PromptTokens, req.OutputTokens, o.PromptTokens+req.OutputTokens, o.CachedTokens)
+		switch req.Schema {
+		case prompt.Responses: // vLLM's ResponseUsage in response.completed
+			usage = fmt.Sprintf(`event: response.completed`+"\n"+`data: {"response":{"id":"%s","object":"response","status":"completed","usage":{"input_tokens":%d,"input_tokens_details":{"cached_tokens":%d},"output_tokens":%d,"total_tokens":%d}},"type":"response.completed"}`+"\n\n",
+				workload.ResponseID(req.ID), o.PromptTokens, o.CachedTokens, req.OutputTokens, o.PromptTokens+req.OutputTokens)
+		case prompt.Messages: // vLLM's message_delta: no cached count
+			usage = fmt.Sprintf(`event: message_delta`+"\n"+`data: {"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"input_tokens":%d,"output_tokens":%d}}`+"\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\ndata: [DONE]\n\n",
+				o.PromptTokens, req.OutputTokens)
+		}
 		_, _ = ws.s.SendResponseBody([]byte(usage), true)
 	case ws.started:
 		ws.s.Reset("upstream reset") // the engine died mid-stream

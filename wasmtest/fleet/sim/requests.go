@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
 	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
@@ -68,6 +69,18 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 	rec.routed, rec.rule, rec.ruleSpill = true, ch.Rule, ch.Spill
 	rec.spill = r.spilled(req, target)
 	rec.replica = int32(target)
+	if req.Previous != 0 {
+		rec.followUp = true
+		if !r.store.holds(target, req.Previous) {
+			// The replica's store lacks the previous response: vLLM answers 404 at once.
+			rec.state, rec.notFound = failed, true
+			r.pol.Sent(req, target, now)
+			r.pol.Started(req, target, now)
+			r.pol.Finished(req, target, now, policy.Outcome{Status: 404, CachedTokens: -1})
+			rec.req = nil
+			return
+		}
+	}
 	sr := &sched.Request{Prompt: req.Tokens, Chain: req.Chain, MaxTokens: req.OutputTokens, Owner: rec}
 	r.pol.Sent(req, target, now)
 	if err := r.f.engines[target].Submit(now, sr); err != nil {
@@ -151,6 +164,9 @@ func (r *runner) onFinish(sr *sched.Request, at time.Duration) {
 	}
 	req := rec.req
 	rec.req = nil
+	if rec.state == done && req.Schema == prompt.Responses {
+		r.store.put(i, req.ID)
+	}
 	if !r.cfg.Stream {
 		r.pol.Started(req, i, at)
 		r.pol.FirstByte(req, i, at)
@@ -183,3 +199,30 @@ func (r *runner) hopeless(now time.Duration) bool {
 	}
 	return false
 }
+
+// responseStore is every engine's Responses store as vLLM keeps it, in the API server's
+// memory (vllm/entrypoints/openai/responses/serving.py, response_store): a response is
+// stored when it finishes, on the replica that answered, and lost when that process
+// restarts.
+type responseStore struct {
+	at    map[uint64]storedAt // request ID -> where its response is stored
+	epoch []int               // per replica: its process restarts so far
+}
+
+type storedAt struct{ replica, epoch int }
+
+func newResponseStore(replicas int) responseStore {
+	return responseStore{at: map[uint64]storedAt{}, epoch: make([]int, replicas)}
+}
+
+func (s *responseStore) put(replica int, id uint64) {
+	s.at[id] = storedAt{replica, s.epoch[replica]}
+}
+
+func (s *responseStore) holds(replica int, id uint64) bool {
+	st, ok := s.at[id]
+	return ok && st.replica == replica && st.epoch == s.epoch[replica]
+}
+
+// restarted forgets what replica's process held.
+func (s *responseStore) restarted(replica int) { s.epoch[replica]++ }

@@ -14,9 +14,12 @@ type Result struct {
 	GPUs     int // Replicas x the profile's tensor-parallel degree
 
 	Requests int // completed
-	Failed   int // aborted by a fault, refused everywhere, or rejected (Rejected)
+	Failed   int // aborted by a fault, refused everywhere, rejected (Rejected) or not found (NotFound)
 	Rejected int // the engine refused them (too long)
 	Shed     int // refused by the proxy past capacity (429), not counted in Failed
+	// FollowUps are the Responses requests continuing a stored response; NotFound those
+	// of them sent to a replica whose store lacked it (vLLM's 404).
+	FollowUps, NotFound int
 
 	// CachedTokenRate is cached prompt tokens / prompt tokens, as the engines counted
 	// them at admission (usage.prompt_tokens_details.cached_tokens).
@@ -133,6 +136,12 @@ func (r *runner) result() *Result {
 			}
 		}
 		res.Preemptions += int(rec.preempts)
+		if rec.followUp {
+			res.FollowUps++
+			if rec.notFound {
+				res.NotFound++
+			}
+		}
 		switch rec.state {
 		case done:
 			res.Requests++

@@ -100,6 +100,9 @@ type record struct {
 	measured, hasFirst    bool
 	rejected, lateCounted bool
 	class, tenant         string // with Config.ClassBudgets
+	// followUp: a Responses follow-up (workload.Request.Previous); notFound: its
+	// replica's store lacked the previous response.
+	followUp, notFound bool
 }
 
 // fleet implements policy.Fleet.
@@ -137,6 +140,7 @@ type runner struct {
 	f     *fleet
 	pol   policy.Policy
 	recs  []record
+	store responseStore
 	rng   *policy.Rand
 	inflt int
 	now   time.Duration
@@ -169,7 +173,7 @@ func Run(cfg Config, mk NewPolicy) (*Result, error) {
 	if cfg.Routers < 1 {
 		cfg.Routers = 1
 	}
-	r := &runner{cfg: cfg, w: cfg.Workload, rng: policy.NewRand(cfg.Seed, 7)}
+	r := &runner{cfg: cfg, w: cfg.Workload, rng: policy.NewRand(cfg.Seed, 7), store: newResponseStore(cfg.Replicas)}
 	f := &fleet{blockSize: cfg.Profile.BlockSize, capacity: cfg.Profile.NumGPUBlocks() * cfg.Profile.BlockSize}
 	r.f = f
 	routerOf := func(q *workload.Request) int { return RouterOf(cfg.Seed, q.Index, cfg.Routers) }
@@ -290,6 +294,7 @@ func (r *runner) loop() error {
 			case Restart:
 				r.f.engines[ft.Replica].Restart(t)
 			}
+			r.store.restarted(ft.Replica)
 		}
 		for len(detections) > 0 && detections[0].at <= t {
 			r.f.up[detections[0].replica] = false

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/shared/prompt"
 	"github.com/kvroute/kvroute/wasmtest/engine/cache"
 	"github.com/kvroute/kvroute/wasmtest/engine/tokenizer"
 )
@@ -55,8 +56,15 @@ type Request struct {
 	Group int
 	Model string
 
-	// Body is the OpenAI /v1/chat/completions body the proxy sees. MessagesJSON is the
-	// "messages" array inside it (what the Gateway API inference extension hashes).
+	// Schema is the API the body speaks (zero: chat completions). Previous, when not 0,
+	// is the ID of the request whose stored response this one continues (a Responses
+	// follow-up by previous_response_id): only the replica that answered it can run it.
+	Schema   prompt.Schema
+	Previous uint64
+
+	// Body is the body the proxy sees (an OpenAI /v1/chat/completions one unless Schema
+	// says otherwise). MessagesJSON is the "messages" array inside it (what the Gateway
+	// API inference extension hashes; a Responses body's "input").
 	Body         []byte
 	MessagesJSON []byte
 	// Messages are the chat messages (what SGLang's router concatenates for routing).
@@ -156,6 +164,12 @@ func (b *builder) finish(r *Request, p *prefix, renderedTail, bodyTail string, m
 	r.Body = make([]byte, 0, len(p.body)+len(bodyTail))
 	r.Body = append(append(r.Body, p.body...), bodyTail...)
 	r.MessagesJSON = r.Body[p.msgsAt : len(p.body)+msgsEnd]
+	b.prompt(r, p, renderedTail)
+}
+
+// prompt sets r's engine prompt: p's rendering followed by renderedTail, encoded, and its
+// block-hash chain.
+func (b *builder) prompt(r *Request, p *prefix, renderedTail string) {
 	n := len(p.rendered) + len(renderedTail)
 	r.Tokens = make([]uint32, 0, 1+(n+tokenizer.ChunkBytes-1)/tokenizer.ChunkBytes)
 	r.Tokens = append(r.Tokens, p.tokens...)
