@@ -12,10 +12,11 @@
 // response.go (usage and outcome reports), reports.go (a shard's report batches and its
 // queue), shards.go (the control planes polled, one per model or pool, and which one
 // serves a request's model), store.go (each shard's table in shared data), placed.go
-// (placements shared between the worker VMs), leader.go (lease, polling each shard's
+// (placements shared between the worker VMs), affinity.go (the replicas of responses and
+// sessions, shared between the worker VMs), leader.go (lease, polling each shard's
 // control plane and failing over between its replicas, sharing its tables, posting its
-// reports to every replica), hostmem.go (the buffers host
-// calls write their values into, reused from request to request), hostcall_wasm.go (the
+// reports to every replica), hostmem.go (the buffers host calls write their values into,
+// reused from request to request), hostcall_wasm.go (the
 // filter's proxy_on_memory_allocate and the host calls the request path makes itself;
 // hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on
 // made-up requests at plugin start), metrics.go.
