@@ -36,9 +36,6 @@ type metrics struct {
 	// Requests refused past capacity (429), by class and reason (package admit):
 	// kvroute_shed_<class>_<reason>_total; none without overload classes.
 	shedBy [][]proxywasm.MetricCounter
-	// shedNames keeps the counters' names alive: the SDK's test host keys its metrics
-	// by a view of the guest's memory, which a freed name would let the GC reuse.
-	shedNames []string
 	// Responses requests naming previous_response_id: sent first to the replica that
 	// answered it, or not (unknown, gone or unhealthy: the engine may not find it).
 	followed   proxywasm.MetricCounter
@@ -98,14 +95,29 @@ func defineMetrics() metrics {
 	}
 }
 
+// builtNames keeps alive the names of the metrics defined with names built at run time:
+// the SDK's test host (proxytest's ProxyDefineMetric) keys a metric by an unsafe.String
+// view of the guest's memory, which the collector reuses once the name is garbage, and
+// a test then finds the metric under another name. Envoy copies the name.
+var builtNames []string
+
+// counterNamed and gaugeNamed define a metric whose name was built at run time.
+func counterNamed(name string) proxywasm.MetricCounter {
+	builtNames = append(builtNames, name)
+	return proxywasm.DefineCounterMetric(name)
+}
+
+func gaugeNamed(name string) proxywasm.MetricGauge {
+	builtNames = append(builtNames, name)
+	return proxywasm.DefineGaugeMetric(name)
+}
+
 // defineShed defines the shed counters of o's classes.
 func (m *metrics) defineShed(o *api.Overload) {
 	for _, c := range o.Classes {
 		byReason := make([]proxywasm.MetricCounter, len(admit.Reasons))
 		for i, r := range admit.Reasons {
-			name := "kvroute_shed_" + c.Name + "_" + r.String() + "_total"
-			m.shedNames = append(m.shedNames, name)
-			byReason[i] = proxywasm.DefineCounterMetric(name)
+			byReason[i] = counterNamed("kvroute_shed_" + c.Name + "_" + r.String() + "_total")
 		}
 		m.shedBy = append(m.shedBy, byReason)
 	}

@@ -56,9 +56,9 @@ func newShardSet(cfg *api.Config, tick int, proxy string, value *hostBuf, m *met
 		if s.name != "" {
 			pre := "kvroute_shard_" + s.name + "_"
 			s.gauges = &shardGauges{
-				version:    proxywasm.DefineGaugeMetric(pre + "table_version"),
-				ageMs:      proxywasm.DefineGaugeMetric(pre + "table_age_ms"),
-				pollErrors: proxywasm.DefineCounterMetric(pre + "table_poll_errors_total"),
+				version:    gaugeNamed(pre + "table_version"),
+				ageMs:      gaugeNamed(pre + "table_age_ms"),
+				pollErrors: counterNamed(pre + "table_poll_errors_total"),
 			}
 		}
 		s.reports = reports{keys: &s.keys, maxBatch: s.cp.MaxReportBatch, proxy: proxy,
