@@ -41,11 +41,6 @@ const (
 	entryHead = 8 + 8 + 4 + 1
 )
 
-const (
-	affinityResponse byte = 'R'
-	affinitySession  byte = 'S'
-)
-
 var affinityKeys = func() (k [affinityBuckets]string) {
 	for i := range k {
 		k[i] = "kvroute/affinity/" + strconv.Itoa(i)
@@ -60,31 +55,30 @@ type affinity struct {
 	buf   []byte
 }
 
-// affinityKey hashes an entry's identity (FNV-1a, 64 bits): the same on every VM.
-func affinityKey(kind byte, tenant string, id []byte) uint64 {
-	const prime = 1099511628211
-	h := uint64(14695981039346656037)
-	h = (h ^ uint64(kind)) * prime
-	for i := 0; i < len(tenant); i++ {
-		h = (h ^ uint64(tenant[i])) * prime
-	}
-	h = (h ^ 0xff) * prime // tenant and id apart
-	for _, c := range id {
-		h = (h ^ uint64(c)) * prime
-	}
-	return max(h, 1)
-}
-
 // remember records that key's replica is addr (tokens: its prompt, sessions only).
 func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Time) {
+	a.write(key, addr, tokens, now, false)
+}
+
+// learn records an entry another proxy learned (leader.go, pollAffinity), unless the map
+// holds the key already with the same replica or a newer entry; it reports whether it
+// wrote.
+func (a *affinity) learn(key uint64, addr string, at time.Time) bool {
+	return a.write(key, addr, 0, at, true)
+}
+
+func (a *affinity) write(key uint64, addr string, tokens float64, now time.Time, onlyNewer bool) bool {
 	if len(addr) > 255 {
-		return
+		return false
 	}
 	bucket := affinityKeys[key%affinityBuckets]
 	for try := 0; try < 2; try++ {
 		old, cas, err := a.value.sharedData(bucket)
 		if err != nil {
 			old = nil
+		}
+		if onlyNewer && holds(old, key, addr, now) {
+			return false
 		}
 		b := append(a.buf[:0], affinityMagic...)
 		b = binary.LittleEndian.AppendUint64(b, key)
@@ -103,9 +97,23 @@ func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Ti
 		a.buf = b
 		// With the read's CAS: a sibling's write in between is kept, and this one tried again.
 		if proxywasm.SetSharedData(bucket, b, uint32(cas)) == nil {
-			return
+			return true
 		}
 	}
+	return false
+}
+
+// holds reports whether bucket b has key's entry with replica addr or written after at.
+func holds(b []byte, key uint64, addr string, at time.Time) bool {
+	found := false
+	forEachEntry(b, func(e []byte, k uint64) bool {
+		if k == key {
+			found = string(e[entryHead:]) == addr || int64(binary.LittleEndian.Uint64(e[8:])) >= at.UnixMilli()
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // lookup returns key's replica and prompt tokens when its entry is younger than maxAge.

@@ -98,7 +98,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	// The name reports carry, read once now rather than in the first request's.
 	p.shards = newShardSet(&p.cfg, tick, proxyName(p.vmID), &p.mem.value, &p.metrics)
 	p.leader = leader{vmID: p.vmID, tickMs: tick, shards: &p.shards, clock: &p.now, value: &p.mem.value,
-		metrics: &p.metrics}
+		metrics: &p.metrics, affinity: &p.affinity}
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed
