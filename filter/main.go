@@ -14,7 +14,9 @@
 // serves a request's model), store.go (each shard's table in shared data), placed.go
 // (placements shared between the worker VMs), leader.go (lease, polling each shard's
 // control plane and failing over between its replicas, sharing its tables, posting its
-// reports to every replica), hostmem.go (the buffers host
+// reports to every replica), affinity.go (the responses' and sessions' replicas, shared
+// between the worker VMs), affinitypoll.go (the other proxies' entries, fetched from the
+// control plane), hostmem.go (the buffers host
 // calls write their values into, reused from request to request), hostcall_wasm.go (the
 // filter's proxy_on_memory_allocate and the host calls the request path makes itself;
 // hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on

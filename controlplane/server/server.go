@@ -160,7 +160,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // FrontRoutes are the requests every proxy's leader makes many times a second: the
 // control plane's front (controlplane/front) serves them without net/http's
 // per-request work, through the same Handler.
-var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath}}
+var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath},
+	{Method: http.MethodGet, Path: api.AffinityPath}}
 
 // FrontHeaders are every request header the handlers of FrontRoutes read (auth, the
 // formats a poll lists, a report batch's type); a lean request's handler sees no other.
