@@ -104,5 +104,18 @@ func TestFollowUpOnAnotherProxyGoesToTheReplicaTheFirstLearned(t *testing.T) {
 		assert.Contains(t, polls[1], "epoch=7")
 		learned, _ = b.GetCounterMetric("kvroute_affinity_learned_total")
 		assert.Equal(t, uint64(1), learned)
+
+		// A restarted control plane (another epoch, its cursors from 1 again) answers B's
+		// cursor of the old epoch with everything it holds, and B's cursor starts over.
+		restarted := cpaffinity.New(9, 0, 0, cpaffinity.Counts{})
+		restarted.Add(&api.ReportBatch{Proxy: "proxy-c", Reports: []api.Report{{Kind: api.KindOutcome, Model: "llama",
+			Replica: "10.1.0.2:8000", Status: 200, Affinity: api.AffinityKey(api.AffinityResponse, "", []byte("resp_on_c"))}}}, now)
+		polls = b.tickWith(restarted, nil, now)
+		require.Len(t, polls, 1)
+		assert.Contains(t, polls[0], "since=1&epoch=7&")
+		_, hs = b.send(request{path: "/v1/responses", body: followUpBody("resp_on_c", "done")})
+		assert.Equal(t, "10.1.0.2:8000", first(hs))
+		polls = b.tickWith(restarted, nil, now)
+		assert.Contains(t, polls[0], "since=1&epoch=9&")
 	})
 }
