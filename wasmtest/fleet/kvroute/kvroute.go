@@ -68,6 +68,9 @@ type Config struct {
 	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
 	// comparison with the behaviour before it.
 	NoLocal bool
+	// AffinityPerProxy keeps each proxy's Responses affinity to itself (no affinity
+	// polls), for comparison with the map shared through the control plane.
+	AffinityPerProxy bool
 	// LedgerStarts: at a request's first response byte the proxy records its start
 	// (route.Ledger.Started), so that a snapshot measured before it no longer counts its
 	// tokens as queued. False drops the ledger entry there (Ledger.Done), as
@@ -285,7 +288,8 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 			poll:   policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PollInterval)), Every: cfg.PollInterval},
 			report: policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.ReportInterval)), Every: cfg.ReportInterval},
 		}
-		r.affinity = policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PollInterval)), Every: cfg.PollInterval}
+		// The leader asks for affinity on the ticks it polls the table (filter/leader.go).
+		r.affinity = policy.Timer{Next: r.poll.Next, Every: cfg.PollInterval}
 		if cfg.NoLocal {
 			r.rt.Local.MaxKeys = 0
 		}
@@ -338,7 +342,7 @@ func (p *Policy) Wake(now time.Duration) {
 			p.pollTable(r, now)
 			r.answered = now
 		}
-		if r.affinity.Due(now) && !down {
+		if r.affinity.Due(now) && !down && !p.cfg.AffinityPerProxy {
 			p.pollAffinity(r, now)
 		}
 		if r.report.Due(now) {
