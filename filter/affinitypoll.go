@@ -72,6 +72,10 @@ func (l *leader) onAffinity(s *shard, bodySize int) {
 		}
 		return
 	}
+	if bodySize > api.MaxAffinityAnswerBytes {
+		l.metrics.affinityPollErrors.Increment(1) // not an answer: left unread
+		return
+	}
 	body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
 	if err != nil {
 		l.metrics.affinityPollErrors.Increment(1)

@@ -119,3 +119,38 @@ func TestFollowUpOnAnotherProxyGoesToTheReplicaTheFirstLearned(t *testing.T) {
 		assert.Contains(t, polls[0], "since=1&epoch=9&")
 	})
 }
+
+// What is not an answer teaches nothing and is counted: an answer longer than any
+// control plane sends (left unread), and a 404 from a control plane that predates the
+// path, after which the leader leaves it alone for a minute of ticks.
+func TestAffinityPollCountsWhatIsNotAnAnswer(t *testing.T) {
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, testConfig)
+		answer := func(status string, body []byte) int {
+			n := len(h.callouts())
+			h.Tick()
+			polls := 0
+			for _, c := range h.callouts()[n:] {
+				if strings.HasPrefix(pathOf(c), api.AffinityPath) {
+					polls++
+					h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", status}}, nil, body)
+				} else {
+					h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "304"}}, nil, nil)
+				}
+			}
+			return polls
+		}
+		huge := api.AppendAffinityHead(nil, 1, 1)
+		for len(huge) <= api.MaxAffinityAnswerBytes {
+			huge = api.AppendAffinityEntry(huge, uint64(len(huge)), 0, strings.Repeat("1", 255))
+		}
+		require.Equal(t, 1, answer("200", huge))
+		require.Equal(t, 1, answer("404", nil))
+		for range 20 {
+			require.Zero(t, answer("404", nil), "not asked again soon")
+		}
+		errs, _ := h.GetCounterMetric("kvroute_affinity_poll_errors_total")
+		learned, _ := h.GetCounterMetric("kvroute_affinity_learned_total")
+		assert.Equal(t, []uint64{2, 0}, []uint64{errs, learned})
+	})
+}

@@ -28,6 +28,8 @@ const (
 	AffinityContentType = "application/vnd.kvroute.affinity"
 	// MaxAffinityAnswer is the most entries in one answer; the rest come on the next poll.
 	MaxAffinityAnswer = 4096
+	// MaxAffinityAnswerBytes is the longest answer: that many entries of 255-byte addresses.
+	MaxAffinityAnswerBytes = AffinityHeadLen + MaxAffinityAnswer*(affinityEntry+255)
 )
 
 // Kinds of affinity entries (the first byte AffinityKey hashes).
