@@ -27,7 +27,8 @@ import (
 // addresses, never an id or prompt text. A bucket of several entries keeps a live entry
 // until that many newer ones land on its bucket: with one entry per slot, 400 live
 // follow-ups in 4,096 slots lost 1% of them to collisions. Losing an entry loses only
-// the preference: the rule then places the request alone.
+// the preference: the rule then places the request alone. A response's entry also
+// reaches the other proxies, through the control plane (affinitypoll.go).
 const (
 	affinityBuckets = 1024
 	affinityWays    = 8
@@ -60,7 +61,7 @@ func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Ti
 	a.write(key, addr, tokens, now, false)
 }
 
-// learn records an entry another proxy learned (leader.go, pollAffinity), unless the map
+// learn records an entry another proxy learned (affinitypoll.go), unless the map
 // holds the key already with the same replica or a newer entry; it reports whether it
 // wrote.
 func (a *affinity) learn(key uint64, addr string, at time.Time) bool {
@@ -103,7 +104,7 @@ func (a *affinity) write(key uint64, addr string, tokens float64, now time.Time,
 	return false
 }
 
-// holds reports whether bucket b has key's entry with replica addr or written after at.
+// holds reports whether bucket b has key's entry with replica addr or dated at or after at.
 func holds(b []byte, key uint64, addr string, at time.Time) bool {
 	found := false
 	forEachEntry(b, func(e []byte, k uint64) bool {
