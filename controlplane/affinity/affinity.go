@@ -67,9 +67,6 @@ func New(epoch uint64, maxEntries int, maxAge time.Duration, c Counts) *Map {
 		first: 1, next: 1, addrs: map[string]string{}}
 }
 
-// Epoch is the epoch the map's cursors count in.
-func (m *Map) Epoch() uint64 { return m.epoch }
-
 // Add takes the affinity of every successful outcome in b (validated reports,
 // api.ParseReportBatch) and returns how many it added.
 func (m *Map) Add(b *api.ReportBatch, now time.Time) int {
