@@ -27,7 +27,8 @@ import (
 // addresses, never an id or prompt text. A bucket of several entries keeps a live entry
 // until that many newer ones land on its bucket: with one entry per slot, 400 live
 // follow-ups in 4,096 slots lost 1% of them to collisions. Losing an entry loses only
-// the preference: the rule then places the request alone.
+// the preference: the rule then places the request alone. A response's entry also
+// reaches the other proxies, through the control plane (affinitypoll.go).
 const (
 	affinityBuckets = 1024
 	affinityWays    = 8
@@ -39,11 +40,6 @@ const (
 	sessionMaxAge = 10 * time.Minute
 	// entryHead is an entry's fixed part: key, time, tokens, address length.
 	entryHead = 8 + 8 + 4 + 1
-)
-
-const (
-	affinityResponse byte = 'R'
-	affinitySession  byte = 'S'
 )
 
 var affinityKeys = func() (k [affinityBuckets]string) {
@@ -60,31 +56,30 @@ type affinity struct {
 	buf   []byte
 }
 
-// affinityKey hashes an entry's identity (FNV-1a, 64 bits): the same on every VM.
-func affinityKey(kind byte, tenant string, id []byte) uint64 {
-	const prime = 1099511628211
-	h := uint64(14695981039346656037)
-	h = (h ^ uint64(kind)) * prime
-	for i := 0; i < len(tenant); i++ {
-		h = (h ^ uint64(tenant[i])) * prime
-	}
-	h = (h ^ 0xff) * prime // tenant and id apart
-	for _, c := range id {
-		h = (h ^ uint64(c)) * prime
-	}
-	return max(h, 1)
-}
-
 // remember records that key's replica is addr (tokens: its prompt, sessions only).
 func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Time) {
+	a.write(key, addr, tokens, now, false)
+}
+
+// learn records an entry another proxy learned (affinitypoll.go), unless the map
+// holds the key already with the same replica or a newer entry; it reports whether it
+// wrote.
+func (a *affinity) learn(key uint64, addr string, at time.Time) bool {
+	return a.write(key, addr, 0, at, true)
+}
+
+func (a *affinity) write(key uint64, addr string, tokens float64, now time.Time, onlyNewer bool) bool {
 	if len(addr) > 255 {
-		return
+		return false
 	}
 	bucket := affinityKeys[key%affinityBuckets]
 	for try := 0; try < 2; try++ {
 		old, cas, err := a.value.sharedData(bucket)
 		if err != nil {
 			old = nil
+		}
+		if onlyNewer && holds(old, key, addr, now) {
+			return false
 		}
 		b := append(a.buf[:0], affinityMagic...)
 		b = binary.LittleEndian.AppendUint64(b, key)
@@ -103,9 +98,23 @@ func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Ti
 		a.buf = b
 		// With the read's CAS: a sibling's write in between is kept, and this one tried again.
 		if proxywasm.SetSharedData(bucket, b, uint32(cas)) == nil {
-			return
+			return true
 		}
 	}
+	return false
+}
+
+// holds reports whether bucket b has key's entry with replica addr or dated at or after at.
+func holds(b []byte, key uint64, addr string, at time.Time) bool {
+	found := false
+	forEachEntry(b, func(e []byte, k uint64) bool {
+		if k == key {
+			found = string(e[entryHead:]) == addr || int64(binary.LittleEndian.Uint64(e[8:])) >= at.UnixMilli()
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // lookup returns key's replica and prompt tokens when its entry is younger than maxAge.

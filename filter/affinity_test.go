@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -86,8 +87,8 @@ func TestFollowUpsFindASiblingVMsEntry(t *testing.T) {
 		h.serveTable(table.EncodeFull(fleet(t, 5, 4, []uint64{0, 6000, 6000, 6000}, nil)))
 		var sibling affinity
 		sibling.value, sibling.names = &hostBuf{}, &names{}
-		sibling.remember(affinityKey(affinityResponse, "", []byte("resp_sib")), "10.1.0.3:8000", 0, time.Now())
-		sibling.remember(affinityKey(affinityResponse, "", []byte("resp_old")), "10.1.0.3:8000", 0, time.Unix(0, 0)) // older than any VM's clock
+		sibling.remember(api.AffinityKey(api.AffinityResponse, "", []byte("resp_sib")), "10.1.0.3:8000", 0, time.Now())
+		sibling.remember(api.AffinityKey(api.AffinityResponse, "", []byte("resp_old")), "10.1.0.3:8000", 0, time.Unix(0, 0)) // older than any VM's clock
 		_, hs := h.send(request{path: "/v1/responses", body: followUpBody("resp_sib", "go")})
 		assert.Equal(t, "10.1.0.3:8000", first(hs))
 		_, hs = h.send(request{path: "/v1/responses", body: followUpBody("resp_old", "something else entirely")})

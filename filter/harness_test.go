@@ -123,11 +123,23 @@ func (h host) serveTable(frame []byte) {
 		}
 	}
 	require.NotNil(h.t, poll, "a table poll among the calls")
+	h.refuseAffinity(n)
 	if frame == nil {
 		h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "304"}}, nil, nil)
 		return
 	}
 	h.CallOnHttpCallResponse(poll.CalloutID, [][2]string{{":status", "200"}, {"content-type", api.TableContentType}}, nil, frame)
+}
+
+// refuseAffinity answers the affinity polls among the calls made since the first n as a
+// control plane that does not serve them (404): the leader then leaves them for a minute,
+// and tests of other things see only their own calls.
+func (h host) refuseAffinity(n int) {
+	for _, c := range h.callouts()[n:] {
+		if p, _ := header(c.Headers, ":path"); strings.HasPrefix(p, api.AffinityPath) {
+			h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "404"}}, nil, nil)
+		}
+	}
 }
 
 // keepFresh is one tick of a control plane that has nothing new: table polls get 304,
@@ -137,8 +149,11 @@ func (h host) keepFresh() {
 	h.Tick()
 	for _, c := range h.callouts()[n:] {
 		status := "204"
-		if p, _ := header(c.Headers, ":path"); strings.HasPrefix(p, api.TablePath) {
+		switch p, _ := header(c.Headers, ":path"); {
+		case strings.HasPrefix(p, api.TablePath):
 			status = "304"
+		case strings.HasPrefix(p, api.AffinityPath):
+			status = "404" // a control plane without it: not asked again for a minute
 		}
 		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", status}}, nil, nil)
 	}

@@ -26,14 +26,15 @@ import (
 // report posts), and the VM holding the lease runs them all, each independently: one
 // shard's control plane failing backs off that shard's polls alone.
 type leader struct {
-	vmID    uint64
-	tickMs  int
-	held    bool     // this VM holds the lease
-	lease   [16]byte // the lease being written to shared data
-	shards  *shardSet
-	clock   *func() time.Time // the plugin's (tests set their own after start)
-	value   *hostBuf          // the VM's buffer for shared data and call headers (hostmem.go)
-	metrics *metrics
+	vmID     uint64
+	tickMs   int
+	held     bool     // this VM holds the lease
+	lease    [16]byte // the lease being written to shared data
+	shards   *shardSet
+	clock    *func() time.Time // the plugin's (tests set their own after start)
+	value    *hostBuf          // the VM's buffer for shared data and call headers (hostmem.go)
+	metrics  *metrics
+	affinity *affinity // the map the entries other proxies learned go into (affinitypoll.go)
 }
 
 // schedule is a shard's polls and report posts on the leader.
@@ -66,6 +67,7 @@ type schedule struct {
 	// copyHdrs their headers.
 	copyCalls []int
 	copyHdrs  [][][2]string
+	aff       affinityPoll
 }
 
 func newSchedule(cfg *api.ControlPlane, tickMs int) schedule {
@@ -90,7 +92,7 @@ func (sc *schedule) target() api.Endpoint { return sc.targets[sc.current] }
 // failOver moves to the next replica; the calls' headers name its authority.
 func (sc *schedule) failOver() {
 	sc.current = (sc.current + 1) % len(sc.targets)
-	sc.pollHdrs, sc.reportHdrs = nil, nil
+	sc.pollHdrs, sc.reportHdrs, sc.aff.hdrs = nil, nil, nil
 }
 
 // backoff is the ticks to wait after that many failed polls in a row (with replicas:
@@ -139,6 +141,7 @@ func (l *leader) tickShard(s *shard) {
 	default:
 		l.postReports(s)
 	}
+	l.tickAffinity(s)
 }
 
 func (l *leader) tryLease(now time.Time, ttl time.Duration) bool {

@@ -15,8 +15,9 @@
 // (placements shared between the worker VMs), affinity.go (the replicas of responses and
 // sessions, shared between the worker VMs), leader.go (lease, polling each shard's
 // control plane and failing over between its replicas, sharing its tables, posting its
-// reports to every replica), hostmem.go (the buffers host calls write their values into,
-// reused from request to request), hostcall_wasm.go (the
+// reports to every replica), affinitypoll.go (the other proxies' affinity entries,
+// fetched from the control plane), hostmem.go (the buffers host calls write their
+// values into, reused from request to request), hostcall_wasm.go (the
 // filter's proxy_on_memory_allocate and the host calls the request path makes itself;
 // hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on
 // made-up requests at plugin start), metrics.go.
@@ -99,7 +100,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	// The name reports carry, read once now rather than in the first request's.
 	p.shards = newShardSet(&p.cfg, tick, proxyName(p.vmID), &p.mem.value, &p.metrics)
 	p.leader = leader{vmID: p.vmID, tickMs: tick, shards: &p.shards, clock: &p.now, value: &p.mem.value,
-		metrics: &p.metrics}
+		metrics: &p.metrics, affinity: &p.affinity}
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed

@@ -52,6 +52,10 @@ type metrics struct {
 	reportsDropped proxywasm.MetricCounter
 	copiesSent     proxywasm.MetricCounter // reports also posted to another control-plane replica (failover)
 	copiesDropped  proxywasm.MetricCounter // ... that it did not take, or that were not sent (it had too many outstanding)
+	// Affinity entries other proxies learned (api.AffinityPath): written into the map,
+	// and the fetches that failed (a control plane that does not serve them included).
+	affinityLearned    proxywasm.MetricCounter
+	affinityPollErrors proxywasm.MetricCounter
 
 	tableVersion proxywasm.MetricGauge // with shards: the lowest shard's (shards.go)
 	tableAgeMs   proxywasm.MetricGauge // with shards: the stalest shard's
@@ -90,6 +94,8 @@ func defineMetrics() metrics {
 		reportsDropped:       c("kvroute_reports_dropped_total"),
 		copiesSent:           c("kvroute_report_copies_sent_total"),
 		copiesDropped:        c("kvroute_report_copies_dropped_total"),
+		affinityLearned:      c("kvroute_affinity_learned_total"),
+		affinityPollErrors:   c("kvroute_affinity_poll_errors_total"),
 		tableVersion:         g("kvroute_table_version"),
 		tableAgeMs:           g("kvroute_table_age_ms"),
 	}

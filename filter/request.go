@@ -104,7 +104,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	}
 	if cfg.SessionHeader != "" {
 		if s, err := v.requestHeader(cfg.SessionHeader); err == nil && s != "" {
-			h.session = affinityKey(affinitySession, h.tenant, []byte(s))
+			h.session = api.AffinityKey(api.AffinitySession, h.tenant, []byte(s))
 		}
 	}
 	if endOfStream {
@@ -363,7 +363,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 
 // follows is the router's Follows: the replica that answered a Responses response.
 func (p *plugin) follows(previousResponseID []byte, tenant string) string {
-	addr, _, _ := p.affinity.lookup(affinityKey(affinityResponse, tenant, previousResponseID), responseMaxAge, p.reqNow)
+	addr, _, _ := p.affinity.lookup(api.AffinityKey(api.AffinityResponse, tenant, previousResponseID), responseMaxAge, p.reqNow)
 	return addr
 }
 

@@ -140,13 +140,18 @@ func (h *httpContext) served() string {
 const maxIDSearch = 4 << 10
 
 // learnResponseID records, from a successful Responses answer's first chunks, which
-// replica holds the response (affinity.go), so its follow-ups go there.
+// replica holds the response (affinity.go), so its follow-ups go there, from this proxy
+// at once and from the others once the outcome report has reached the control plane.
 func (h *httpContext) learnResponseID(chunk []byte, now time.Time) {
 	if h.idSought < 0 || h.status < 200 || h.status >= 300 {
 		return
 	}
 	if id := responseID(chunk); id != nil {
-		h.p.affinity.remember(affinityKey(affinityResponse, h.tenant, id), h.served(), 0, now)
+		key := api.AffinityKey(api.AffinityResponse, h.tenant, id)
+		h.p.affinity.remember(key, h.served(), 0, now)
+		// The outcome report carries the key to the control plane, which shares it with
+		// the other proxies (api.AffinityPath).
+		h.report.Affinity = key
 		h.idSought = -1
 		return
 	}

@@ -53,7 +53,9 @@ type controlPlane struct {
 	ageMs   string
 	polls   []string // the :path of every poll
 	reports []api.Report
-	auth    []string // the authorization header of every call
+	auth    []string // the authorization header of every table poll and report post
+	// affinityPolls are the affinity polls it got (answered 404: not served).
+	affinityPolls int
 }
 
 // round ticks the filter once and answers every call it made, each by the control plane
@@ -69,9 +71,14 @@ func (h host) round(cps map[string]*controlPlane) {
 	for _, c := range calls {
 		cp, ok := cps[c.Upstream]
 		require.True(h.t, ok, "a call to %q, a cluster of no shard", c.Upstream)
+		path := pathOf(c)
+		if strings.HasPrefix(path, api.AffinityPath) {
+			cp.affinityPolls++
+			h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "404"}}, nil, nil)
+			continue
+		}
 		auth, _ := header(c.Headers, "authorization")
 		cp.auth = append(cp.auth, auth)
-		path := pathOf(c)
 		if path == api.ReportsPath {
 			rb, _, err := api.ParseReportBatch(c.Body)
 			require.NoError(h.t, err)
@@ -157,6 +164,7 @@ func TestShardedRequestsRouteOnTheirModelsShard(t *testing.T) {
 		h.round(cps)
 		for cl, cp := range cps {
 			assert.Equal(t, []string{api.TablePath + "?version=0"}, cp.polls, "one poll to %s", cl)
+			assert.Equal(t, 1, cp.affinityPolls, "%s is asked for the other proxies' affinity", cl)
 		}
 		assert.Equal(t, []string{"Bearer tok-llama"}, cps[llamaCluster].auth, "each shard's own token")
 		assert.Equal(t, []string{""}, cps[qwenCluster].auth)

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/controlplane/affinity"
 	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/publish"
@@ -37,6 +38,10 @@ const (
 type Server struct {
 	Index     *index.Index
 	Publisher *publish.Publisher
+	// Affinity is the Responses affinity the reports carry, served to every proxy
+	// (api.AffinityPath); Handler makes one of the defaults, in the publisher's epoch,
+	// when it is nil.
+	Affinity *affinity.Map
 	// Token, when set, is required as "Authorization: Bearer <token>" on the table,
 	// reports and debug endpoints.
 	Token string
@@ -109,6 +114,10 @@ type Metrics struct {
 
 	// TakeoversDeclined counts polls of another epoch answered 503 (Server.TakeoverAfter).
 	TakeoversDeclined prometheus.Counter
+	// AffinityEntries counts the Responses affinity entries by result (added, evicted,
+	// expired, refused); AffinityServed those answered to polls.
+	AffinityEntries *prometheus.CounterVec
+	AffinityServed  prometheus.Counter
 }
 
 // NewMetrics registers the API's metrics on reg.
@@ -124,6 +133,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_report_batches_total", Help: "Report batches by result."}, []string{"result"}),
 		TakeoversDeclined: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_controlplane_takeovers_declined_total", Help: "Table polls naming another replica's epoch answered 503 because this replica started less than --takeover-after ago."}),
+		AffinityEntries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_affinity_entries_total", Help: "Responses affinity entries from reports by result: added, evicted (past the entry cap), expired (past the age limit), refused (too many distinct replica addresses)."}, []string{"result"}),
+		AffinityServed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_affinity_served_total", Help: "Responses affinity entries answered to proxies' polls."}),
 		ReportBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_controlplane_report_bytes_in_flight", Help: "Report body bytes read and not yet applied (a batch past --max-report-bytes-in-flight gets 429)."}),
 		Report: index.ReportMetrics{
@@ -139,14 +152,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{-8192, -2048, -512, -128, -16, 0, 16, 128, 512, 2048, 8192},
 	})
 	m.Report.CachedError = hist
-	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.TakeoversDeclined, m.Report.Reports, m.Report.FalseHits, hist)
+	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.TakeoversDeclined, m.Report.Reports, m.Report.FalseHits, hist,
+		m.AffinityEntries, m.AffinityServed)
 	return m
 }
 
 // FrontRoutes are the requests every proxy's leader makes many times a second: the
 // control plane's front (controlplane/front) serves them without net/http's
 // per-request work, through the same Handler.
-var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath}}
+var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath},
+	{Method: http.MethodGet, Path: api.AffinityPath}}
 
 // FrontHeaders are every request header the handlers of FrontRoutes read (auth, the
 // formats a poll lists, a report batch's type); a lean request's handler sees no other.
@@ -174,9 +189,19 @@ func (s *Server) Handler() http.Handler {
 			s.frameCounters[i] = s.Metrics.TableFrames.WithLabelValues(kind)
 		}
 	}
+	if s.Affinity == nil {
+		var c affinity.Counts
+		if s.Metrics != nil {
+			e := s.Metrics.AffinityEntries
+			c = affinity.Counts{Added: e.WithLabelValues("added"), Evicted: e.WithLabelValues("evicted"),
+				Expired: e.WithLabelValues("expired"), Refused: e.WithLabelValues("refused")}
+		}
+		s.Affinity = affinity.New(s.Publisher.Epoch(), 0, 0, c)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc(api.TablePath, s.count("table", s.auth(s.table)))
 	mux.HandleFunc(api.ReportsPath, s.count("reports", s.auth(s.reports)))
+	mux.HandleFunc(api.AffinityPath, s.count("affinity", s.auth(s.affinity)))
 	mux.HandleFunc("/debug/state", s.count("debug", s.auth(s.debug)))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -492,12 +517,42 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 		met = &s.Metrics.Report
 	}
 	applied := s.Index.ApplyReports(&b, s.Now(), met)
+	s.Affinity.Add(&b, s.Now())
 	writeJSON(w, struct {
 		Received int      `json:"received"`
 		Applied  int      `json:"applied"`
 		Rejected int      `json:"rejected"`
 		Errors   []string `json:"errors,omitempty"`
 	}{len(b.Reports) + len(rejected), applied, len(rejected), reasons})
+}
+
+// affinity: GET /v1/affinity?since=S&epoch=E&proxy=P (api.AffinityPath).
+func (s *Server) affinity(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		return
+	}
+	var n [3]uint64
+	for i, name := range []string{"since", "epoch", "proxy"} {
+		if v := queryGet(r.URL.RawQuery, name); v != "" {
+			var err error
+			if n[i], err = strconv.ParseUint(v, 10, 64); err != nil {
+				writeError(w, http.StatusBadRequest, "%s %q: want an unsigned integer", name, v)
+				return
+			}
+		}
+	}
+	body, served := s.Affinity.Answer(nil, n[0], n[1], n[2], s.Now())
+	h := w.Header()
+	h["Content-Type"] = []string{api.AffinityContentType}
+	h["Cache-Control"] = hdrNoStore
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+	if s.Metrics != nil {
+		s.Metrics.AffinityServed.Add(float64(served))
+	}
 }
 
 // errBusy: the report bodies in flight hold MaxBytesInFlight already.

@@ -555,7 +555,12 @@ func TestAuth(t *testing.T) {
 			t.Fatalf("%s: %d", p, r.StatusCode)
 		}
 	}
-	r, _ := http.Get(e.url + "/debug/state")
+	r, _ := http.Get(e.url + api.AffinityPath)
+	r.Body.Close()
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("affinity without token: %d", r.StatusCode)
+	}
+	r, _ = http.Get(e.url + "/debug/state")
 	r.Body.Close()
 	if r.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("debug without token: %d", r.StatusCode)

@@ -25,6 +25,7 @@ import (
 //	status         uvarints
 //	cached_tokens, at_ms                                                 zigzag varints
 //	keys           uvarint count, then 8 bytes each (little endian)
+//	affinity       8 bytes (little endian), outcomes that carry one only (Report.Affinity)
 //
 // A reader ignores bytes after the fields it knows inside a record (a newer filter's
 // additions) and drops a record of an unknown kind on its own.
@@ -69,6 +70,9 @@ func (r *Report) AppendBinary(dst []byte) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(r.Keys)))
 	for _, k := range r.Keys {
 		dst = binary.LittleEndian.AppendUint64(dst, k)
+	}
+	if r.Affinity != 0 && r.Kind == KindOutcome {
+		dst = binary.LittleEndian.AppendUint64(dst, r.Affinity)
 	}
 	binary.LittleEndian.PutUint32(dst[at:], uint32(len(dst)-at-4))
 	return dst
@@ -223,6 +227,9 @@ func (d *decoder) report() (Report, error) {
 		for i := range r.Keys {
 			r.Keys[i] = binary.LittleEndian.Uint64(d.b[8*i:])
 		}
+	}
+	if rest := d.b[8*nk:]; len(rest) >= 8 && r.Kind == KindOutcome {
+		r.Affinity = binary.LittleEndian.Uint64(rest)
 	}
 	return r, nil
 }

@@ -70,6 +70,10 @@ type Report struct {
 	CachedTokens int   `json:"cached_tokens,omitempty"`
 	Status       int   `json:"status,omitempty"`
 	AtMs         int64 `json:"at_ms"`
+	// Affinity, on an outcome, is the key (AffinityKey) of the Responses response the
+	// answer carried, 0 for none: the control plane shares it and Replica with the other
+	// proxies (affinity.go). A control plane that predates it ignores it.
+	Affinity uint64 `json:"affinity,omitempty"`
 }
 
 // ReportBatch is the body of POST /v1/reports.
@@ -205,5 +209,9 @@ func (r *Report) AppendJSON(dst []byte) []byte {
 		dst = num(dst, `,"status":`, int64(r.Status))
 	}
 	dst = num(dst, `,"at_ms":`, r.AtMs)
+	if r.Affinity != 0 {
+		dst = append(dst, `,"affinity":`...)
+		dst = strconv.AppendUint(dst, r.Affinity, 10)
+	}
 	return append(dst, '}')
 }

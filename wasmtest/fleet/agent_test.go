@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
@@ -15,11 +16,7 @@ import (
 // found), while kvroute, which learns each answer's replica, loses none and keeps the
 // cached rate of the oracle, which sees the engines' caches.
 func TestAgentFollowUpsNeedTheReplicaThatStoredTheResponse(t *testing.T) {
-	c := workload.DefaultAgent()
-	c.Rate, c.Duration, c.Think, c.Turns = 8, 40*time.Second, 5*time.Second, 5
-	c.SystemTokens, c.FirstUserTokens, c.UserTokens, c.OutputTokens = 400, 200, 100, 20
-	w, err := workload.NewAgent(c)
-	require.NoError(t, err)
+	w := tinyAgent(t)
 	res, err := Compare(w, Policies, tinyOptions())
 	require.NoError(t, err)
 	byName := map[string]int{}
@@ -39,4 +36,36 @@ func TestAgentFollowUpsNeedTheReplicaThatStoredTheResponse(t *testing.T) {
 	assert.Equal(t, kv.FollowUps, row.FollowUps)
 	require.NotNil(t, row.NotFound, "0 not found is written")
 	assert.Zero(t, *row.NotFound)
+}
+
+func tinyAgent(t *testing.T) workload.Workload {
+	c := workload.DefaultAgent()
+	c.Rate, c.Duration, c.Think, c.Turns = 8, 40*time.Second, 5*time.Second, 5
+	c.SystemTokens, c.FirstUserTokens, c.UserTokens, c.OutputTokens = 400, 200, 100, 20
+	w, err := workload.NewAgent(c)
+	require.NoError(t, err)
+	return w
+}
+
+// With several proxies, a follow-up mostly reaches a proxy that did not forward the
+// answer it names: the replica that stored it reaches that proxy through the control
+// plane (the outcome report, then the other proxies' affinity polls), so none is lost,
+// in the Go mirror and with the compiled filter polling the real control-plane server.
+func TestAgentFollowUpsFindTheirReplicaThroughAnyProxy(t *testing.T) {
+	w := tinyAgent(t)
+	for _, routers := range []int{2, 8} {
+		o := tinyOptions()
+		o.Routers = routers
+		names := []string{"kvroute"}
+		if routers == 2 {
+			names = append(names, kvroute.WasmName)
+		}
+		res, err := Compare(w, names, o)
+		require.NoError(t, err)
+		for _, r := range res {
+			assert.Positive(t, r.FollowUps, "%s, %d proxies", r.Policy, routers)
+			assert.Zero(t, r.NotFound, "%s, %d proxies", r.Policy, routers)
+			assert.Equal(t, w.Len(), r.Requests, "%s, %d proxies", r.Policy, routers)
+		}
+	}
 }

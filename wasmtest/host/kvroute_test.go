@@ -126,6 +126,10 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.batch = append(f.batch, rb)
 		w.WriteHeader(http.StatusNoContent)
+	case api.AffinityPath:
+		// A current control plane that has heard of no other proxy's responses.
+		w.Header().Set("content-type", api.AffinityContentType)
+		w.Write(api.AppendAffinityHead(nil, 1, 0))
 	default:
 		http.NotFound(w, r)
 	}
@@ -312,9 +316,16 @@ func TestKvrouteSameDecisionAsProxytest(t *testing.T) {
 	defer reset()
 	require.Equal(t, types.OnPluginStartStatusOK, emu.StartPlugin())
 	emu.Tick()
-	calls := emu.GetCalloutAttributesFromContext(proxytest.PluginContextID)
-	require.NotEmpty(t, calls)
-	emu.CallOnHttpCallResponse(calls[len(calls)-1].CalloutID, [][2]string{{":status", "200"}}, nil, frame)
+	polled := false
+	for _, c := range emu.GetCalloutAttributesFromContext(proxytest.PluginContextID) {
+		for _, kv := range c.Headers {
+			if kv[0] == ":path" && strings.HasPrefix(kv[1], api.TablePath) {
+				emu.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, frame)
+				polled = true
+			}
+		}
+	}
+	require.True(t, polled, "the leader polls the table on its first tick")
 	id := emu.InitializeHttpContext()
 	emu.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}}, false)
 	emu.CallOnRequestBody(id, body, true)

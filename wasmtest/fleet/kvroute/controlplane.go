@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	cpaffinity "github.com/kvroute/kvroute/controlplane/affinity"
 	"github.com/kvroute/kvroute/controlplane/index"
 	cpkv "github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/controlplane/scrape"
@@ -19,6 +20,7 @@ type controlPlane struct {
 	cfg     Config
 	f       policy.Fleet
 	ix      *index.Index
+	aff     *cpaffinity.Map // the Responses affinity the reports carry (api.AffinityPath)
 	events  cpkv.Handler
 	ids     []string
 	addrIdx map[string]int
@@ -33,7 +35,7 @@ type controlPlane struct {
 var errRefused = errors.New("connect: connection refused")
 
 func newControlPlane(f policy.Fleet, cfg Config, rng *policy.Rand, publish func(time.Duration, []index.ModelUpdate)) *controlPlane {
-	c := &controlPlane{cfg: cfg, f: f, ix: index.New(cfg.Index), addrIdx: map[string]int{},
+	c := &controlPlane{cfg: cfg, f: f, ix: index.New(cfg.Index), aff: cpaffinity.New(1, 0, 0, cpaffinity.Counts{}), addrIdx: map[string]int{},
 		seq: make([]uint64, f.Len()), listed: make([]bool, f.Len()), publish: publish}
 	c.events = c.ix.Events()
 	for i := range f.Len() {

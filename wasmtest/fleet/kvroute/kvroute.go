@@ -17,6 +17,11 @@
 // is published, Stale later; with Wait 0 it polls every PollInterval and receives the
 // newest version at least Stale old (the filter's behaviour before the long poll).
 //
+// A Responses answer's replica is learned by the proxy that forwarded it at the answer's
+// first bytes, reaches the control plane (controlplane/affinity) in the outcome report
+// at the stream's end, and every other proxy's leader fetches it on its next affinity
+// poll (every PollInterval), as the filter does (filter/affinitypoll.go).
+//
 // The proxies parse the OpenAI body with shared/prompt, hash its canonical text with
 // route.NewChain, and route on it; they never see token ids.
 package kvroute
@@ -63,6 +68,9 @@ type Config struct {
 	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
 	// comparison with the behaviour before it.
 	NoLocal bool
+	// AffinityPerProxy keeps each proxy's Responses affinity to itself (no affinity
+	// polls), for comparison with the map shared through the control plane.
+	AffinityPerProxy bool
 	// LedgerStarts: at a request's first response byte the proxy records its start
 	// (route.Ledger.Started), so that a snapshot measured before it no longer counts its
 	// tokens as queued. False drops the ledger entry there (Ledger.Done), as
@@ -173,6 +181,9 @@ type Stats struct {
 	// stored their previous response, or not (kvroute_follow_ups_affine_total,
 	// kvroute_follow_ups_lost_total).
 	Followed, FollowLost int
+	// AffinityLearned are the entries the proxies took from the control plane
+	// (kvroute_affinity_learned_total).
+	AffinityLearned int
 	// Applied counts the versions the proxies applied and ApplyLag their total delay
 	// from publication (the Go mirror's proxies; not counted for kvroute-wasm).
 	Applied  int
@@ -205,6 +216,9 @@ type placement struct {
 	router int
 	placed bool // by the rule: an outcome report follows
 	report api.Report
+	// affinity is the key of the Responses answer's id, learned at its first bytes; the
+	// outcome report carries it.
+	affinity uint64
 }
 
 // router is one proxy in the simulation: its Proxy (what one Envoy's kvroute filter
@@ -217,6 +231,10 @@ type router struct {
 	generated    time.Duration // when the newest applied version was published
 	applied      int           // global number of frames applied
 	poll, report policy.Timer
+	// affinity polls the control plane for the other proxies' entries (api.AffinityPath)
+	// from cursor affSince of epoch affEpoch.
+	affinity           policy.Timer
+	affSince, affEpoch uint64
 	// Long poll (Config.Wait): polling is true from the first poll tick with the
 	// control plane reachable until one without (a failed poll waits for the tick);
 	// answered is when the control plane last answered.
@@ -224,10 +242,15 @@ type router struct {
 	answered time.Duration
 	queue    []api.Report
 	order    []int
-	// responses is the filter's map of Responses answers to the replica that answered
-	// (filter/affinity.go), learned at their first body bytes; one per proxy, shared by
-	// its worker VMs but not with other proxies.
-	responses map[string]string
+	// responses is the filter's map of Responses answers (by api.AffinityKey) to the
+	// replica that answered and when (filter/affinity.go): learned at their first body
+	// bytes, or from the control plane; one per proxy, shared by its worker VMs.
+	responses map[uint64]learned
+}
+
+type learned struct {
+	replica string
+	at      time.Duration
 }
 
 func (cfg *Config) check() error {
@@ -265,11 +288,15 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 			poll:   policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.PollInterval)), Every: cfg.PollInterval},
 			report: policy.Timer{Next: time.Duration(rng.Uint64() % uint64(cfg.ReportInterval)), Every: cfg.ReportInterval},
 		}
+		// The leader asks for affinity on the ticks it polls the table (filter/leader.go).
+		r.affinity = policy.Timer{Next: r.poll.Next, Every: cfg.PollInterval}
 		if cfg.NoLocal {
 			r.rt.Local.MaxKeys = 0
 		}
-		r.responses = map[string]string{}
-		r.rt.Follows = func(id []byte, _ string) string { return r.responses[string(id)] }
+		r.responses = map[uint64]learned{}
+		r.rt.Follows = func(id []byte, tenant string) string {
+			return r.responses[api.AffinityKey(api.AffinityResponse, tenant, id)].replica
+		}
 		p.routers = append(p.routers, r)
 	}
 	return p, nil
@@ -290,7 +317,7 @@ func (p *Policy) Name() string {
 func (p *Policy) NextWake() time.Duration {
 	w := p.nextControlPlaneWake()
 	for _, r := range p.routers {
-		w = min(w, r.poll.At(), r.report.At(), p.nextAnswer(r))
+		w = min(w, r.poll.At(), r.report.At(), r.affinity.At(), p.nextAnswer(r))
 	}
 	return w
 }
@@ -314,6 +341,9 @@ func (p *Policy) Wake(now time.Duration) {
 		if r.polling && !down && p.nextAnswer(r) <= now {
 			p.pollTable(r, now)
 			r.answered = now
+		}
+		if r.affinity.Due(now) && !down && !p.cfg.AffinityPerProxy {
+			p.pollAffinity(r, now)
 		}
 		if r.report.Due(now) {
 			if p.reportsLost(now) {
@@ -417,7 +447,28 @@ func (p *Policy) postReports(r *router, now time.Duration) {
 		}
 	}
 	p.Stats.ReportsApplied += p.ix.ApplyReports(&b, at(now), nil)
+	p.aff.Add(&b, at(now))
 	r.queue = append(r.queue[:0], r.queue[n:]...)
+}
+
+// pollAffinity is the filter leader's affinity poll (filter/affinitypoll.go): the
+// entries other proxies reported since r's cursor, each kept unless r holds the key
+// with that replica or a newer entry.
+func (p *Policy) pollAffinity(r *router, now time.Duration) {
+	b, _ := p.aff.Answer(nil, r.affSince, r.affEpoch, api.ProxyKey(r.name), at(now))
+	epoch, next, es, err := api.ParseAffinityAnswer(b)
+	if err != nil {
+		panic(fmt.Sprintf("kvroute sim: %s: affinity answer: %v", r.name, err))
+	}
+	r.affEpoch, r.affSince = epoch, next
+	for _, e := range es {
+		when := now - time.Duration(e.AgeMs)*time.Millisecond
+		if old, ok := r.responses[e.Key]; ok && (old.replica == e.Replica || old.at >= when) {
+			continue
+		}
+		r.responses[e.Key] = learned{e.Replica, when}
+		p.Stats.AffinityLearned++
+	}
 }
 
 // ---- proxies ----
@@ -470,7 +521,8 @@ func (p *Policy) FirstByte(req *workload.Request, i int, now time.Duration) {
 	if pl := p.placed[req.ID]; pl != nil {
 		if req.Schema == prompt.Responses && pl.placed {
 			// The answer's first bytes carry its id (filter/response.go learnResponseID).
-			p.routers[pl.router].responses[workload.ResponseID(req.ID)] = p.f.Addr(i)
+			pl.affinity = api.AffinityKey(api.AffinityResponse, req.Tenant, []byte(workload.ResponseID(req.ID)))
+			p.routers[pl.router].responses[pl.affinity] = learned{p.f.Addr(i), now}
 		}
 		rt := p.routers[pl.router].rt
 		if p.cfg.LedgerStarts {
@@ -498,7 +550,9 @@ func (p *Policy) Finished(req *workload.Request, i int, now time.Duration, o pol
 		usage = &prompt.Usage{PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens}
 	}
 	// upstream.address: the replica that served
-	r.queue = append(r.queue, route.Outcome(pl.report, p.f.Addr(i), o.Status, usage, at(now)))
+	out := route.Outcome(pl.report, p.f.Addr(i), o.Status, usage, at(now))
+	out.Affinity = pl.affinity
+	r.queue = append(r.queue, out)
 	p.Stats.Reports++
 }
 
