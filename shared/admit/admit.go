@@ -17,7 +17,10 @@
 //   - Critical classes are never shed.
 //   - A tenant whose share of the prefill tokens this proxy admitted lately is above its
 //     weight's share is refused (reason "fairness"): in tokens, not requests, so one
-//     tenant's 100k-token prompts cannot starve the others.
+//     tenant's 100k-token prompts cannot starve the others. Fairness holds while the
+//     fleet is saturated, and with api.Overload.FairnessHoldMs for that long after:
+//     shedding keeps the fleet at the edge of saturation, and a tenant admitted freely
+//     in between takes what it sends (docs/overload.md).
 //
 // A request is never refused because its state is unknown: without a table, in the
 // stale or blind regime, or on the rule's fallback, it is admitted. docs/overload.md has
@@ -93,6 +96,10 @@ type Controller struct {
 	rate   float64   // tokens/s for replicas whose table lists no speed
 	shares shares
 	cal    calibration
+	// saturatedAt is when a request last found the fleet saturated; fairness holds for
+	// fairHold after it (api.Overload.FairnessHoldMs).
+	saturatedAt time.Time
+	fairHold    time.Duration
 }
 
 // New returns the controller of o, nil when o has no classes (overload off).
@@ -104,6 +111,7 @@ func New(o *api.Overload) *Controller {
 	for _, l := range c.limit {
 		c.lowest = min(c.lowest, l)
 	}
+	c.fairHold = time.Duration(o.FairnessHoldMs) * time.Millisecond
 	c.shares.init(o)
 	return c
 }
@@ -160,14 +168,18 @@ func (c *Controller) Admit(id uint64, class int, tenant string, w Wait, tokens f
 	raw := w
 	k := c.cal.scale()
 	w.Queue, w.Total, w.Fleet = w.Queue*k, w.Total*k, w.Fleet*k
-	if w.Queue >= 0 && w.Fleet > saturation*c.lowest && !c.cfg.Classes[class].Critical {
+	saturated := w.Queue >= 0 && w.Fleet > saturation*c.lowest
+	if saturated {
+		c.saturatedAt = now
+	}
+	if w.Queue >= 0 && !c.cfg.Classes[class].Critical {
 		budget := float64(c.cfg.Classes[class].TTFTBudgetMs) / 1000
 		switch {
-		case w.Queue > c.limit[class]:
+		case saturated && w.Queue > c.limit[class]:
 			v.Reason, v.RetryAfter = ShedWait, retryAfter(w.Queue-c.limit[class])
-		case w.Total > budget:
+		case saturated && w.Total > budget:
 			v.Reason, v.RetryAfter = ShedWait, retryAfter(w.Total-budget)
-		case c.shares.over(tenant, now):
+		case (saturated || c.fairHold > 0 && !c.saturatedAt.IsZero() && now.Sub(c.saturatedAt) <= c.fairHold) && c.shares.over(tenant, now):
 			v.Reason, v.RetryAfter = ShedFairness, retryAfter(w.Fleet-saturation*c.lowest)
 		}
 	}

@@ -149,6 +149,41 @@ func TestFairnessHoldsATenantToItsWeightInTokens(t *testing.T) {
 	assert.InDelta(t, 10.0/13, share["noisy"], 0.01, "below saturation nobody is held back")
 }
 
+// Shedding keeps the fleet at the edge of saturation: with fairness_hold_ms, fairness
+// holds that long after the last saturated request, or a tenant admitted freely between
+// those moments takes what it sends; without it, only while saturated.
+func TestFairnessHoldsBetweenSaturatedMoments(t *testing.T) {
+	now := time.Unix(1000, 0)
+	saturated, calm := Wait{1.5, 1.5, 1.5}, Wait{0.4, 0.4, 0.4}
+	o := overload()
+	o.FairnessHoldMs = 3000
+	c := New(o)
+	for i := range 100 { // noisy takes every token for 10 s: far above its share
+		at := now.Add(time.Duration(i) * 100 * time.Millisecond)
+		require.False(t, c.Admit(0, 1, "noisy", calm, 100_000, at).Shed(), "calm: nobody is held back")
+		require.False(t, c.Admit(0, 1, "quiet", calm, 10_000, at).Shed())
+	}
+	now = now.Add(10 * time.Second)
+	v := c.Admit(0, 1, "noisy", saturated, 100_000, now)
+	assert.Equal(t, ShedFairness, v.Reason, "saturated: held to its share")
+	v = c.Admit(0, 1, "noisy", calm, 100_000, now.Add(2*time.Second))
+	assert.Equal(t, ShedFairness, v.Reason, "2 s after the fleet was saturated: still held")
+	assert.False(t, c.Admit(0, 1, "quiet", calm, 10_000, now.Add(2*time.Second)).Shed(), "a tenant under its share is not")
+	v = c.Admit(0, 1, "noisy", calm, 100_000, now.Add(4*time.Second))
+	assert.Equal(t, Admitted, v.Reason, "past the hold: admitted")
+
+	c = New(overload())
+	for i := range 100 {
+		at := now.Add(time.Duration(i) * 100 * time.Millisecond)
+		c.Admit(0, 1, "noisy", calm, 100_000, at)
+		c.Admit(0, 1, "quiet", calm, 10_000, at)
+	}
+	now = now.Add(10 * time.Second)
+	assert.Equal(t, ShedFairness, c.Admit(0, 1, "noisy", saturated, 100_000, now).Reason)
+	assert.Equal(t, Admitted, c.Admit(0, 1, "noisy", calm, 100_000, now.Add(100*time.Millisecond)).Reason,
+		"without a hold: admitted as soon as the fleet is not saturated")
+}
+
 func TestSharesKeepAtMostMaxTenants(t *testing.T) {
 	c := New(overload())
 	now := time.Unix(1000, 0)

@@ -30,6 +30,12 @@ type Overload struct {
 	// TenantWeights are the tenants' shares of the fleet's prefill under saturation; a
 	// tenant not listed weighs DefaultWeight (1).
 	TenantWeights map[string]float64 `json:"tenant_weights,omitempty"`
+	// FairnessHoldMs keeps tenants to their shares for this long after a request last
+	// found the fleet saturated, not only while it is: shedding keeps the fleet at the
+	// edge of saturation, and a tenant admitted freely between those moments takes what
+	// it sends. Strict shares at the cost of refusing some work the fleet could have
+	// served (docs/overload.md measures both); 0, the default, holds only while saturated.
+	FairnessHoldMs int `json:"fairness_hold_ms,omitempty"`
 	// PrefillTokensPerSecond converts a predicted wait in tokens to seconds for
 	// replicas whose table lists no speed (DefaultPrefillTokensPerSecond).
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second,omitempty"`
@@ -89,8 +95,8 @@ func (o *Overload) fillDefaults() {
 // validate reports o's problems.
 func (o *Overload) validate(bad func(string, ...any)) {
 	if !o.Enabled() {
-		if o.ClassHeader != "" || o.DefaultClass != "" || len(o.TenantClasses) > 0 || len(o.TenantWeights) > 0 {
-			bad("overload: class_header, default_class, tenant_classes and tenant_weights need overload.classes")
+		if o.ClassHeader != "" || o.DefaultClass != "" || len(o.TenantClasses) > 0 || len(o.TenantWeights) > 0 || o.FairnessHoldMs != 0 {
+			bad("overload: class_header, default_class, tenant_classes, tenant_weights and fairness_hold_ms need overload.classes")
 		}
 		return
 	}
@@ -107,6 +113,9 @@ func (o *Overload) validate(bad func(string, ...any)) {
 		if c.ShedAboveMs < 0 || c.Critical && c.ShedAboveMs != 0 {
 			bad("overload.classes[%d] (%s): shed_above_ms must be positive, and unset on a critical class", i, c.Name)
 		}
+	}
+	if o.FairnessHoldMs < 0 || o.FairnessHoldMs > 60000 {
+		bad("overload.fairness_hold_ms %d: want 0 to 60000", o.FairnessHoldMs)
 	}
 	if o.ClassHeader != "" && !validHeaderName(o.ClassHeader) {
 		bad("overload.class_header %q is not a valid header name", o.ClassHeader)

@@ -37,6 +37,9 @@ func TestOverloadConfigErrors(t *testing.T) {
 		"a tenant's unknown class":               {cp + `{"classes":[{"name":"a","ttft_budget_ms":1}],"tenant_classes":{"t":"gold"}}}`, `class "gold"`},
 		"a weight of zero":                       {cp + `{"classes":[{"name":"a","ttft_budget_ms":1}],"tenant_weights":{"t":0}}}`, "tenant_weights"},
 		"a critical class with a shed limit":     {cp + `{"classes":[{"name":"a","ttft_budget_ms":1,"critical":true,"shed_above_ms":5}]}}`, "shed_above_ms"},
+		"a negative fairness hold":               {cp + `{"classes":[{"name":"a","ttft_budget_ms":1}],"fairness_hold_ms":-1}}`, "fairness_hold_ms"},
+		"a fairness hold past a minute":          {cp + `{"classes":[{"name":"a","ttft_budget_ms":1}],"fairness_hold_ms":60001}}`, "fairness_hold_ms"},
+		"a fairness hold without classes":        {cp + `{"fairness_hold_ms":2000}}`, "need overload.classes"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -226,6 +226,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&burst.PrefixTokens, "burst-prefix-tokens", burst.PrefixTokens, "burst: each group's new shared prefix, in tokens")
 	fs.IntVar(&burst.QuestionTokens, "burst-question-tokens", burst.QuestionTokens, "burst: each request's own part, in tokens")
 	fs.IntVar(&burst.OutputTokens, "burst-output-tokens", burst.OutputTokens, "burst: output tokens")
+	var fairHold time.Duration
+	fs.Var(durFlag{&fairHold, time.Millisecond}, "fairness-hold", "with --classes: overload.fairness_hold_ms, how long tenants are held to their shares after the fleet was last saturated (ms or a duration; 0: only while it is)")
 	fs.Var(durFlag{&burst.Duration, time.Second}, "burst-duration", "burst: groups start within this (seconds or a duration)")
 	fs.Var(durFlag{&failoverAt, time.Second}, "cp-failover", "AT (seconds or a duration): the control-plane replica kvroute's proxies poll is SIGKILLed at AT and another replica takes over (docs/controlplane.md, \"Replicas\"): no table for one poll interval, no report lost; results are also split before/during/after")
 	fs.Var(outageFlag{&outage}, "cp-outage", "AT:DURATION (seconds or durations): kvroute's proxies receive no table and lose every report from AT for DURATION; results are also split before/during/after")
@@ -314,6 +316,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *classes {
 		ov := fleet.MixedOverload(o.Profile.PrefillSecondsPerToken())
+		ov.FairnessHoldMs = int(fairHold / time.Millisecond)
 		o.ClassBudgets = fleet.Budgets(&ov)
 		if *shed {
 			o.KVRoute.Filter.Overload = ov
