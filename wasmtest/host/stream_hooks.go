@@ -19,6 +19,10 @@ type StreamHooks struct {
 	// Reset announces a stream reset: proxy_close_stream, or a local reply after the
 	// response headers had already gone out.
 	Reset func(reason string)
+	// Released follows each batch of the above that one step of the stream let through
+	// (a callback's return, a resumption): headers and the body released with them come
+	// in one batch, as Envoy's filter manager hands them to the router in one call stack.
+	Released func()
 }
 
 // emission is one thing that passed the filter, handed to the hooks after the VM is free.
@@ -73,5 +77,8 @@ func (o emissions) run(h *StreamHooks) {
 				h.Reset(e.reason)
 			}
 		}
+	}
+	if len(o) > 0 && h.Released != nil {
+		h.Released()
 	}
 }

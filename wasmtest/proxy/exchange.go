@@ -42,16 +42,28 @@ type exchange struct {
 	pumpStop    bool // the handler is returning: read no more
 	pumpReading bool // the pump is inside Body.Read
 	pumpEnded   atomic.Bool
+	// heldHeaders are the request headers the filter released, until the end of their
+	// batch (hooks). The hooks of one stream run one at a time.
+	heldHeaders *event
 }
 
 func (ex *exchange) hooks() host.StreamHooks {
 	q := ex.events
 	return host.StreamHooks{
+		// The headers' event waits for the end of their batch (Released), so the upstream
+		// attempt sees the body the filter released with them: a body whole by then is
+		// sent with its length, whichever goroutine gets there first.
 		RequestHeaders: func(h host.Headers, eos bool) {
 			if eos {
 				ex.body.finish(nil)
 			}
-			q.push(event{kind: evRequestHeaders, headers: h, eos: eos})
+			ex.heldHeaders = &event{kind: evRequestHeaders, headers: h, eos: eos}
+		},
+		Released: func() {
+			if e := ex.heldHeaders; e != nil {
+				ex.heldHeaders = nil
+				q.push(*e)
+			}
 		},
 		RequestData: func(b []byte, eos bool) {
 			ex.body.append(b)
