@@ -8,10 +8,10 @@ import (
 )
 
 // Tenant shares: each tenant's prefill tokens this proxy admitted, decayed with a time
-// constant of shareWindow, so a share is of the last several seconds' work. Only tenant
+// constant of ShareWindow, so a share is of the last several seconds' work. Only tenant
 // names are kept (never prompt text), at most maxTenants of them.
 const (
-	shareWindow = 10 * time.Second
+	ShareWindow = 10 * time.Second
 	maxTenants  = 256
 	// activeShare: a tenant with less than this share of the recent tokens is idle and
 	// leaves its weight to the others.
@@ -47,7 +47,7 @@ func decayed(ts *tenantShare, now time.Time) float64 {
 	if dt <= 0 {
 		return ts.tokens
 	}
-	return ts.tokens * math.Exp(-float64(dt)/float64(shareWindow))
+	return ts.tokens * math.Exp(-float64(dt)/float64(ShareWindow))
 }
 
 func (ts *tenantShare) add(tokens float64, now time.Time) {
