@@ -179,3 +179,52 @@ func TestOverloadHoldsATenantToItsFleetShare(t *testing.T) {
 		assert.Equal(t, uint64(1), c)
 	})
 }
+
+// A control plane without the path (404) is left alone for a minute; the tokens the VMs
+// admitted meanwhile are not the next interval's work, and the next post leaves them out.
+func TestOverloadSharesAfterA404LeaveOutTheMinuteBefore(t *testing.T) {
+	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000}
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, overloadConfig)
+		// tick answers a tick's calls, the shares posts with status, and returns the
+		// tokens those posts named for quiet (-1: no post).
+		tick := func(status string) float32 {
+			quiet := float32(-1)
+			h.tickAnswering(func(body []byte) string {
+				es, err := api.ParseShares(nil, body, api.MaxSharePost)
+				require.NoError(t, err)
+				quiet = 0
+				for _, e := range es {
+					if e.Key == api.TenantKey("quiet") {
+						quiet = e.Tokens
+					}
+				}
+				return status
+			})
+			return quiet
+		}
+		n := len(h.callouts())
+		h.serveTable(table.EncodeFull(fleet(t, 1, len(queued), queued, nil)))
+		for _, c := range h.callouts()[n:] {
+			if p, _ := header(c.Headers, ":path"); p == api.SharesPath {
+				h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "404"}}, nil, nil)
+			}
+		}
+		id, _ := h.exchange(request{body: chat("0"+system, "q"), headers: [][2]string{{"x-tenant", "quiet"}}})
+		require.Nil(t, h.GetSentLocalResponse(id))
+		next := func(status string) float32 {
+			for range 100_000 {
+				if q := tick(status); q >= 0 {
+					return q
+				}
+			}
+			t.Fatal("no shares post")
+			return 0
+		}
+		assert.Zero(t, next("200"), "the post after the minute leaves out what was admitted during it")
+		id, _ = h.exchange(request{body: chat("1"+system, "q"), headers: [][2]string{{"x-tenant", "quiet"}}})
+		require.Nil(t, h.GetSentLocalResponse(id))
+		// The leader posts on a tick before its VM adds what it admitted: within two posts.
+		assert.Positive(t, next("200")+next("200"), "the next interval's tokens are posted")
+	})
+}

@@ -110,9 +110,12 @@ func (v *vmShares) flush() {
 // sharesPost is the leader's side: at most one post in flight.
 type sharesPost struct {
 	callTimer
-	on   bool // overload is configured
-	hdrs [][2]string
-	body []byte
+	on bool // overload is configured
+	// stale: the control plane answered 404, and what the VMs added while it was left
+	// alone is not this interval's work: the next post leaves it out.
+	stale bool
+	hdrs  [][2]string
+	body  []byte
 }
 
 // sharesRetry is how long a control plane without the path is left alone.
@@ -133,6 +136,10 @@ func (l *leader) postShares(s *shard) {
 		b = nil
 	}
 	p.body = append(p.body[:0], b...)
+	if p.stale {
+		p.stale = false
+		p.body = p.body[:min(len(p.body), api.SharesHeadLen)]
+	}
 	if len(p.body) == 0 {
 		p.body = api.AppendShares(p.body, nil)
 	} else if proxywasm.SetSharedData(sharesPendingKey, api.AppendShares(nil, nil), cas) != nil {
@@ -155,6 +162,7 @@ func (l *leader) onShares(bodySize int) {
 	body := l.callAnswer(&p.callTimer, sharesRetry, api.MaxSharesAnswerBytes, bodySize)
 	if body == nil {
 		l.metrics.sharesErrors.Increment(1)
+		p.stale = p.wait > 0
 		return
 	}
 	if _, err := api.ParseShares(nil, body, api.MaxSharesAnswer); err != nil {
