@@ -17,7 +17,7 @@ import (
 // a failover, answers everything it holds. A control plane that does not serve the
 // path (404: older than it) is asked again a minute later.
 type affinityPoll struct {
-	wait, busy   int // ticks before the next fetch; ticks the one in flight has waited
+	callTimer
 	epoch, since uint64
 	proxy        string // api.ProxyKey of this proxy's name, in decimal
 	hdrs         [][2]string
@@ -27,17 +27,49 @@ type affinityPoll struct {
 const affinityRetry = time.Minute
 
 func (l *leader) tickAffinity(s *shard) {
-	a := &s.sched.aff
-	switch {
-	case a.busy > 0:
-		if a.busy++; a.busy > s.sched.stuckAfter {
-			a.busy = 0
-		}
-	case a.wait > 0:
-		a.wait--
-	default:
+	if s.sched.aff.due(s.sched.stuckAfter) {
 		l.pollAffinity(s)
 	}
+}
+
+// callTimer schedules one of the leader's periodic calls: at most one in flight (busy:
+// the ticks it has waited, given up past stuckAfter), wait ticks before the next.
+type callTimer struct{ wait, busy int }
+
+// callAnswer ends t's call and returns its answer's body: nil when the status is not 200
+// (404, a control plane without the path: not asked again for retry) or the body is
+// longer than max (left unread).
+func (l *leader) callAnswer(t *callTimer, retry time.Duration, max, bodySize int) []byte {
+	t.busy = 0
+	if status, _ := l.callStatus(); status != 200 {
+		if status == 404 {
+			t.wait = int(retry/time.Millisecond) / l.tickMs
+		}
+		return nil
+	}
+	if bodySize > max {
+		return nil
+	}
+	body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
+	if err != nil {
+		return nil
+	}
+	return body
+}
+
+// due counts a tick and reports whether the call is to be made on it.
+func (t *callTimer) due(stuckAfter int) bool {
+	switch {
+	case t.busy > 0:
+		if t.busy++; t.busy > stuckAfter {
+			t.busy = 0
+		}
+	case t.wait > 0:
+		t.wait--
+	default:
+		return true
+	}
+	return false
 }
 
 func (l *leader) pollAffinity(s *shard) {
@@ -63,21 +95,8 @@ func (l *leader) pollAffinity(s *shard) {
 
 func (l *leader) onAffinity(s *shard, bodySize int) {
 	a := &s.sched.aff
-	a.busy = 0
-	status, _ := l.callStatus()
-	if status != 200 {
-		l.metrics.affinityPollErrors.Increment(1)
-		if status == 404 {
-			a.wait = int(affinityRetry/time.Millisecond) / l.tickMs
-		}
-		return
-	}
-	if bodySize > api.MaxAffinityAnswerBytes {
-		l.metrics.affinityPollErrors.Increment(1) // not an answer: left unread
-		return
-	}
-	body, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
-	if err != nil {
+	body := l.callAnswer(&a.callTimer, affinityRetry, api.MaxAffinityAnswerBytes, bodySize)
+	if body == nil {
 		l.metrics.affinityPollErrors.Increment(1)
 		return
 	}

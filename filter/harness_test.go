@@ -143,19 +143,26 @@ func (h host) refuseAffinity(n int) {
 }
 
 // keepFresh is one tick of a control plane that has nothing new: table polls get 304,
-// report posts get 204.
-func (h host) keepFresh() {
+// report posts get 204, and it serves neither affinity nor shares (404).
+func (h host) keepFresh() { h.tickAnswering(nil) }
+
+// tickAnswering is keepFresh with each shares post (api.SharesPath) answered, when shares
+// is set, with the status it returns for the post's body and an empty fleet.
+func (h host) tickAnswering(shares func(body []byte) string) {
 	n := len(h.callouts())
 	h.Tick()
 	for _, c := range h.callouts()[n:] {
 		status := "204"
+		var body []byte
 		switch p, _ := header(c.Headers, ":path"); {
 		case strings.HasPrefix(p, api.TablePath):
 			status = "304"
-		case strings.HasPrefix(p, api.AffinityPath):
+		case strings.HasPrefix(p, api.AffinityPath), p == api.SharesPath && shares == nil:
 			status = "404" // a control plane without it: not asked again for a minute
+		case p == api.SharesPath:
+			status, body = shares(c.Body), api.AppendShares(nil, nil)
 		}
-		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", status}}, nil, nil)
+		h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", status}}, nil, body)
 	}
 }
 

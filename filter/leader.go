@@ -35,6 +35,8 @@ type leader struct {
 	value    *hostBuf          // the VM's buffer for shared data and call headers (hostmem.go)
 	metrics  *metrics
 	affinity *affinity // the map the entries other proxies learned go into (affinitypoll.go)
+	// sharesPost posts the VMs' tenant shares to the first shard's control plane (shares.go).
+	sharesPost sharesPost
 }
 
 // schedule is a shard's polls and report posts on the leader.
@@ -115,6 +117,7 @@ func (l *leader) tick(now time.Time) {
 	for _, s := range l.shards.list {
 		l.tickShard(s)
 	}
+	l.tickShares(l.shards.list[0])
 }
 
 func (l *leader) tickShard(s *shard) {

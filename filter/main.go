@@ -62,6 +62,7 @@ type plugin struct {
 	leader   leader    // the lease, and polling and posting when this VM holds it (leader.go)
 	placed   placed    // the placements shared with the sibling VMs (placed.go)
 	affinity affinity  // responses' and sessions' replicas, shared with the sibling VMs (affinity.go)
+	shares   vmShares  // the tenants' admitted prefill, to and from the control plane (shares.go)
 	routed   *shard    // the shard of the request being routed
 	reqNow   time.Time // when the request being routed is routed
 	free     []*httpContext
@@ -100,7 +101,8 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	// The name reports carry, read once now rather than in the first request's.
 	p.shards = newShardSet(&p.cfg, tick, proxyName(p.vmID), &p.mem.value, &p.metrics)
 	p.leader = leader{vmID: p.vmID, tickMs: tick, shards: &p.shards, clock: &p.now, value: &p.mem.value,
-		metrics: &p.metrics, affinity: &p.affinity}
+		metrics: &p.metrics, affinity: &p.affinity, sharesPost: sharesPost{on: p.router.Admit != nil}}
+	p.shares = vmShares{c: p.router.Admit, value: &p.mem.value, errors: p.metrics.sharesErrors}
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(tick)); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot set the tick period: %v", err)
 		return types.OnPluginStartStatusFailed
@@ -125,6 +127,7 @@ func (p *plugin) OnTick() {
 	p.leader.tick(now)
 	p.shards.flushReports()
 	p.shards.sync(&p.metrics, now)
+	p.shares.tick()
 	p.placed.catchUp(now)
 	p.placed.flushStarts()
 	// Placements a table confirmed current has had the chance to learn are its to say

@@ -56,6 +56,9 @@ type metrics struct {
 	// and the fetches that failed (a control plane that does not serve them included).
 	affinityLearned    proxywasm.MetricCounter
 	affinityPollErrors proxywasm.MetricCounter
+	// sharesErrors counts the tenant shares (api.SharesPath) lost: posts that failed or
+	// were not answered, and tokens left out of the pending entry (shares.go).
+	sharesErrors proxywasm.MetricCounter
 
 	tableVersion proxywasm.MetricGauge // with shards: the lowest shard's (shards.go)
 	tableAgeMs   proxywasm.MetricGauge // with shards: the stalest shard's
@@ -96,6 +99,7 @@ func defineMetrics() metrics {
 		copiesDropped:        c("kvroute_report_copies_dropped_total"),
 		affinityLearned:      c("kvroute_affinity_learned_total"),
 		affinityPollErrors:   c("kvroute_affinity_poll_errors_total"),
+		sharesErrors:         c("kvroute_shares_errors_total"),
 		tableVersion:         g("kvroute_table_version"),
 		tableAgeMs:           g("kvroute_table_age_ms"),
 	}

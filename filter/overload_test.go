@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/table"
 )
 
@@ -131,5 +132,99 @@ func TestWithoutClassesNothingIsShed(t *testing.T) {
 		assert.NotEmpty(t, endpoint(h.GetCurrentRequestHeaders(id)))
 		_, err := h.GetCounterMetric("kvroute_shed_sheddable_wait_total")
 		assert.Error(t, err, "no shed counters without classes")
+	})
+}
+
+// The VMs' admitted tokens per tenant go to the control plane (api.SharesPath) and its
+// answer, the fleet's totals, into the admission: a tenant this proxy has not admitted yet
+// but that holds most of the fleet's tokens through other proxies is refused while the
+// fleet is saturated.
+func TestOverloadHoldsATenantToItsFleetShare(t *testing.T) {
+	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000} // saturated, as above
+	fleetAnswer := api.AppendShares(nil, []api.ShareEntry{{Key: api.TenantKey("noisy"), Tokens: 1e6}, {Key: api.TenantKey("quiet"), Tokens: 100_000}})
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, overloadConfig)
+		posted := false // a post named quiet's tokens
+		answer := func(from int) {
+			for _, c := range h.callouts()[from:] {
+				if p, _ := header(c.Headers, ":path"); p != api.SharesPath {
+					continue
+				}
+				es, err := api.ParseShares(nil, c.Body, api.MaxSharePost)
+				require.NoError(t, err, "the leader posts a shares body")
+				for _, e := range es {
+					posted = posted || e.Key == api.TenantKey("quiet") && e.Tokens > 0
+				}
+				h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}, {"content-type", api.SharesContentType}}, nil, fleetAnswer)
+			}
+		}
+		n := len(h.callouts())
+		h.serveTable(table.EncodeFull(fleet(t, 1, len(queued), queued, nil)))
+		answer(n)
+		id, _ := h.exchange(request{body: chat("0"+system, "q"), headers: [][2]string{{"x-tenant", "quiet"}}})
+		require.Nil(t, h.GetSentLocalResponse(id), "quiet: admitted")
+		for i := 0; i < 50 && !posted; i++ {
+			n = len(h.callouts())
+			h.Tick()
+			answer(n)
+		}
+		require.True(t, posted, "quiet's admitted tokens were posted")
+		n = len(h.callouts())
+		h.Tick() // the VM reads the fleet's totals
+		answer(n)
+		id, _ = h.exchange(request{body: chat("1"+system, "q"), headers: [][2]string{{"x-tenant", "noisy"}}})
+		require.NotNil(t, h.GetSentLocalResponse(id), "noisy: over its share of the fleet's tokens")
+		c, err := h.GetCounterMetric("kvroute_shed_standard_fairness_total")
+		require.NoError(t, err)
+		assert.Equal(t, uint64(1), c)
+	})
+}
+
+// A control plane without the path (404) is left alone for a minute; the tokens the VMs
+// admitted meanwhile are not the next interval's work, and the next post leaves them out.
+func TestOverloadSharesAfterA404LeaveOutTheMinuteBefore(t *testing.T) {
+	queued := []uint64{5000, 5000, 5000, 5000, 5000, 5000}
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, overloadConfig)
+		// tick answers a tick's calls, the shares posts with status, and returns the
+		// tokens those posts named for quiet (-1: no post).
+		tick := func(status string) float32 {
+			quiet := float32(-1)
+			h.tickAnswering(func(body []byte) string {
+				es, err := api.ParseShares(nil, body, api.MaxSharePost)
+				require.NoError(t, err)
+				quiet = 0
+				for _, e := range es {
+					if e.Key == api.TenantKey("quiet") {
+						quiet = e.Tokens
+					}
+				}
+				return status
+			})
+			return quiet
+		}
+		n := len(h.callouts())
+		h.serveTable(table.EncodeFull(fleet(t, 1, len(queued), queued, nil)))
+		for _, c := range h.callouts()[n:] {
+			if p, _ := header(c.Headers, ":path"); p == api.SharesPath {
+				h.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "404"}}, nil, nil)
+			}
+		}
+		id, _ := h.exchange(request{body: chat("0"+system, "q"), headers: [][2]string{{"x-tenant", "quiet"}}})
+		require.Nil(t, h.GetSentLocalResponse(id))
+		next := func(status string) float32 {
+			for range 100_000 {
+				if q := tick(status); q >= 0 {
+					return q
+				}
+			}
+			t.Fatal("no shares post")
+			return 0
+		}
+		assert.Zero(t, next("200"), "the post after the minute leaves out what was admitted during it")
+		id, _ = h.exchange(request{body: chat("1"+system, "q"), headers: [][2]string{{"x-tenant", "quiet"}}})
+		require.Nil(t, h.GetSentLocalResponse(id))
+		// The leader posts on a tick before its VM adds what it admitted: within two posts.
+		assert.Positive(t, next("200")+next("200"), "the next interval's tokens are posted")
 	})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane/front"
 	"github.com/kvroute/kvroute/controlplane/index"
 	"github.com/kvroute/kvroute/controlplane/publish"
+	"github.com/kvroute/kvroute/controlplane/shares"
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/table"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,9 @@ type Server struct {
 	// (api.AffinityPath); Handler makes one of the defaults, in the publisher's epoch,
 	// when it is nil.
 	Affinity *affinity.Map
+	// Shares is the fleet's per-tenant admitted prefill the proxies post and are answered
+	// (api.SharesPath); Handler makes one when it is nil.
+	Shares *shares.Fleet
 	// Token, when set, is required as "Authorization: Bearer <token>" on the table,
 	// reports and debug endpoints.
 	Token string
@@ -118,6 +122,11 @@ type Metrics struct {
 	// expired, refused); AffinityServed those answered to polls.
 	AffinityEntries *prometheus.CounterVec
 	AffinityServed  prometheus.Counter
+	// SharesTenants counts the tenants of the fleet's shares by result (added, evicted,
+	// expired); SharesPosts the proxies' posts by result (accepted, bad_method, too_large,
+	// bad_body).
+	SharesTenants *prometheus.CounterVec
+	SharesPosts   *prometheus.CounterVec
 }
 
 // NewMetrics registers the API's metrics on reg.
@@ -137,6 +146,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_controlplane_affinity_entries_total", Help: "Responses affinity entries from reports by result: added, evicted (past the entry cap), expired (past the age limit), refused (too many distinct replica addresses)."}, []string{"result"}),
 		AffinityServed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_controlplane_affinity_served_total", Help: "Responses affinity entries answered to proxies' polls."}),
+		SharesTenants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_share_tenants_total", Help: "Tenants of the fleet's admitted-prefill shares by result: added, evicted (past the tenant cap), expired (decayed below a token)."}, []string{"result"}),
+		SharesPosts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_controlplane_share_posts_total", Help: "Proxies' posts of admitted prefill per tenant by result: accepted, bad_method, too_large, bad_body."}, []string{"result"}),
 		ReportBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_controlplane_report_bytes_in_flight", Help: "Report body bytes read and not yet applied (a batch past --max-report-bytes-in-flight gets 429)."}),
 		Report: index.ReportMetrics{
@@ -153,7 +166,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	})
 	m.Report.CachedError = hist
 	reg.MustRegister(m.Requests, m.TableFrames, m.TableBytes, m.ReportBatches, m.ReportBytes, m.TakeoversDeclined, m.Report.Reports, m.Report.FalseHits, hist,
-		m.AffinityEntries, m.AffinityServed)
+		m.AffinityEntries, m.AffinityServed, m.SharesTenants, m.SharesPosts)
 	return m
 }
 
@@ -161,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // control plane's front (controlplane/front) serves them without net/http's
 // per-request work, through the same Handler.
 var FrontRoutes = []front.Route{{Method: http.MethodGet, Path: api.TablePath}, {Method: http.MethodPost, Path: api.ReportsPath},
-	{Method: http.MethodGet, Path: api.AffinityPath}}
+	{Method: http.MethodGet, Path: api.AffinityPath}, {Method: http.MethodPost, Path: api.SharesPath}}
 
 // FrontHeaders are every request header the handlers of FrontRoutes read (auth, the
 // formats a poll lists, a report batch's type); a lean request's handler sees no other.
@@ -198,10 +211,19 @@ func (s *Server) Handler() http.Handler {
 		}
 		s.Affinity = affinity.New(s.Publisher.Epoch(), 0, 0, c)
 	}
+	if s.Shares == nil {
+		var c shares.Counts
+		if s.Metrics != nil {
+			e := s.Metrics.SharesTenants
+			c = shares.Counts{Added: e.WithLabelValues("added"), Evicted: e.WithLabelValues("evicted"), Expired: e.WithLabelValues("expired")}
+		}
+		s.Shares = shares.New(c)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc(api.TablePath, s.count("table", s.auth(s.table)))
 	mux.HandleFunc(api.ReportsPath, s.count("reports", s.auth(s.reports)))
 	mux.HandleFunc(api.AffinityPath, s.count("affinity", s.auth(s.affinity)))
+	mux.HandleFunc(api.SharesPath, s.count("shares", s.auth(s.shares)))
 	mux.HandleFunc("/debug/state", s.count("debug", s.auth(s.debug)))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -553,6 +575,48 @@ func (s *Server) affinity(w http.ResponseWriter, r *http.Request) {
 	if s.Metrics != nil {
 		s.Metrics.AffinityServed.Add(float64(served))
 	}
+}
+
+// shares: POST /v1/shares (api.SharesPath): adds the proxy's admitted prefill per tenant
+// since its last post and answers the fleet's totals.
+func (s *Server) shares(w http.ResponseWriter, r *http.Request) {
+	result := "accepted"
+	defer func() {
+		if s.Metrics != nil {
+			s.Metrics.SharesPosts.WithLabelValues(result).Inc()
+		}
+	}()
+	if r.Method != http.MethodPost {
+		result = "bad_method"
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(api.MaxSharePostBytes)))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		result = "too_large"
+		writeError(w, http.StatusRequestEntityTooLarge, "shares post larger than %d bytes", api.MaxSharePostBytes)
+		return
+	}
+	var es []api.ShareEntry
+	if err == nil {
+		es, err = api.ParseShares(nil, body, api.MaxSharePost)
+	}
+	if err != nil {
+		result = "bad_body"
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	now := s.Now()
+	s.Shares.Add(es, now)
+	answer := s.Shares.Answer(nil, now)
+	h := w.Header()
+	h["Content-Type"] = []string{api.SharesContentType}
+	h["Cache-Control"] = hdrNoStore
+	h["Content-Length"] = []string{strconv.Itoa(len(answer))}
+	w.WriteHeader(http.StatusOK)
+	w.Write(answer)
 }
 
 // errBusy: the report bodies in flight hold MaxBytesInFlight already.

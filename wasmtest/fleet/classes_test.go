@@ -80,3 +80,28 @@ func class(t *testing.T, r *sim.Result, name string) sim.ClassStats {
 	t.Fatalf("no class %q in %+v", name, r.Classes)
 	return sim.ClassStats{}
 }
+
+// With each tenant's requests reaching its own proxy, no proxy sees the noisy tenant's
+// share of the fleet (alone on its proxy, it is always within its share there): held to
+// its weight only with the shares the proxies post to the control plane (api.SharesPath).
+func TestFleetSharesHoldANoisyTenantAcrossProxies(t *testing.T) {
+	w, o, ov := pastCapacity(t)
+	o.KVRoute.Filter.Overload = ov
+	o.Routers, o.PinTenants = 4, true
+	noisy := func(perProxy bool) float64 {
+		o.KVRoute.SharesPerProxy = perProxy
+		res, err := Compare(w, []string{"kvroute"}, o)
+		require.NoError(t, err)
+		for _, ts := range res[0].Tenants {
+			if ts.Name == "noisy" {
+				return ts.Share
+			}
+		}
+		t.Fatalf("no noisy tenant in %+v", res[0].Tenants)
+		return 0
+	}
+	local, fleet := noisy(true), noisy(false)
+	t.Logf("noisy's share of prefill: %.1f%% per proxy, %.1f%% with the fleet's shares", 100*local, 100*fleet)
+	assert.Greater(t, local, 0.38, "per proxy: what it sends (40%%), less its wait refusals")
+	assert.Less(t, fleet, local-0.05, "with the fleet's shares: held toward its weight (25%%)")
+}

@@ -32,10 +32,12 @@ type Options struct {
 	Profile  timing.Profile
 	Seed     uint64
 	Routers  int
-	Stream   bool
-	Faults   []sim.Fault
-	Warmup   time.Duration
-	HotGroup int // -1: none
+	// PinTenants: each tenant's requests reach one proxy (sim.Config.PinTenants).
+	PinTenants bool
+	Stream     bool
+	Faults     []sim.Fault
+	Warmup     time.Duration
+	HotGroup   int // -1: none
 	// Phases are reported apart (sim.Config.Phases).
 	Phases []sim.Phase
 	// KVRoute configures kvroute (its Routers, Stale and Seed are set from the above);
@@ -138,7 +140,7 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 
 func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 	return sim.Config{
-		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers,
+		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers, PinTenants: o.PinTenants,
 		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
 		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken, ClassBudgets: o.ClassBudgets,
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/kvroute/kvroute/controlplane/index"
 	cpkv "github.com/kvroute/kvroute/controlplane/kvevents"
 	"github.com/kvroute/kvroute/controlplane/scrape"
+	cpshares "github.com/kvroute/kvroute/controlplane/shares"
 	"github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/fleet/policy"
 )
@@ -21,6 +22,7 @@ type controlPlane struct {
 	f       policy.Fleet
 	ix      *index.Index
 	aff     *cpaffinity.Map // the Responses affinity the reports carry (api.AffinityPath)
+	shares  *cpshares.Fleet // the tenants' admitted prefill the proxies post (api.SharesPath)
 	events  cpkv.Handler
 	ids     []string
 	addrIdx map[string]int
@@ -35,7 +37,7 @@ type controlPlane struct {
 var errRefused = errors.New("connect: connection refused")
 
 func newControlPlane(f policy.Fleet, cfg Config, rng *policy.Rand, publish func(time.Duration, []index.ModelUpdate)) *controlPlane {
-	c := &controlPlane{cfg: cfg, f: f, ix: index.New(cfg.Index), aff: cpaffinity.New(1, 0, 0, cpaffinity.Counts{}), addrIdx: map[string]int{},
+	c := &controlPlane{cfg: cfg, f: f, ix: index.New(cfg.Index), aff: cpaffinity.New(1, 0, 0, cpaffinity.Counts{}), shares: cpshares.New(cpshares.Counts{}), addrIdx: map[string]int{},
 		seq: make([]uint64, f.Len()), listed: make([]bool, f.Len()), publish: publish}
 	c.events = c.ix.Events()
 	for i := range f.Len() {

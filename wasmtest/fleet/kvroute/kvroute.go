@@ -71,6 +71,9 @@ type Config struct {
 	// AffinityPerProxy keeps each proxy's Responses affinity to itself (no affinity
 	// polls), for comparison with the map shared through the control plane.
 	AffinityPerProxy bool
+	// SharesPerProxy keeps each proxy's tenant shares to itself (no shares posted to the
+	// control plane, api.SharesPath): what a control plane without the path gives.
+	SharesPerProxy bool
 	// LedgerStarts: at a request's first response byte the proxy records its start
 	// (route.Ledger.Started), so that a snapshot measured before it no longer counts its
 	// tokens as queued. False drops the ledger entry there (Ledger.Done), as
@@ -246,6 +249,7 @@ type router struct {
 	// replica that answered and when (filter/affinity.go): learned at their first body
 	// bytes, or from the control plane; one per proxy, shared by its worker VMs.
 	responses map[uint64]learned
+	shares    []api.ShareEntry // a post's and an answer's entries, reused
 }
 
 type learned struct {
@@ -342,8 +346,13 @@ func (p *Policy) Wake(now time.Duration) {
 			p.pollTable(r, now)
 			r.answered = now
 		}
-		if r.affinity.Due(now) && !down && !p.cfg.AffinityPerProxy {
-			p.pollAffinity(r, now)
+		if r.affinity.Due(now) && !down {
+			if !p.cfg.AffinityPerProxy {
+				p.pollAffinity(r, now)
+			}
+			if !p.cfg.SharesPerProxy {
+				p.postShares(r, now)
+			}
 		}
 		if r.report.Due(now) {
 			if p.reportsLost(now) {
@@ -469,6 +478,24 @@ func (p *Policy) pollAffinity(r *router, now time.Duration) {
 		r.responses[e.Key] = learned{e.Replica, when}
 		p.Stats.AffinityLearned++
 	}
+}
+
+// postShares is the filter leader's shares post (api.SharesPath), on the ticks it polls
+// affinity: the tenants' tokens r admitted since its last post, answered with the fleet's
+// totals.
+func (p *Policy) postShares(r *router, now time.Duration) {
+	c := r.rt.Admit
+	if c == nil {
+		return
+	}
+	r.shares = c.Pending(r.shares[:0])
+	p.shares.Add(r.shares, at(now))
+	es, err := api.ParseShares(r.shares[:0], p.shares.Answer(nil, at(now)), api.MaxSharesAnswer)
+	if err != nil {
+		panic(fmt.Sprintf("kvroute sim: %s: shares answer: %v", r.name, err))
+	}
+	c.SetFleet(es, at(now))
+	r.shares = es
 }
 
 // ---- proxies ----

@@ -31,6 +31,10 @@ type Config struct {
 	Seed     uint64
 	// Routers is the number of proxies; request i goes to RouterOf(i).
 	Routers int
+	// PinTenants sends each tenant's requests to one proxy instead, the tenants dealt to
+	// the proxies in the order of their first requests: each tenant's clients come
+	// through their own ingress, and no proxy sees the tenants' fleet-wide shares.
+	PinTenants bool
 	// Stream: clients stream, so response headers reach the proxy as soon as the engine
 	// accepted the request (vLLM's StreamingResponse sends them at once); otherwise
 	// they arrive with the whole response.
@@ -177,6 +181,17 @@ func Run(cfg Config, mk NewPolicy) (*Result, error) {
 	f := &fleet{blockSize: cfg.Profile.BlockSize, capacity: cfg.Profile.NumGPUBlocks() * cfg.Profile.BlockSize}
 	r.f = f
 	routerOf := func(q *workload.Request) int { return RouterOf(cfg.Seed, q.Index, cfg.Routers) }
+	if cfg.PinTenants && cfg.Routers > 1 {
+		pinned := map[string]int{}
+		routerOf = func(q *workload.Request) int {
+			k, ok := pinned[q.Tenant]
+			if !ok {
+				k = len(pinned) % cfg.Routers
+				pinned[q.Tenant] = k
+			}
+			return k
+		}
+	}
 	for i := range cfg.Replicas {
 		f.addrs = append(f.addrs, Addr(i))
 		f.alive = append(f.alive, true)
