@@ -16,7 +16,8 @@
 // sessions, shared between the worker VMs), leader.go (lease, polling each shard's
 // control plane and failing over between its replicas, sharing its tables, posting its
 // reports to every replica), affinitypoll.go (the other proxies' affinity entries,
-// fetched from the control plane), hostmem.go (the buffers host calls write their
+// fetched from the control plane), shares.go (the tenants' admitted tokens, posted for
+// the fleet's totals), hostmem.go (the buffers host calls write their
 // values into, reused from request to request), hostcall_wasm.go (the
 // filter's proxy_on_memory_allocate and the host calls the request path makes itself;
 // hostcall_native.go: the SDK's, natively), warmup.go (the request path run once on
