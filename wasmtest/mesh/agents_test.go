@@ -99,7 +99,7 @@ func TestSessionHeaderOnlyWhenTrusted(t *testing.T) {
 			}
 			// Trusted, the session's replica is credited with the whole prompt and should
 			// win every time; under -race 0 to 4 of 16 sessions moved in 20 runs, a cause
-			// not yet found (a guard excluding the replica for the moment is the suspect).
+			// not yet found: each miss counts as a spill, so the rule priced another replica lower.
 			// Untrusted, a new prefix goes to whichever replica the rule picks: 1 to 8 of 16
 			// stayed in those runs.
 			t.Logf("%d of %d sessions stayed", stayed, sessions)
