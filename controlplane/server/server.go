@@ -308,6 +308,17 @@ func writeError(w http.ResponseWriter, code int, format string, args ...any) {
 	json.NewEncoder(w).Encode(errorBody{Error: fmt.Sprintf(format, args...), Status: code})
 }
 
+// writeBinary answers 200 with body, of contentType, never cached (the lean calls'
+// answers: the affinity entries, the tenants' shares).
+func writeBinary(w http.ResponseWriter, contentType string, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = []string{contentType}
+	h["Cache-Control"] = hdrNoStore
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
@@ -566,12 +577,7 @@ func (s *Server) affinity(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	body, served := s.Affinity.Answer(nil, n[0], n[1], n[2], s.Now())
-	h := w.Header()
-	h["Content-Type"] = []string{api.AffinityContentType}
-	h["Cache-Control"] = hdrNoStore
-	h["Content-Length"] = []string{strconv.Itoa(len(body))}
-	w.WriteHeader(http.StatusOK)
-	w.Write(body)
+	writeBinary(w, api.AffinityContentType, body)
 	if s.Metrics != nil {
 		s.Metrics.AffinityServed.Add(float64(served))
 	}
@@ -610,13 +616,7 @@ func (s *Server) shares(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.Now()
 	s.Shares.Add(es, now)
-	answer := s.Shares.Answer(nil, now)
-	h := w.Header()
-	h["Content-Type"] = []string{api.SharesContentType}
-	h["Cache-Control"] = hdrNoStore
-	h["Content-Length"] = []string{strconv.Itoa(len(answer))}
-	w.WriteHeader(http.StatusOK)
-	w.Write(answer)
+	writeBinary(w, api.SharesContentType, s.Shares.Answer(nil, now))
 }
 
 // errBusy: the report bodies in flight hold MaxBytesInFlight already.
