@@ -42,6 +42,20 @@ func WriteTable(w io.Writer, results []*sim.Result) error {
 	return tw.Flush()
 }
 
+// WriteMemory writes how each policy leaves the replicas' KV memory (sim.FleetState):
+// where every replica's memory is held by running requests, prefixes have no room to
+// stay cached, and what a request was routed for can be evicted while it waits.
+func WriteMemory(w io.Writer, results []*sim.Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tcached\tKV usage\tfree blocks\trunning\twaiting\tlost waiting\tpreempt\t")
+	for _, r := range results {
+		m := r.Memory
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%d\t\n", r.Policy, pct(r.CachedTokenRate), pct(m.KVUsage),
+			pct(m.Free), m.Running, m.Waiting, pct(m.LostWaiting), r.Preemptions)
+	}
+	return tw.Flush()
+}
+
 // WriteFollowUps writes, when the workload has Responses follow-ups, how many each policy
 // sent to a replica whose store lacked the previous response (vLLM's 404 not found);
 // nothing otherwise.
@@ -140,6 +154,18 @@ type JSONPolicy struct {
 	// (sim.Result): how many, and how many reached a replica without the response.
 	FollowUps int  `json:"follow_ups,omitempty"`
 	NotFound  *int `json:"follow_ups_not_found,omitempty"`
+	// Memory is sim.FleetState, per replica and time-averaged, when asked for
+	// (AddMemory).
+	Memory *JSONMemory `json:"memory,omitempty"`
+}
+
+// JSONMemory is sim.FleetState in the JSON output.
+type JSONMemory struct {
+	KVUsage     float64 `json:"kv_usage"`
+	Free        float64 `json:"free_blocks"`
+	Running     float64 `json:"running"`
+	Waiting     float64 `json:"waiting"`
+	LostWaiting float64 `json:"lost_waiting"`
 }
 
 // JSONReport is the --json document.
@@ -183,6 +209,16 @@ func NewJSONReport(workload string, replicas int, results []*sim.Result) JSONRep
 		rep.Policies = append(rep.Policies, JSONRow(r))
 	}
 	return rep
+}
+
+// AddMemory adds each result's sim.FleetState to rep's rows (NewJSONReport's, from the
+// same results in the same order).
+func AddMemory(rep *JSONReport, results []*sim.Result) {
+	for i, r := range results {
+		m := r.Memory
+		rep.Policies[i].Memory = &JSONMemory{KVUsage: round6(m.KVUsage), Free: round6(m.Free),
+			Running: round6(m.Running), Waiting: round6(m.Waiting), LostWaiting: round6(m.LostWaiting)}
+	}
 }
 
 // WriteJSON writes the comparison as the issue's JSON document.

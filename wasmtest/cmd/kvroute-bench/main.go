@@ -192,6 +192,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rate        = fs.Float64("rate", 0, "requests per second, where --find-rate starts (unset: the workload's: seed 40, gsp 8, multiturn and agent 10, burst --burst-rate x --burst-size; with --trace, the trace's timestamps are divided to give this rate, instead of --speedup)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
+		memory      = fs.Bool("memory", false, "also print how each policy leaves the replicas' KV memory: usage, free blocks, running and waiting requests, and the cached prefixes evicted while their requests waited (docs/performance.md)")
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
 		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (docs/rule.md: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
@@ -403,7 +404,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
 	b := &bench{stdout: stdout, o: o, names: names, load: load, w: w, label: label,
-		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, start: time.Now()}
+		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, memory: *memory, start: time.Now()}
 	switch {
 	case *find:
 		return b.findReplicas(slo)
@@ -442,6 +443,7 @@ type bench struct {
 	w                              workload.Workload // at load.Rate
 	label                          string            // the workload's name in JSON
 	plotPath, plotFormat, jsonPath string
+	memory                         bool // --memory: print fleet.WriteMemory's table
 	start                          time.Time
 }
 
@@ -468,6 +470,13 @@ func (b *bench) compare(phases bool) error {
 	if o.CPUTierTokens > 0 {
 		fmt.Fprintf(stdout, "\ncached prompt tokens by where the engine found them (GPU prefix cache, or loaded from CPU memory)\n")
 		if err := fleet.WriteTiers(stdout, results); err != nil {
+			return err
+		}
+	}
+	if b.memory {
+		fmt.Fprintf(stdout, "\nKV memory per replica, time-averaged (free blocks: held by no request, where prefixes stay cached;\n"+
+			"lost waiting: prompt tokens cached on the chosen replica at the decision and evicted before admission)\n")
+		if err := fleet.WriteMemory(stdout, results); err != nil {
 			return err
 		}
 	}
@@ -503,6 +512,9 @@ func (b *bench) compare(phases bool) error {
 		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
 		v := math.Round(ceiling.Rate*1e6) / 1e6
 		rep.ReuseCeiling = &v
+		if b.memory {
+			fleet.AddMemory(&rep, results)
+		}
 		return writeFile(b.jsonPath, func(f io.Writer) error { return fleet.WriteReportJSON(f, rep) })
 	}
 	return nil

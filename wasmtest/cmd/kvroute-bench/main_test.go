@@ -52,6 +52,35 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Contains(t, s, "oracle: kvroute's own rule", "the oracle is said for what it is")
 	assert.Contains(t, s, "not an upper bound on routing")
 	assert.Contains(t, string(b), `"reuse_ceiling": 0.`)
+	assert.NotContains(t, string(b), `"memory"`, "the fleet's memory only when asked for")
+	assert.NotContains(t, s, "lost waiting")
+}
+
+// TestMemoryTable: --memory adds the replicas' KV memory to the table and the JSON.
+func TestMemoryTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.json")
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(append(tiny, "--memory", "--json", path, "--policies", "round-robin,kvroute"), &out, &errOut), errOut.String())
+	s := out.String()
+	assert.Regexp(t, `policy\s+cached\s+KV usage\s+free blocks\s+running\s+waiting\s+lost waiting\s+preempt`, s)
+	assert.Regexp(t, `kvroute\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d%\s+\d+`, s)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc struct {
+		Policies []struct {
+			Memory *struct {
+				KVUsage float64 `json:"kv_usage"`
+				Free    float64 `json:"free_blocks"`
+			} `json:"memory"`
+		} `json:"policies"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Policies, 2)
+	for _, p := range doc.Policies {
+		require.NotNil(t, p.Memory)
+		assert.Greater(t, p.Memory.KVUsage, 0.0)
+		assert.InDelta(t, 1, p.Memory.KVUsage+p.Memory.Free, 0.01)
+	}
 }
 
 func TestFindRate(t *testing.T) {

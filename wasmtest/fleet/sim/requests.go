@@ -67,7 +67,7 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 		return
 	}
 	rec.routed, rec.rule, rec.ruleSpill = true, ch.Rule, ch.Spill
-	rec.spill = r.spilled(req, target)
+	rec.spill, rec.routeCached = r.spilled(req, target)
 	rec.replica = int32(target)
 	if req.Previous != 0 {
 		rec.followUp = true
@@ -102,14 +102,15 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 }
 
 // spilled reports whether some reachable replica holds a longer cached prefix of req
-// than target does. A replica can only beat target's c cached tokens if it holds the
-// block right after them, so one lookup per replica suffices for most.
-func (r *runner) spilled(req *workload.Request, target int) bool {
+// than target does, and target's cached prefix in tokens. A replica can only beat
+// target's cached tokens if it holds the block right after them, so one lookup per
+// replica suffices for most.
+func (r *runner) spilled(req *workload.Request, target int) (bool, int32) {
 	bs := r.f.blockSize
 	mine := r.f.engines[target].CachedPrefixChain(req.Chain, len(req.Tokens))
 	next := mine / bs
 	if next >= (len(req.Tokens)-1)/bs {
-		return false // target holds all the engine can reuse
+		return false, int32(mine) // target holds all the engine can reuse
 	}
 	probe := cache.Chain{Hashes: req.Chain.Hashes[next : next+1]}
 	for j, e := range r.f.engines {
@@ -117,10 +118,10 @@ func (r *runner) spilled(req *workload.Request, target int) bool {
 			continue
 		}
 		if e.CachedPrefixChain(&probe, bs+1) > 0 && e.CachedPrefixChain(req.Chain, len(req.Tokens)) > mine {
-			return true
+			return true, int32(mine)
 		}
 	}
-	return false
+	return false, int32(mine)
 }
 
 func (r *runner) onToken(sr *sched.Request, at time.Duration) {

@@ -45,6 +45,9 @@ type Result struct {
 	// Spill flag); NaN for policies without one.
 	RuleSpillRate float64
 	Preemptions   int
+	// Memory is the replicas' KV memory and queues, time-averaged: what a policy leaves
+	// room for in the prefix caches.
+	Memory FleetState
 
 	// Hot and Others split the requests by HotGroup.
 	Hot, Others *GroupStats
@@ -59,6 +62,22 @@ type Result struct {
 	Aborted bool
 	SimTime time.Duration
 	Wall    time.Duration
+}
+
+// FleetState is how a policy leaves the replicas' KV memory, sampled every
+// Config.SampleEvery over the measured arrivals and averaged over live replicas.
+type FleetState struct {
+	// KVUsage is vLLM's kv_cache_usage_perc: the share of blocks running requests hold.
+	KVUsage float64
+	// Free is the share of blocks no request holds: the room prefixes stay cached in
+	// (vLLM evicts them from there, least recently used first).
+	Free float64
+	// Running and Waiting are the requests a replica runs and queues.
+	Running, Waiting float64
+	// LostWaiting is the prompt tokens that the replica a request was sent to held
+	// cached when the policy decided, and had evicted by the time the request was
+	// admitted, over all prompt tokens: the cache a queue costs while it waits.
+	LostWaiting float64
 }
 
 // PhaseStats describes the measured requests that arrived within a phase.
@@ -101,7 +120,7 @@ func (r *runner) result() *Result {
 	res := &Result{Policy: r.pol.Name(), Replicas: r.cfg.Replicas, GPUs: r.cfg.Replicas * r.cfg.Profile.GPUs,
 		Aborted: r.aborted, SimTime: r.now, RuleSpillRate: math.NaN()}
 	var ttft, e2e []time.Duration
-	var prompt, cached, loaded int64
+	var prompt, cached, loaded, lost int64
 	routed, spills, ruled, ruleSpills := 0, 0, 0, 0
 	hot, others := &groupAcc{per: map[int32]int{}}, &groupAcc{per: map[int32]int{}}
 	phases := make([]phaseAcc, len(r.cfg.Phases))
@@ -149,6 +168,7 @@ func (r *runner) result() *Result {
 			e2e = append(e2e, rec.end-rec.at)
 			prompt += int64(rec.prompt)
 			cached += int64(rec.cached)
+			lost += int64(max(rec.routeCached-rec.cached, 0))
 			loaded += int64(rec.loaded)
 			if r.cfg.HotGroup >= 0 {
 				_, g := r.w.Arrival(i)
@@ -181,6 +201,12 @@ func (r *runner) result() *Result {
 	if prompt > 0 {
 		res.CachedTokenRate = float64(cached) / float64(prompt)
 		res.CPUTokenRate = float64(loaded) / float64(prompt)
+		res.Memory.LostWaiting = float64(lost) / float64(prompt)
+	}
+	if r.samples > 0 {
+		n := float64(r.samples)
+		res.Memory.KVUsage, res.Memory.Free = r.sumKV/n, r.sumFree/n
+		res.Memory.Running, res.Memory.Waiting = r.sumRunning/n, r.sumWaiting/n
 	}
 	if r.sumMean > 0 {
 		res.MaxMeanQueue = r.sumMax / r.sumMean

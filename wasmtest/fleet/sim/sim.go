@@ -92,13 +92,15 @@ const (
 )
 
 type record struct {
-	req                   *workload.Request
-	replica               int32
-	state                 reqState
-	routed, rule          bool
-	spill, ruleSpill      bool
-	at, first, end        time.Duration
-	prompt, cached        int32
+	req              *workload.Request
+	replica          int32
+	state            reqState
+	routed, rule     bool
+	spill, ruleSpill bool
+	at, first, end   time.Duration
+	prompt, cached   int32
+	// routeCached: the target's GPU-cached prefix of the prompt at decision time.
+	routeCached           int32
 	loaded                int32 // of cached, loaded from the CPU tier
 	preempts              int32
 	measured, hasFirst    bool
@@ -152,7 +154,9 @@ type runner struct {
 	// queue samples
 	sumMax, sumMean float64
 	samples         int
-	lastArrival     time.Duration
+	// memory samples (FleetState): sums over samples of the mean over live replicas
+	sumKV, sumRunning, sumWaiting, sumFree float64
+	lastArrival                            time.Duration
 
 	// early stop
 	measuredN, lateN, scan int
@@ -343,19 +347,30 @@ func (r *runner) sampleQueues(t time.Duration) {
 		return
 	}
 	mx, sum, k := 0.0, 0.0, 0
+	var kv, running, waiting, free float64
 	for i, e := range r.f.engines {
 		if !r.f.alive[i] {
 			continue
 		}
-		q := float64(e.State().QueuedPrefillTokens)
+		st := e.State()
+		q := float64(st.QueuedPrefillTokens)
 		mx = max(mx, q)
 		sum += q
+		kv += st.KVUsage
+		running += float64(st.Running)
+		waiting += float64(st.Waiting)
+		free += float64(st.FreeBlocks) / float64(e.NumGPUBlocks())
 		k++
 	}
 	if k == 0 {
 		return
 	}
+	n := float64(k)
 	r.sumMax += mx
-	r.sumMean += sum / float64(k)
+	r.sumMean += sum / n
+	r.sumKV += kv / n
+	r.sumRunning += running / n
+	r.sumWaiting += waiting / n
+	r.sumFree += free / n
 	r.samples++
 }

@@ -187,3 +187,37 @@ func BenchmarkSeedMinute(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*w.Len()), "ns/request")
 }
+
+// TestMemoryShowsPrefixesEvictedWhileWaiting: on a replica with room for every prefix and
+// no queue, nothing a request was routed for is evicted before it runs; on one past its
+// capacity whose pool holds a few prefixes beside its running requests, the requests
+// wait, memory fills and prefixes cached at the decision are gone at admission.
+func TestMemoryShowsPrefixesEvictedWhileWaiting(t *testing.T) {
+	run := func(rate float64, pool int) *Result {
+		c := workload.DefaultSeed()
+		c.Customers, c.Rate, c.Duration = 20, rate, 30*time.Second
+		c.PromptTokens, c.PrefixTokens, c.OutputTokens = 800, 600, 50
+		w, err := workload.NewSeed(c)
+		require.NoError(t, err)
+		p := timing.Seed000()
+		p.PoolTokens = pool
+		res, err := Run(Config{Replicas: 1, Profile: p, Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+			func(f policy.Fleet, _ func(*workload.Request) int) (policy.Policy, error) {
+				return policy.NewRoundRobin(f), nil
+			})
+		require.NoError(t, err)
+		return res
+	}
+	light := run(2, 558124)
+	assert.Zero(t, light.Memory.LostWaiting, "an idle replica with room evicts nothing")
+	assert.Greater(t, light.Memory.KVUsage, 0.0)
+	assert.Greater(t, light.Memory.Free, 0.9)
+	assert.Less(t, light.Memory.Waiting, 0.5)
+
+	heavy := run(40, 16*1024)
+	assert.Greater(t, heavy.Memory.LostWaiting, 0.0, "prefixes evicted while their requests waited")
+	assert.Greater(t, heavy.Memory.Waiting, 1.0)
+	assert.Greater(t, heavy.Memory.KVUsage, light.Memory.KVUsage)
+	assert.InDelta(t, 1, heavy.Memory.KVUsage+heavy.Memory.Free, 0.01, "a block is held or free")
+	t.Logf("light %+v; heavy %+v, cached %.3f", light.Memory, heavy.Memory, heavy.CachedTokenRate)
+}
