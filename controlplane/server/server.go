@@ -308,6 +308,13 @@ func writeError(w http.ResponseWriter, code int, format string, args ...any) {
 	json.NewEncoder(w).Encode(errorBody{Error: fmt.Sprintf(format, args...), Status: code})
 }
 
+// refuseMethod answers 405 for a method the path does not take: Allow lists the ones it
+// does, the message names the one to use.
+func refuseMethod(w http.ResponseWriter, r *http.Request, allow, use string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, http.StatusMethodNotAllowed, "%s %s: use %s", r.Method, r.URL.Path, use)
+}
+
 // writeBinary answers 200 with body, of contentType, never cached (the lean calls'
 // answers: the affinity entries, the tenants' shares).
 func writeBinary(w http.ResponseWriter, contentType string, body []byte) {
@@ -332,8 +339,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 // is answered as no version: a full table, at once.
 func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		refuseMethod(w, r, "GET, HEAD", "GET")
 		return
 	}
 	q := r.URL.RawQuery
@@ -493,8 +499,7 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 	}()
 	if r.Method != http.MethodPost {
 		result = "bad_method"
-		w.Header().Set("Allow", "POST")
-		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
+		refuseMethod(w, r, "POST", "POST")
 		return
 	}
 	// Binary batches from current filters, JSON from older ones (a rollout runs both);
@@ -562,8 +567,7 @@ func (s *Server) reports(w http.ResponseWriter, r *http.Request) {
 // affinity: GET /v1/affinity?since=S&epoch=E&proxy=P (api.AffinityPath).
 func (s *Server) affinity(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", "GET")
-		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		refuseMethod(w, r, "GET", "GET")
 		return
 	}
 	var n [3]uint64
@@ -594,8 +598,7 @@ func (s *Server) shares(w http.ResponseWriter, r *http.Request) {
 	}()
 	if r.Method != http.MethodPost {
 		result = "bad_method"
-		w.Header().Set("Allow", "POST")
-		writeError(w, http.StatusMethodNotAllowed, "%s %s: use POST", r.Method, r.URL.Path)
+		refuseMethod(w, r, "POST", "POST")
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(api.MaxSharePostBytes)))
