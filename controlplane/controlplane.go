@@ -412,11 +412,16 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 	t := time.NewTicker(c.o.ScrapeInterval)
 	defer t.Stop()
 	for {
+		// The sample is dated when the scrape was sent, the earliest the engine can have
+		// measured it: dated when the answer was read, a slow answer would make numbers
+		// taken before a request started look newer than its start, and the proxies'
+		// ledgers would keep it queued (TestStateAgeCountsFromWhenTheScrapeWasSent).
+		asked := c.o.Now()
 		s, err := scrape.Fetch(ctx, c.scrapeHTTP, r.Metrics, r.Kind)
 		if ctx.Err() != nil {
 			return
 		}
-		c.Index.ApplyScrape(r.ID, s, err, c.o.Now())
+		c.Index.ApplyScrape(r.ID, s, err, asked)
 		c.health.scraped(r.ID, err)
 		if err == nil {
 			c.warm.scraped(r.ID)
