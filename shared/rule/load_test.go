@@ -95,3 +95,44 @@ func TestHostileLoadValuesStayFinite(t *testing.T) {
 		assert.False(t, math.IsNaN(c) || math.IsInf(c, 0) || c < 0, "%+v: cost %v", r, c)
 	}
 }
+
+// A placement pays for what it evicts: U x k/(1 - k) at KV usage k. A prefix nobody holds
+// goes to the replica whose pool has room, though its queue is a little deeper: before
+// the eviction term the fuller replica won on queue alone (85,000 against 87,500).
+func TestAPlacementPaysForWhatItEvicts(t *testing.T) {
+	full := loaded(1000, 0, 0.5, 2000, 10)
+	full.KVUsage = 0.9
+	roomy := loaded(1500, 0, 0.5, 2000, 10)
+	roomy.KVUsage = 0.3
+	assert.InDelta(t, 85000+8000*9, Cost(8000, full), 1e-6)
+	assert.InDelta(t, 87500+8000*0.3/0.7, Cost(8000, roomy), 1e-6)
+	for seed := range uint64(20) {
+		d := NewPicker(exact(), seed).Pick(8000, []Candidate{full, roomy}, nil)
+		assert.Equal(t, 1, d.Order[0], "seed %d", seed)
+	}
+
+	// Half full, a token evicts a token; an idle pool evicts nothing; a full one is
+	// priced at 99 a token, not infinity.
+	half := loaded(0, 0, 0, 2000, 0)
+	half.KVUsage = 0.5
+	assert.InDelta(t, 2*8000, Cost(8000, half), 1e-6)
+	idle := loaded(0, 0, 0, 2000, 0)
+	assert.InDelta(t, 8000, Cost(8000, idle), 1e-6)
+	for _, k := range []float64{1, 2, math.Inf(1)} {
+		full := loaded(0, 0, 0, 2000, 0)
+		full.KVUsage = k
+		assert.InDelta(t, 100*8000, Cost(8000, full), 1e-6, "usage %v", k)
+	}
+
+	// The owner of the prefix pays only for the tokens it prefills: its fuller pool does
+	// not send the request to an emptier cold replica.
+	owner := loaded(0, 6000, 0.5, 2000, 10)
+	owner.KVUsage = 0.9
+	cold := loaded(0, 0, 0.5, 2000, 10)
+	cold.KVUsage = 0.3
+	assert.Equal(t, 0, NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil).Order[0])
+
+	// Without load values (an older table) nothing changes: the copy charge prices usage.
+	old := Candidate{Queued: 0, Healthy: true, KVUsage: 0.9}
+	assert.InDelta(t, 8000, Cost(8000, old), 1e-6)
+}

@@ -1,6 +1,6 @@
 // Package rule is kvroute's routing decision. For a request x and each eligible replica r,
 //
-//	cost(r) = (Q + U + U x (N + B/2)) / speed(r)
+//	cost(r) = (Q + U + U x (N + B/2) + U x E) / speed(r)
 //
 // where Q is the prompt work already queued on r (uncached tokens not yet prefilled), U =
 // U(r, x) the prompt tokens of x that r would prefill (prompt - tokens cached on r), and U
@@ -8,14 +8,26 @@
 // (Q + U)/Ubar the requests expected to arrive at r before its prefill work clears, whose
 // time to first token each grows by U (an M/G/1 busy period: rho is r's busy fraction,
 // Ubar its mean uncached tokens a request), and B the requests r is running, each of whose
-// next tokens waits U (they share r's steps with the prefill). The minimum wins.
+// next tokens waits U (they share r's steps with the prefill). U x E is what the placement
+// evicts: E = k/(1 - k) at r's KV usage k (capped at 0.99). The minimum wins.
 //
 // Why these terms. Q + U is the request's own wait. The rest makes a placement pay for the
 // waiting it causes, in the same unit, so that the rule minimises the sum, over every
 // request it affects, of time to first token and end-to-end time: a later arrival's delay
 // counts in both, hence with weight 1 like the request's own (all are halved), a running
-// request's in its end-to-end time only, hence B/2. Nothing is tuned: rho, Ubar and B are
-// measured per replica by the control plane and carried in the table (format 3).
+// request's in its end-to-end time only, hence B/2. rho, Ubar and B are measured per
+// replica by the control plane and carried in the table (format 3).
+//
+// What a placement evicts. The U tokens' blocks come from r's free blocks, the only room
+// where a prefix outlives its requests, least recently used first; they are a share 1 - k
+// of r's pool (the running requests hold k). The fuller the pool, the more recently used
+// the prefixes an allocation evicts, and the likelier one of them is asked for again and
+// prefilled a second time: E prices that at k/(1 - k) tokens a token, nothing on an idle
+// replica, 1 at half full, 9 at 90%. Where replicas are otherwise alike (a prefix nobody
+// holds, on a loaded fleet), new prefixes go where they evict least. This term's form and
+// weight are measured, not derived: past capacity, where a fleet's queues and caches both
+// bind, kvroute-bench over seeds found k/(1 - k) better than half or twice it
+// (docs/performance.md, "What a placement evicts").
 //
 // docs/rule.md's worked example: 8,000-token prompts, 6,000 of them a customer's prefix.
 // Its owner o (busy half the time, rho = 0.5, Ubar = 2,000, running 20, Q = 8,000: another
@@ -188,7 +200,22 @@ func Cost(promptTokens float64, r Candidate) float64 { return cost(promptTokens,
 
 func cost(promptTokens float64, r *Candidate) float64 {
 	u := uncached(promptTokens, r)
-	return (r.Queued + u + u*others(r, u)) / speed(r)
+	return (r.Queued + u + u*others(r, u) + u*evicts(r)) / speed(r)
+}
+
+// maxEvictUsage caps the KV usage evicts reads, so that a full replica's charge stays
+// finite (99 a token).
+const maxEvictUsage = 0.99
+
+// evicts is E: what each token prefilled on r evicts from its prefix cache, priced in
+// tokens to prefill again, k / (1 - k) at KV usage k (see the package doc). 0 without
+// load values: the copy charge prices usage there.
+func evicts(r *Candidate) float64 {
+	if !(r.MeanUncached > 0) {
+		return 0
+	}
+	k := min(usage(r), maxEvictUsage)
+	return k / (1 - k)
 }
 
 // maxBusy caps rho: a replica measured busy all the time still clears its queue
