@@ -90,6 +90,9 @@ func TestHostileLoadValuesStayFinite(t *testing.T) {
 		loaded(100, 0, -1, 2000, -5),
 		loaded(100, 0, 1, 2000, math.NaN()),
 		loaded(100, 0, 0.5, math.Inf(1), 5),
+		withUsage(loaded(100, 0, 0.5, 2000, 5), math.NaN()),
+		withUsage(loaded(100, 0, 0.5, 2000, 5), -1),
+		withUsage(loaded(100, 0, 0.5, 2000, 5), math.Inf(1)),
 	} {
 		c := Cost(1000, r)
 		assert.False(t, math.IsNaN(c) || math.IsInf(c, 0) || c < 0, "%+v: cost %v", r, c)
@@ -135,4 +138,9 @@ func TestAPlacementPaysForWhatItEvicts(t *testing.T) {
 	// Without load values (an older table) nothing changes: the copy charge prices usage.
 	old := Candidate{Queued: 0, Healthy: true, KVUsage: 0.9}
 	assert.InDelta(t, 8000, Cost(8000, old), 1e-6)
+}
+
+func withUsage(c Candidate, k float64) Candidate {
+	c.KVUsage = k
+	return c
 }
