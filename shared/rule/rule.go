@@ -153,7 +153,10 @@ type Params struct {
 	// the numbers), so the guard leaves room for a late table (docs/rule.md, "Guards").
 	MaxStateAge time.Duration
 	// TieEpsilon: costs within this fraction of the best are a near tie, broken at
-	// random so that many routers holding the same snapshot do not herd onto one replica.
+	// random among the tied replicas holding the most of the prompt, so that many
+	// routers holding the same snapshot do not herd onto one replica and a replica that
+	// holds the prompt does not lose it to one that would prefill it on the snapshot's
+	// noise.
 	TieEpsilon float64
 	// MaxEndpoints is the length of the result: the pick plus retry targets.
 	MaxEndpoints int
@@ -458,14 +461,27 @@ func (pk *Picker) finish(replicas []Candidate, d Decision, max int) Decision {
 	sortByCost(pk.scored)
 
 	// Near ties: every candidate within TieEpsilon of the best is equally good; put a
-	// random one of them first.
+	// random one of those holding the most of the prompt first.
 	best := pk.scored[0].cost
 	ties := 1
 	for ties < len(pk.scored) && pk.scored[ties].cost <= best+p.TieEpsilon*best {
 		ties++
 	}
 	if ties > 1 {
-		j := pk.rng.IntN(ties)
+		// A near tie between a replica that has the prompt and one that would prefill
+		// it is the snapshot's noise.
+		most := 0.0
+		for _, s := range pk.scored[:ties] {
+			most = math.Max(most, replicas[s.idx].Cached)
+		}
+		k := 0
+		for i := range ties {
+			if replicas[pk.scored[i].idx].Cached == most {
+				pk.scored[k], pk.scored[i] = pk.scored[i], pk.scored[k]
+				k++
+			}
+		}
+		j := pk.rng.IntN(k)
 		pk.scored[0], pk.scored[j] = pk.scored[j], pk.scored[0]
 	}
 
