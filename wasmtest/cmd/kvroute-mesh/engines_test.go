@@ -43,7 +43,12 @@ func (s *syncBuffer) String() string {
 // waitFor polls cond until it holds; the deadline only guards against a hang.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	waitUpTo(t, 30*time.Second, what, cond)
+}
+
+func waitUpTo(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up waiting: %s", what)
@@ -103,7 +108,10 @@ func runMesh(t *testing.T, args ...string) *syncBuffer {
 			t.Errorf("run: %v", err)
 		}
 	})
-	waitFor(t, "the banner", func() bool {
+	// The command builds the filter (--wasm ""), compiles it in the host and waits up to
+	// 15 s for a table before it prints the banner: under -race with every core busy, that
+	// took longer than waitFor's 30 s (24 of 120 runs).
+	waitUpTo(t, 3*time.Minute, "the banner", func() bool {
 		select {
 		case err := <-done:
 			done <- err
