@@ -105,7 +105,7 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 		if stats.PrefixQueries > 0 {
 			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
 		}
-		c.ix.ApplyScrape(c.ids[i], s, nil, at(now))
+		c.ix.ApplyScrape(c.ids[i], s, nil, at(now-c.cfg.ScrapeLatency))
 	}
 }
 

@@ -57,6 +57,12 @@ type Config struct {
 	Filter api.Config
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
+	// ScrapeLatency is how long after the control plane sends a scrape the engine takes
+	// its numbers. The control plane dates them when it sent the scrape
+	// (controlplane.scrapeLoop), so a request sent within it is counted by the engine
+	// but taken by the proxies' ledgers as sent after the numbers. 0: the engine answers
+	// at once.
+	ScrapeLatency time.Duration
 	// Wait is the leader's long poll (control_plane.wait_ms, default 1 s): a version
 	// reaches the proxy when it is published (Stale later), and a poll that finds none
 	// for Wait confirms the table (304). 0 polls every PollInterval instead.
