@@ -1,6 +1,7 @@
 package kvroute_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -332,4 +333,42 @@ func TestControlPlaneFailoverLosesNoReport(t *testing.T) {
 	long.Failover = false
 	_, lost = run(long)
 	assert.Positive(t, lost, "an outage without another replica loses the reports posted in it")
+}
+
+// With ScrapeLatency the engines take their numbers that long after the control plane
+// sent the scrape, which dates them at the send (controlplane.scrapeLoop): no state in
+// the index is ever younger than the latency.
+func TestScrapeLatencyDatesTheNumbersBeforeTheEngineTookThem(t *testing.T) {
+	w := tiny(t, 3*time.Second)
+	youngest := func(latency time.Duration) int64 {
+		cfg := kvroute.DefaultConfig()
+		cfg.ScrapeLatency = latency
+		var probe *ageProbe
+		_, err := sim.Run(sim.Config{Replicas: 3, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+				kp, err := kvroute.New(f, routerOf, cfg)
+				probe = &ageProbe{Policy: kp, youngest: math.MaxInt64}
+				return probe, err
+			})
+		require.NoError(t, err)
+		return probe.youngest
+	}
+	assert.Less(t, youngest(0), int64(5), "numbers taken at the scrape's send are as young as the last scrape")
+	assert.GreaterOrEqual(t, youngest(40*time.Millisecond), int64(40))
+}
+
+// ageProbe records the youngest replica state the index holds at any decision after
+// the first second.
+type ageProbe struct {
+	*kvroute.Policy
+	youngest int64
+}
+
+func (p *ageProbe) Route(r *workload.Request, now time.Duration) policy.Choice {
+	if now > time.Second { // every replica scraped: before that, ages count from discovery
+		for _, st := range p.Index().DebugState(kvroute.Epoch.Add(now)) {
+			p.youngest = min(p.youngest, st.StateAgeMs)
+		}
+	}
+	return p.Policy.Route(r, now)
 }
