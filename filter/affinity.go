@@ -17,7 +17,8 @@ import (
 //	kvroute/affinity/<b>  bucket b of affinityBuckets: magic, then up to affinityWays
 //	                      entries, newest first, each the entry's key (a hash of its
 //	                      kind, the tenant and the response or session id), when (unix
-//	                      ms), the prompt tokens (sessions) and the replica's address
+//	                      ms), the prompt's complete blocks (sessions) and the replica's
+//	                      address
 //
 // An entry lives in the bucket its key picks; writing it puts it first and drops the
 // same key's older entry, and the oldest when the bucket is full. A reader takes an
@@ -32,13 +33,13 @@ import (
 const (
 	affinityBuckets = 1024
 	affinityWays    = 8
-	affinityMagic   = "KVA2"
+	affinityMagic   = "KVA3" // KVA2 kept sessions' prompts in tokens: a new module ignores them
 	// responseMaxAge bounds how long a response's replica is remembered: vLLM's store
 	// keeps responses until the process ends, agents' follow-ups come within minutes.
 	responseMaxAge = time.Hour
 	// sessionMaxAge is rule.MaxCacheAge's default: past it caches have turned over.
 	sessionMaxAge = 10 * time.Minute
-	// entryHead is an entry's fixed part: key, time, tokens, address length.
+	// entryHead is an entry's fixed part: key, time, blocks, address length.
 	entryHead = 8 + 8 + 4 + 1
 )
 
@@ -56,9 +57,10 @@ type affinity struct {
 	buf   []byte
 }
 
-// remember records that key's replica is addr (tokens: its prompt, sessions only).
-func (a *affinity) remember(key uint64, addr string, tokens float64, now time.Time) {
-	a.write(key, addr, tokens, now, false)
+// remember records that key's replica is addr (blocks: its prompt's complete blocks,
+// sessions only).
+func (a *affinity) remember(key uint64, addr string, blocks int, now time.Time) {
+	a.write(key, addr, blocks, now, false)
 }
 
 // learn records an entry another proxy learned (affinitypoll.go), unless the map
@@ -68,7 +70,7 @@ func (a *affinity) learn(key uint64, addr string, at time.Time) bool {
 	return a.write(key, addr, 0, at, true)
 }
 
-func (a *affinity) write(key uint64, addr string, tokens float64, now time.Time, onlyNewer bool) bool {
+func (a *affinity) write(key uint64, addr string, blocks int, now time.Time, onlyNewer bool) bool {
 	if len(addr) > 255 {
 		return false
 	}
@@ -84,7 +86,7 @@ func (a *affinity) write(key uint64, addr string, tokens float64, now time.Time,
 		b := append(a.buf[:0], affinityMagic...)
 		b = binary.LittleEndian.AppendUint64(b, key)
 		b = binary.LittleEndian.AppendUint64(b, uint64(now.UnixMilli()))
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(tokens)))
+		b = binary.LittleEndian.AppendUint32(b, uint32(min(max(blocks, 0), math.MaxUint32)))
 		b = append(b, byte(len(addr)))
 		b = append(b, addr...)
 		n := 1
@@ -117,8 +119,8 @@ func holds(b []byte, key uint64, addr string, at time.Time) bool {
 	return found
 }
 
-// lookup returns key's replica and prompt tokens when its entry is younger than maxAge.
-func (a *affinity) lookup(key uint64, maxAge time.Duration, now time.Time) (string, float64, bool) {
+// lookup returns key's replica and prompt blocks when its entry is younger than maxAge.
+func (a *affinity) lookup(key uint64, maxAge time.Duration, now time.Time) (string, int, bool) {
 	b, _, err := a.value.sharedData(affinityKeys[key%affinityBuckets])
 	if err != nil {
 		return "", 0, false
@@ -137,8 +139,8 @@ func (a *affinity) lookup(key uint64, maxAge time.Duration, now time.Time) (stri
 	if now.Sub(at) > maxAge {
 		return "", 0, false
 	}
-	tokens := float64(math.Float32frombits(binary.LittleEndian.Uint32(found[16:])))
-	return a.names.keep(string(found[entryHead:])), tokens, true
+	blocks := int(binary.LittleEndian.Uint32(found[16:]))
+	return a.names.keep(string(found[entryHead:])), blocks, true
 }
 
 // forEachEntry calls f with each whole entry of bucket b and its key, newest first,

@@ -144,7 +144,7 @@ func TestAffinityBucketKeepsItsNewestEntries(t *testing.T) {
 	now := time.Now()
 	key := func(i int) uint64 { return uint64(7 + affinityBuckets*i) } // one bucket
 	for i := range affinityWays {
-		a.remember(key(i), fmt.Sprintf("10.0.0.%d:8000", i), float64(i), now)
+		a.remember(key(i), fmt.Sprintf("10.0.0.%d:8000", i), i, now)
 	}
 	a.remember(key(3), "10.0.0.33:8000", 33, now) // rewritten: still 8 entries
 	for i := range affinityWays {
@@ -157,10 +157,10 @@ func TestAffinityBucketKeepsItsNewestEntries(t *testing.T) {
 	a.remember(key(affinityWays), "10.0.0.99:8000", 0, now)
 	_, _, ok := a.lookup(key(0), time.Hour, now)
 	assert.False(t, ok, "the oldest goes")
-	addr, tokens, ok := a.lookup(key(1), time.Hour, now)
+	addr, blocks, ok := a.lookup(key(1), time.Hour, now)
 	assert.True(t, ok)
 	assert.Equal(t, "10.0.0.1:8000", addr)
-	assert.Equal(t, 1.0, tokens)
+	assert.Equal(t, 1, blocks)
 	_, _, ok = a.lookup(key(affinityWays+1), time.Hour, now)
 	assert.False(t, ok, "a key never written")
 }

@@ -278,7 +278,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	p.placed.catchUp(now)
 	req.ID, req.Schema, req.ModelHeader, req.Tenant, req.Class = h.reqID, h.schema, h.modelHeader, h.tenant, h.class
 	if h.session != 0 {
-		req.Session, req.SessionTokens, _ = p.affinity.lookup(h.session, sessionMaxAge, now)
+		req.Session, req.SessionBlocks, _ = p.affinity.lookup(h.session, sessionMaxAge, now)
 	}
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
@@ -333,7 +333,7 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 		m.followLost.Increment(1)
 	}
 	if h.session != 0 {
-		p.affinity.remember(h.session, d.Addrs[0], d.PredictedCached+d.Uncached, now)
+		p.affinity.remember(h.session, d.Addrs[0], d.Blocks, now)
 	}
 	if res.Action == route.NoPrompt {
 		m.fallbacks.Increment(1)

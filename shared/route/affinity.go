@@ -12,7 +12,7 @@ import "github.com/kvroute/kvroute/shared/table"
 //
 // A session (a header the mesh trusts, api.Config.SessionHeader) is softer: its previous
 // replica served the session's last request, whose prompt an agent's next request
-// extends, so that replica is credited with that many tokens cached (or the best match
+// extends, so that replica is credited with that many blocks cached (or the best match
 // among the replicas, if more) even where the table has not learned them (another API's
 // body, a prefix past what the table lists), and the rule's cost decides as usual; a
 // request without a prompt to match goes there first while it is healthy. Neither id is
@@ -23,13 +23,13 @@ type affinity struct {
 	named   bool   // the request names a previous response and Router.Follows is set
 	follow  string // the replica that stored the response the request continues
 	session string // the replica of the session's previous request
-	// sessionTokens is that request's prompt tokens.
-	sessionTokens float64
+	// sessionBlocks is that request's complete blocks.
+	sessionBlocks int
 }
 
 // affinityOf looks up the replica that stored previousResponseID (Router.Follows).
 func (r *Router) affinityOf(previousResponseID []byte, req *Request) affinity {
-	a := affinity{session: req.Session, sessionTokens: req.SessionTokens}
+	a := affinity{session: req.Session, sessionBlocks: req.SessionBlocks}
 	if r.Follows != nil && previousResponseID != nil {
 		a.named, a.follow = true, r.Follows(previousResponseID, req.Tenant)
 	}
@@ -54,13 +54,15 @@ func replicaIndex(m *table.Model, addr string) int {
 
 // creditSession raises the session replica's cached tokens to its previous prompt's (at
 // most this one's) or the best match among the candidates (r.cands, indexed like
-// m.Replicas).
-func (r *Router) creditSession(m *table.Model, promptTokens float64) {
+// m.Replicas). The previous prompt is counted in c's blocks at c's bytes per token, as
+// the matches are: kept in tokens, it shrank against them when the control plane
+// learned a smaller ratio (TestSessionCreditSurvivesANewBytesPerToken).
+func (r *Router) creditSession(m *table.Model, c *Chain) {
 	s := replicaIndex(m, r.aff.session)
 	if s < 0 {
 		return
 	}
-	best := min(r.aff.sessionTokens, promptTokens)
+	best := c.Tokens(min(r.aff.sessionBlocks, len(c.Keys)))
 	for i := range r.cands {
 		best = max(best, r.cands[i].Cached)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/rule"
 )
 
 func followUp(prev, question string) []byte {
@@ -72,7 +73,7 @@ func TestSessionPrefersItsReplicaWhileTheCostAllows(t *testing.T) {
 	now := time.Now()
 	route := func(id uint64, session string) Decision {
 		d, _ := r.Route(tb, &Request{ID: id, Schema: prompt.Chat, Body: chatBody(system, fmt.Sprint("turn ", id)),
-			Session: session, SessionTokens: float64(len(system)) / 4}, 50*time.Millisecond, now)
+			Session: session, SessionBlocks: len(system) / int(cfg.BlockBytes)}, 50*time.Millisecond, now)
 		r.Ledger.Done(id)
 		r.Local = NewLocal() // the table has not learned the session's prefix
 		return d
@@ -96,4 +97,33 @@ func TestPinFirst(t *testing.T) {
 	assert.Equal(t, []int{5, 0}, pinFirst([]int{0}, 5, 3))
 	assert.Equal(t, []int{1, 0, 2}, pinFirst([]int{0, 1, 2}, 1, 3))
 	assert.Equal(t, []int{4}, pinFirst(nil, 4, 3))
+}
+
+// A session's previous replica is credited with the previous prompt as this prompt's
+// chain counts it. The bytes per token the table carries move (the control plane learns
+// them from outcomes), and a credit kept in tokens at the old ratio fell below what a
+// replica holding only the shared system prompt counts at the new one, which then took
+// the session.
+func TestSessionCreditSurvivesANewBytesPerToken(t *testing.T) {
+	system := strings.Repeat("You are the ACME support assistant. ", 100)
+	question := strings.Repeat("My order has not arrived yet. ", 10)
+	m := model(t, 2)
+	m.Config.BytesPerToken = 4
+	hold(t, m, chainOf(t, chatBody(system, "another customer's question"), Identity{Model: "llama"}), 0)
+	tb := tableOf(m)
+	r := NewRouter(rule.DefaultParams(), 1)
+	now := time.Now()
+	first, _ := r.Route(tb, &Request{ID: 1, Schema: prompt.Chat, Body: chatBody(system, question)}, 50*time.Millisecond, now)
+	r.Ledger.Done(1)
+	r.Local = NewLocal() // the session's turn went to replica 1; the table has not learned it
+
+	m.Config.BytesPerToken = 3
+	next := chatBody(system, question+" Where is it now?")
+	for id := uint64(2); id < 12; id++ {
+		d, _ := r.Route(tb, &Request{ID: id, Schema: prompt.Chat, Body: next,
+			Session: m.Replicas[1].Addr, SessionBlocks: first.Blocks}, 50*time.Millisecond, now)
+		r.Ledger.Done(id)
+		r.Local = NewLocal()
+		require.Equal(t, m.Replicas[1].Addr, d.Addrs[0], "request %d left its session", id)
+	}
 }

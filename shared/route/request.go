@@ -35,10 +35,11 @@ type Request struct {
 	// Class is the class header's value (api.Overload.ClassHeader), "" for none.
 	Class string
 	// Session is the replica that served the request's session last ("" for none, or
-	// no session), and SessionTokens that request's prompt tokens: the replica is
-	// credited with them cached, and the rule's cost decides (affinity.go).
+	// no session), and SessionBlocks that request's complete blocks (its
+	// Decision.Blocks): the replica is credited with as many of this prompt's blocks
+	// cached, and the rule's cost decides (affinity.go).
 	Session       string
-	SessionTokens float64
+	SessionBlocks int
 }
 
 // Action is what Route did with a request.
@@ -194,7 +195,7 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 			}
 			return Decision{}, res
 		}
-		r.aff = affinity{session: req.Session, sessionTokens: req.SessionTokens}
+		r.aff = affinity{session: req.Session, sessionBlocks: req.SessionBlocks}
 		defer func() { r.aff = affinity{} }()
 		return r.routeWithoutPrompt(t, req, req.ModelHeader, float64(req.Size)/4, tableAge, now, res)
 	}

@@ -101,6 +101,9 @@ type Decision struct {
 	// Uncached is the prefill work the pick gets: prompt - predicted cached tokens, with
 	// tokens it loads from a slower tier at their load cost (rule.Uncached).
 	Uncached float64
+	// Blocks is the prompt's complete blocks: what a session remembers of it
+	// (Request.SessionBlocks), the same for the same text at any bytes per token.
+	Blocks int
 }
 
 // Header joins the addresses as the endpoint header value: "ip:port,ip:port".
@@ -187,8 +190,9 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 			MeanUncached: float64(rep.MeanUncached),
 		})
 	}
-	r.creditSession(m, c.PromptTokens)
+	r.creditSession(m, c)
 	d := r.decision(m, r.pin(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order), r.aff.follow))
+	d.Blocks = len(c.Keys)
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
 		d.PredictedCached = pick.Cached
