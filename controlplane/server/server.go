@@ -694,7 +694,7 @@ type WarmupState struct {
 
 func (s *Server) debug(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
-		writeError(w, http.StatusMethodNotAllowed, "%s %s: use GET", r.Method, r.URL.Path)
+		refuseMethod(w, r, "GET", "GET")
 		return
 	}
 	b := s.Index.BudgetState()

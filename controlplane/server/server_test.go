@@ -660,3 +660,29 @@ func FuzzReports(f *testing.F) {
 		}
 	})
 }
+
+// Every path answers a method it does not take with 405 and an Allow header naming the
+// ones it does (RFC 9110, 15.5.6).
+func TestMethodRefusalsNameTheAllowedMethods(t *testing.T) {
+	e := newEnv(t, "", 10)
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPost, api.TablePath, "GET, HEAD"},
+		{http.MethodGet, api.ReportsPath, "POST"},
+		{http.MethodPost, api.AffinityPath, "GET"},
+		{http.MethodGet, api.SharesPath, "POST"},
+		{http.MethodPost, "/debug/state", "GET"},
+	} {
+		req, err := http.NewRequest(c.method, e.url+c.path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != http.StatusMethodNotAllowed || r.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d, Allow %q; want 405, Allow %q", c.method, c.path, r.StatusCode, r.Header.Get("Allow"), c.allow)
+		}
+	}
+}
