@@ -33,7 +33,7 @@ import (
 const (
 	affinityBuckets = 1024
 	affinityWays    = 8
-	affinityMagic   = "KVA3" // KVA2 kept sessions' prompts in tokens: a new module ignores them
+	affinityMagic   = "KVA3"
 	// responseMaxAge bounds how long a response's replica is remembered: vLLM's store
 	// keeps responses until the process ends, agents' follow-ups come within minutes.
 	responseMaxAge = time.Hour

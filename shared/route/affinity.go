@@ -55,8 +55,8 @@ func replicaIndex(m *table.Model, addr string) int {
 // creditSession raises the session replica's cached tokens to its previous prompt's (at
 // most this one's) or the best match among the candidates (r.cands, indexed like
 // m.Replicas). The previous prompt is counted in c's blocks at c's bytes per token, as
-// the matches are: kept in tokens, it shrank against them when the control plane
-// learned a smaller ratio (TestSessionCreditSurvivesANewBytesPerToken).
+// the matches are, so that a ratio the control plane learns since moves both alike
+// (TestSessionCreditSurvivesANewBytesPerToken).
 func (r *Router) creditSession(m *table.Model, c *Chain) {
 	s := replicaIndex(m, r.aff.session)
 	if s < 0 {
