@@ -33,13 +33,23 @@ func seedOf(t *testing.T, customers, prompt, prefix int, d time.Duration) *workl
 
 func run(t *testing.T, w workload.Workload, replicas int, cfg kvroute.Config, faults ...sim.Fault) (*sim.Result, *kvroute.Policy) {
 	t.Helper()
+	return runWrapped(t, w, replicas, cfg, nil, faults...)
+}
+
+// runWrapped is run with the simulator calling wrap's policy instead of kvroute's own
+// (a probe that observes it) when wrap is not nil.
+func runWrapped(t *testing.T, w workload.Workload, replicas int, cfg kvroute.Config, wrap func(*kvroute.Policy) policy.Policy,
+	faults ...sim.Fault) (*sim.Result, *kvroute.Policy) {
+	t.Helper()
 	var kp *kvroute.Policy
 	res, err := sim.Run(sim.Config{Replicas: replicas, Profile: timing.Fast(), Workload: w, Seed: 1, Routers: cfg.Routers,
 		Stream: true, HotGroup: -1, Faults: faults},
 		func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
 			var err error
-			kp, err = kvroute.New(f, routerOf, cfg)
-			return kp, err
+			if kp, err = kvroute.New(f, routerOf, cfg); err != nil || wrap == nil {
+				return kp, err
+			}
+			return wrap(kp), nil
 		})
 	require.NoError(t, err)
 	return res, kp
@@ -228,13 +238,10 @@ func TestFirstByteCorrectsOlderSnapshots(t *testing.T) {
 		cfg := kvroute.DefaultConfig()
 		cfg.LedgerStarts = starts
 		var fb *firstBytes
-		_, err := sim.Run(sim.Config{Replicas: 3, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
-			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
-				kp, err := kvroute.New(f, routerOf, cfg)
-				fb = &firstBytes{Policy: kp, sent: map[uint64]time.Duration{}}
-				return fb, err
-			})
-		require.NoError(t, err)
+		runWrapped(t, w, 3, cfg, func(kp *kvroute.Policy) policy.Policy {
+			fb = &firstBytes{Policy: kp, sent: map[uint64]time.Duration{}}
+			return fb
+		})
 		require.NotEmpty(t, fb.corrections)
 		return fb.corrections
 	}
@@ -344,13 +351,10 @@ func TestScrapeLatencyDatesTheNumbersBeforeTheEngineTookThem(t *testing.T) {
 		cfg := kvroute.DefaultConfig()
 		cfg.ScrapeLatency = latency
 		var probe *ageProbe
-		_, err := sim.Run(sim.Config{Replicas: 3, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
-			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
-				kp, err := kvroute.New(f, routerOf, cfg)
-				probe = &ageProbe{Policy: kp, youngest: math.MaxInt64}
-				return probe, err
-			})
-		require.NoError(t, err)
+		runWrapped(t, w, 3, cfg, func(kp *kvroute.Policy) policy.Policy {
+			probe = &ageProbe{Policy: kp, youngest: math.MaxInt64}
+			return probe
+		})
 		return probe.youngest
 	}
 	assert.Less(t, youngest(0), int64(5), "numbers taken at the scrape's send are as young as the last scrape")
