@@ -98,12 +98,11 @@ func TestSessionHeaderOnlyWhenTrusted(t *testing.T) {
 				}
 			}
 			// Trusted, the session's replica is credited with the whole prompt and should
-			// win every time. Two causes moved sessions under -race: a worker VM that had
-			// not seen step 1 start counted it as queued, a near tie with the idle replicas
-			// (now won by the replica holding the prompt: TestNearTiesGoToTheReplicaHoldingThePrompt
-			// in shared/rule); and the credit, step 1's prompt in tokens at the bytes per token
-			// learned then, falling short of step 2's at the ratio learned since (500 against
-			// 536) while the snapshot still queued step 1, which is not fixed.
+			// win every time, also where a worker VM that has not seen step 1 start still
+			// counts it as queued: a near tie goes to the replica holding the prompt
+			// (TestNearTiesGoToTheReplicaHoldingThePrompt in shared/rule), and the credit is
+			// step 1's blocks at the bytes per token learned since
+			// (TestSessionCreditSurvivesANewBytesPerToken in shared/route).
 			// Untrusted, a new prefix goes to whichever replica the rule picks: 1 to 8 of 16
 			// stayed in 20 runs.
 			t.Logf("%d of %d sessions stayed", stayed, sessions)
