@@ -196,6 +196,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
 		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (docs/rule.md: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
+		outcomes    = fs.String("requests-csv", "", "also write every request of every policy to this CSV file: arrival, replica, prompt and cached tokens (at routing and at admission), the tokens an earlier request could have given it and which one, TTFT, end-to-end, spill, preemptions (sizes and times only; docs/performance.md)")
 		plotPath    = fs.String("plot", "", "also draw the results to this .svg (or .png, .pdf): each policy's TTFT distribution (an empirical CDF, log time axis); with --find-replicas, TTFT p95 against replicas per policy; with --sweep-rate, TTFT p50, p95 and cached rate against the rate")
 		find        = fs.Bool("find-replicas", false, "search, per policy, the fewest replicas that hold --slo-ttft-p95")
 		findRate    = fs.Bool("find-rate", false, "search, per policy, the highest rate (req/s) that --replicas hold at --slo-ttft-p95: from --rate, doubling or halving, then bisecting to --rate-resolution")
@@ -338,7 +339,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	if err := checkModes(*find, *findRate, *sweepRate != "", *plotPath != ""); err != nil {
+	if err := checkModes(*find, *findRate, *sweepRate != "", *plotPath != "", *outcomes != ""); err != nil {
 		return err
 	}
 	var rates []float64
@@ -405,7 +406,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
 	b := &bench{stdout: stdout, o: o, names: names, load: load, w: w, label: label,
-		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, memory: *memory, start: time.Now()}
+		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, outcomesPath: *outcomes, memory: *memory, start: time.Now()}
 	switch {
 	case *find:
 		return b.findReplicas(slo)
@@ -419,7 +420,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 // checkModes refuses a command line that asks for two kinds of run, or a picture of
 // one that has none, before anything runs.
-func checkModes(findReplicas, findRate, sweep, plot bool) error {
+func checkModes(findReplicas, findRate, sweep, plot, outcomes bool) error {
 	n := 0
 	for _, on := range []bool{findReplicas, findRate, sweep} {
 		if on {
@@ -431,6 +432,8 @@ func checkModes(findReplicas, findRate, sweep, plot bool) error {
 		return cli.Usagef("--find-replicas, --find-rate and --sweep-rate are different runs: give one")
 	case findRate && plot:
 		return cli.Usagef("--plot with --find-rate: a rate search has no picture; --sweep-rate --plot draws TTFT and cached rate against the rate")
+	case n > 0 && outcomes:
+		return cli.Usagef("--requests-csv writes one comparison's requests: not with --find-replicas, --find-rate or --sweep-rate")
 	}
 	return nil
 }
@@ -444,7 +447,8 @@ type bench struct {
 	w                              workload.Workload // at load.Rate
 	label                          string            // the workload's name in JSON
 	plotPath, plotFormat, jsonPath string
-	memory                         bool // --memory: print fleet.WriteMemory's table
+	outcomesPath                   string // --requests-csv
+	memory                         bool   // --memory: print fleet.WriteMemory's table
 	start                          time.Time
 }
 
@@ -506,6 +510,12 @@ func (b *bench) compare(phases bool) error {
 	if b.plotPath != "" {
 		title := fmt.Sprintf("TTFT per policy at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
 		if err := writeFile(b.plotPath, func(f io.Writer) error { return fleet.PlotTTFT(f, b.plotFormat, title, results) }); err != nil {
+			return err
+		}
+	}
+	if b.outcomesPath != "" {
+		reuses := workload.Reuses(b.w, b.o.Profile.BlockSize)
+		if err := writeFile(b.outcomesPath, func(f io.Writer) error { return fleet.WriteOutcomes(f, results, reuses) }); err != nil {
 			return err
 		}
 	}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"encoding/xml"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +56,73 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Contains(t, string(b), `"reuse_ceiling": 0.`)
 	assert.NotContains(t, string(b), `"memory"`, "the fleet's memory only when asked for")
 	assert.NotContains(t, s, "lost waiting")
+}
+
+// TestRequestsCSV: --requests-csv writes every request of every policy, and its rows add
+// up to the table: the measured requests, their cached rate and the reuse ceiling.
+func TestRequestsCSV(t *testing.T) {
+	dir := t.TempDir()
+	csvPath, jsonPath := filepath.Join(dir, "requests.csv"), filepath.Join(dir, "out.json")
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(append(tiny, "--requests-csv", csvPath, "--json", jsonPath, "--policies", "round-robin,kvroute"), &out, &errOut), errOut.String())
+	f, err := os.Open(csvPath)
+	require.NoError(t, err)
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	require.NotEmpty(t, rows)
+	assert.Equal(t, fleet.OutcomeColumns, rows[0])
+	col := map[string]int{}
+	for i, c := range rows[0] {
+		col[c] = i
+	}
+	num := func(r []string, c string) float64 {
+		v, err := strconv.ParseFloat(r[col[c]], 64)
+		require.NoError(t, err, "%s = %q", c, r[col[c]])
+		return v
+	}
+
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var doc struct {
+		Ceiling  float64 `json:"reuse_ceiling"`
+		Policies []struct {
+			Name     string  `json:"name"`
+			Requests int     `json:"requests"`
+			Cached   float64 `json:"cached_token_rate"`
+		} `json:"policies"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Policies, 2)
+	for _, p := range doc.Policies {
+		var n, all int
+		var prompt, cached, reusable float64
+		for _, r := range rows[1:] {
+			if r[col["policy"]] != p.Name {
+				continue
+			}
+			all++
+			assert.Equal(t, "done", r[col["state"]], "nothing fails on an idle fleet")
+			assert.Contains(t, []float64{0, 1}, num(r, "replica"))
+			assert.LessOrEqual(t, num(r, "ttft_s"), num(r, "e2e_s"))
+			assert.LessOrEqual(t, num(r, "cached_tokens"), num(r, "prompt_tokens")-1)
+			if from := num(r, "reuse_from"); num(r, "reusable_tokens") > 0 {
+				assert.Less(t, from, num(r, "request"), "a reuse comes from an earlier request")
+			} else {
+				assert.Equal(t, -1.0, from)
+			}
+			if r[col["measured"]] == "true" {
+				n++
+				prompt += num(r, "prompt_tokens")
+				cached += num(r, "cached_tokens")
+				reusable += num(r, "reusable_tokens")
+			}
+		}
+		assert.Equal(t, 32, all, "%s: every request, the warm-up's too", p.Name)
+		assert.Equal(t, p.Requests, n, p.Name)
+		assert.InDelta(t, p.Cached, cached/prompt, 1e-6, p.Name)
+		assert.InDelta(t, doc.Ceiling, reusable/prompt, 1e-6, p.Name)
+	}
 }
 
 // TestMemoryTable: --memory adds the replicas' KV memory to the table and the JSON.
@@ -217,6 +286,7 @@ func TestBadLoadFlags(t *testing.T) {
 		{[]string{"--find-rate", "--find-replicas"}, "give one"},
 		{[]string{"--find-rate", "--sweep-rate", "1:2:1"}, "give one"},
 		{[]string{"--find-rate", "--plot", "x.svg"}, "a rate search has no picture"},
+		{[]string{"--sweep-rate", "10:20:5", "--requests-csv", "x.csv"}, "writes one comparison's requests"},
 		{[]string{"--sweep-rate", "10:5:1"}, "--sweep-rate \"10:5:1\": the last rate B must not be below A"},
 		{[]string{"--sweep-rate", "10:20"}, "want A:B:STEP"},
 		{[]string{"--find-rate", "--rate-resolution", "0"}, "--rate-resolution \"0\": want a positive number"},

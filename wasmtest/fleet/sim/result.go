@@ -48,6 +48,9 @@ type Result struct {
 	// Memory is the replicas' KV memory and queues, time-averaged: what a policy leaves
 	// room for in the prefix caches.
 	Memory FleetState
+	// Outcomes is every finished, failed or shed request, warm-up included, in arrival
+	// order: what the figures above are made of.
+	Outcomes []Outcome
 
 	// Hot and Others split the requests by HotGroup.
 	Hot, Others *GroupStats
@@ -126,6 +129,9 @@ func (r *runner) result() *Result {
 	phases := make([]phaseAcc, len(r.cfg.Phases))
 	for i := range r.recs {
 		rec := &r.recs[i]
+		if o, ok := r.outcome(i, rec); ok {
+			res.Outcomes = append(res.Outcomes, o)
+		}
 		if !rec.measured {
 			continue
 		}

@@ -24,13 +24,58 @@ type Ceiling struct {
 
 // ReuseCeiling computes w's Ceiling over the requests arriving at or after from (the
 // warm-up); blockSize is the block size w's chains were hashed with (the profile's).
-// It builds every request once and keeps every distinct block hash: memory grows with
-// the workload's distinct blocks, not with its requests. Only prompt blocks count: the
-// workloads resend answers as the client's text, never the engine's output tokens, so
-// output blocks an engine caches are never a later prompt's prefix.
 func ReuseCeiling(w Workload, blockSize int, from time.Duration) Ceiling {
 	var c Ceiling
-	seen := map[uint64]struct{}{}
+	walkReuse(w, func(i int, r *Request, known, _ int) {
+		if at, _ := w.Arrival(i); at >= from {
+			c.Cacheable += int64(usable(r, known, blockSize))
+			c.Prompt += int64(len(r.Tokens))
+			c.Requests++
+		}
+	})
+	if c.Prompt > 0 {
+		c.Rate = float64(c.Cacheable) / float64(c.Prompt)
+	}
+	return c
+}
+
+// Reuse is what one request could take from the requests before it.
+type Reuse struct {
+	// Tokens is the longest block-aligned prefix of its chain that an earlier request
+	// also had, capped as Ceiling caps it.
+	Tokens int
+	// From is the latest earlier request that had all of that prefix; -1 when Tokens
+	// is 0.
+	From int
+}
+
+// Reuses returns every request's Reuse, in arrival order: where the ceiling's reuse
+// comes from, request by request (kvroute-bench --requests-csv).
+func Reuses(w Workload, blockSize int) []Reuse {
+	out := make([]Reuse, w.Len())
+	walkReuse(w, func(i int, r *Request, known, last int) {
+		out[i] = Reuse{Tokens: usable(r, known, blockSize), From: -1}
+		if out[i].Tokens > 0 {
+			out[i].From = last
+		}
+	})
+	return out
+}
+
+// usable is the tokens of known blocks a request's engine could hit: the last prompt
+// token is always computed (sched.Engine.CachedPrefixChain).
+func usable(r *Request, known, blockSize int) int {
+	return min(known, (len(r.Tokens)-1)/blockSize) * blockSize
+}
+
+// walkReuse builds every request of w once, in arrival order, and calls fn with the
+// number of leading blocks of its chain an earlier request also had and the latest such
+// request (-1 when none). Memory grows with the workload's distinct blocks, not with its
+// requests. Only prompt blocks count: the workloads resend answers as the client's text,
+// never the engine's output tokens, so output blocks an engine caches are never a later
+// prompt's prefix.
+func walkReuse(w Workload, fn func(i int, r *Request, known, last int)) {
+	seen := map[uint64]int32{} // block hash -> the latest request whose chain had it
 	src := w.NewSource()
 	for i := range w.Len() {
 		r := src.Request(i)
@@ -44,18 +89,13 @@ func ReuseCeiling(w Workload, blockSize int, from time.Duration) Ceiling {
 			}
 			return 1
 		})
-		if at, _ := w.Arrival(i); at >= from {
-			usable := (len(r.Tokens) - 1) / blockSize
-			c.Cacheable += int64(min(known, usable) * blockSize)
-			c.Prompt += int64(len(r.Tokens))
-			c.Requests++
+		last := -1
+		if known > 0 {
+			last = int(seen[hashes[known-1]])
 		}
-		for _, h := range hashes[known:] {
-			seen[h] = struct{}{}
+		fn(i, r, known, last)
+		for _, h := range hashes {
+			seen[h] = int32(i)
 		}
 	}
-	if c.Prompt > 0 {
-		c.Rate = float64(c.Cacheable) / float64(c.Prompt)
-	}
-	return c
 }

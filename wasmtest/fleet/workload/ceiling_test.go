@@ -68,6 +68,30 @@ func TestReuseCeilingByHand(t *testing.T) {
 	assert.Equal(t, c.Cacheable, all.Cacheable)
 }
 
+// TestReusesNameTheLatestSource checks Reuses on the hand-made requests above plus a
+// repeat: each request's reusable tokens are the ceiling's, and its source is the latest
+// earlier request that had the whole prefix, not the first.
+func TestReusesNameTheLatestSource(t *testing.T) {
+	w := handMade{
+		tokens(tokens(nil, 1, 8), 100, 2),                 // 0: A B
+		tokens(tokens(nil, 1, 8), 200, 3),                 // 1: A B, from 0
+		tokens(nil, 1, 8),                                 // 2: A (capped), latest with A is 1
+		tokens(tokens(nil, 1, 4), 9, 8),                   // 3: A, latest with A is 2
+		tokens(tokens(nil, 5, 4), 300, 5),                 // 4: nothing
+		tokens(tokens(tokens(nil, 5, 4), 300, 4), 400, 3), // 5: B' and 300..303, from 4
+		tokens(tokens(nil, 1, 8), 500, 3),                 // 6: A B: 2 had both, after 1
+	}
+	got := Reuses(w, 4)
+	want := []Reuse{{0, -1}, {8, 0}, {4, 1}, {4, 2}, {0, -1}, {8, 4}, {8, 2}}
+	assert.Equal(t, want, got)
+
+	sum := 0
+	for _, r := range got[1:] {
+		sum += r.Tokens
+	}
+	assert.Equal(t, ReuseCeiling(w, 4, time.Second).Cacheable, int64(sum), "the per-request reuse adds up to the ceiling")
+}
+
 // TestReuseCeilingOfGSP checks the ceiling against the workload's arithmetic: of every
 // group's prompts all but the first find the whole system prompt (a whole number of
 // blocks here), and no question shares a block with another.
