@@ -366,20 +366,35 @@ func (ix *Index) engineBlockSize(r *replica, rk *rank) int {
 
 // ageText applies eviction pressure: the engine evicted tokens' worth of blocks, and it
 // evicts least recently used blocks first, so the least recently used reported keys of
-// the replica go too (reported keys have no events of their own).
+// the replica go too (reported keys have no events of their own). On a replica without
+// a slower tier, a key a request in flight uses stays: the engine evicts only blocks no
+// request holds, so its share of the volume was blocks the index has no keys for (a
+// request's output, say), and keys that are not in use age no faster for it. It moves to
+// the front, where its request's end puts it (vLLM frees a finished request's blocks to
+// the most recently used end). On a replica with one, aging moves keys to the tier,
+// still listed (tiers.go), and the request's outcome brings them back, so keys in use
+// age as before: keeping them made the other keys reach the tier, and age out of it,
+// later than the engine's blocks did (docs/performance.md, "Keys in use").
 func (ix *Index) ageText(r *replica, tokens float64) {
 	if r.tail < 0 {
 		r.evictDebt = 0
 		return
 	}
 	r.evictDebt += tokens
+	now := stamp(ix.clock.Load())
 	for r.tail >= 0 {
+		h := &r.slab[r.tail]
 		fp := ix.textFootprint(r.m)
-		if r.slab[r.tail].flags&lruToken != 0 {
+		if h.flags&lruToken != 0 {
 			fp = ix.tokenFootprint()
 		}
 		if r.evictDebt < fp {
 			break
+		}
+		if r.offTier == 0 && h.inUse(now) {
+			r.evictDebt -= fp
+			r.lruPushFront(r.tail, h.flags&lruToken != 0, h.owner, h.confirmed)
+			continue
 		}
 		tail := r.slab[r.tail]
 		r.evictDebt -= ix.evictTail(r)

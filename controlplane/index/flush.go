@@ -29,6 +29,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	nowMs := now.UnixMilli()
+	ix.clock.Store(uint32(stampOf(now)))
 	ix.expire(nowMs)
 	ix.expireConfirmed(now) // confirmed.go
 

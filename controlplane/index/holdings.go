@@ -1,6 +1,10 @@
 package index
 
-import "github.com/kvroute/kvroute/internal/keymap"
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/internal/keymap"
+)
 
 // holding is one key's state on one replica. The replica holds the key (and the table
 // lists its slot) while any of: engine blocks map to it, it is in the LRU of reported
@@ -15,6 +19,11 @@ type holding struct {
 	// (confirmed.go); both fit the struct's padding.
 	owner     uint8
 	confirmed stamp
+	// inFlight counts the placements on this replica whose outcome has not come back
+	// (saturating), the last of them placed at placed: the engine is using the key's
+	// blocks (inUse).
+	inFlight uint8
+	placed   stamp
 }
 
 const (
@@ -23,6 +32,38 @@ const (
 )
 
 func (h *holding) held() bool { return h.tokRefs > 0 || h.flags&inLRU != 0 || h.specUntil != 0 }
+
+// maxInFlight is how long after its last placement a key counts as in use without an
+// outcome: longer than a loaded request's whole run, and a bound on what a lost outcome
+// (a proxy that died mid-request, a retry served elsewhere) leaves pinned.
+const maxInFlight = 10 * 60 // seconds
+
+// inUse says whether a request placed on the replica is still using h's blocks at now:
+// a running request holds its blocks and the engine evicts only blocks no request holds
+// (vLLM's free block queue, SGLang's unlocked radix nodes), so eviction volume does not
+// age the key (ageText).
+func (h *holding) inUse(now stamp) bool {
+	return h.inFlight > 0 && h.placed.age(now) < maxInFlight
+}
+
+// place notes a placement of the key's chain on the replica at now; a count older than
+// maxInFlight was left by lost outcomes and starts again.
+func (h *holding) place(now stamp) {
+	if h.inFlight > 0 && h.placed.age(now) >= maxInFlight {
+		h.inFlight = 0
+	}
+	if h.inFlight < math.MaxUint8 {
+		h.inFlight++
+	}
+	h.placed = now
+}
+
+// answered notes an outcome of the key's chain on the replica.
+func (h *holding) answered() {
+	if h.inFlight > 0 {
+		h.inFlight--
+	}
+}
 
 // flip is a change of whether a replica holds a key.
 type flip struct {

@@ -159,6 +159,9 @@ type Index struct {
 	// updates.
 	byID                       atomic.Pointer[map[string]*replica]
 	unknownStreams, lruEvicted atomic.Uint64
+	// clock is the stamp of the latest time a build or a report batch was applied at,
+	// for the KV-event path, which has no time of its own (ageText).
+	clock atomic.Uint32
 }
 
 // Stats are global counters (the per-replica ones are in DebugState).

@@ -407,6 +407,104 @@ func TestEvictionByBlockRemoved(t *testing.T) {
 	}
 }
 
+// removed is a batch of n 16-token BlockRemoved events (ids from first), n x 16 tokens
+// of eviction volume.
+func removed(first, n int) *kvevents.Batch {
+	var evs []kvevents.Event
+	for i := range n {
+		evs = append(evs, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{uint64(first + i)}, Medium: "GPU"})
+	}
+	return batch(evs...)
+}
+
+// done is an outcome that keeps 4 bytes per token, so that a key is 64 tokens
+// (TestEvictionByCapacity).
+func done(replica string, keys []uint64) api.Report {
+	o := outcome(replica, keys, 200, 0, 0)
+	o.PromptBytes = 4000
+	return o
+}
+
+// inUseFixture is the fixture with speculative entries that expire in 10 s and
+// confirmed ones that stay an hour, so that only eviction volume ages the LRU.
+func inUseFixture(t *testing.T) (*Index, *view) {
+	ix := fixture(t, Config{SpecTTL: 10 * time.Second, ConfirmedTTL: time.Hour})
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	return ix, w
+}
+
+// addrA is replica a's address.
+const addrA = "10.0.0.1:8000"
+
+// TestKeysInUseDoNotAgeOut: the engine never evicts the blocks of a request it is
+// running, so a reported key whose placement has no outcome yet survives eviction
+// volume, which does not fall on the other keys instead, and it ages again once the
+// outcome comes back. The speculative entries expire first, so only the LRU holds the
+// keys.
+func TestKeysInUseDoNotAgeOut(t *testing.T) {
+	ix, w := inUseFixture(t)
+	used, idle := seqHashes(3, 100), seqHashes(3, 200)
+	ix.ApplyReports(reports(done(addrA, used)), t0, nil) // least recently used
+	ix.ApplyReports(reports(done(addrA, idle)), t0, nil)
+	ix.ApplyReports(reports(placement(addrA, used)), t0.Add(time.Second), nil) // its next request
+	t1 := t0.Add(20 * time.Second)
+	w.apply(t, ix.Flush(t1, false), t1)
+
+	// 12 blocks, 192 tokens: the three least recently used keys' worth. They are in
+	// use, so the engine evicted blocks the index has no keys for, and the idle chain,
+	// more recent, stays too.
+	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 0, removed(5000, 12))
+	w.apply(t, ix.Flush(t1, false), t1)
+	if !all(w.held("m", 0, used)) || !all(w.held("m", 0, idle)) {
+		t.Fatalf("in use %v, idle %v", w.held("m", 0, used), w.held("m", 0, idle))
+	}
+	// 12 more: the idle chain is the least recently used now.
+	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 1, removed(5100, 12))
+	w.apply(t, ix.Flush(t1, false), t1)
+	if !all(w.held("m", 0, used)) || !none(w.held("m", 0, idle)) {
+		t.Fatalf("in use %v, idle %v", w.held("m", 0, used), w.held("m", 0, idle))
+	}
+
+	// The request ends: its keys age again. 4 blocks take one key, the chain's last.
+	t2 := t1.Add(time.Second)
+	ix.ApplyReports(reports(done(addrA, used)), t2, nil)
+	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 2, removed(6000, 4))
+	w.apply(t, ix.Flush(t2, false), t2)
+	if got := w.held("m", 0, used); !slices.Equal(got, []bool{true, true, false}) {
+		t.Fatalf("after the outcome: %v", got)
+	}
+}
+
+// TestALostOutcomeStopsPinningAfterTenMinutes: a placement whose outcome never comes
+// (its proxy died) keeps its keys from aging for at most maxInFlight, and a later
+// placement's count does not inherit it.
+func TestALostOutcomeStopsPinningAfterTenMinutes(t *testing.T) {
+	ix, w := inUseFixture(t)
+	lost, again := seqHashes(3, 100), seqHashes(3, 200)
+	ix.ApplyReports(reports(done(addrA, lost), placement(addrA, lost)), t0, nil)
+	ix.ApplyReports(reports(done(addrA, again), placement(addrA, again)), t0, nil)
+	seq := uint64(0)
+	age := func(at time.Time) { // every key's worth of eviction volume
+		w.apply(t, ix.Flush(at, false), at)
+		ix.Events().Batch(kvevents.StreamID{Replica: "a"}, seq, removed(5000+100*int(seq), 24))
+		seq++
+		w.apply(t, ix.Flush(at, false), at)
+	}
+	age(t0.Add(9 * time.Minute))
+	if !all(w.held("m", 0, lost)) || !all(w.held("m", 0, again)) {
+		t.Fatalf("9 minutes after: %v %v", w.held("m", 0, lost), w.held("m", 0, again))
+	}
+	// again's next request, placed and answered after 11 minutes: its count starts
+	// from that placement, so its outcome leaves nothing in flight.
+	t1 := t0.Add(11 * time.Minute)
+	ix.ApplyReports(reports(placement(addrA, again), done(addrA, again)), t1, nil)
+	age(t1)
+	if !none(w.held("m", 0, lost)) || !none(w.held("m", 0, again)) {
+		t.Fatalf("11 minutes after: %v %v", w.held("m", 0, lost), w.held("m", 0, again))
+	}
+}
+
 func TestClearAndRestartEmptyTheReplica(t *testing.T) {
 	for _, how := range []string{"AllBlocksCleared", "restart"} {
 		t.Run(how, func(t *testing.T) {

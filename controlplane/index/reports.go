@@ -25,6 +25,7 @@ type ReportMetrics struct {
 func (ix *Index) ApplyReports(b *api.ReportBatch, now time.Time, met *ReportMetrics) int {
 	applied := 0
 	from := ix.reporterID(b.Proxy)
+	ix.clock.Store(uint32(stampOf(now)))
 	for start, end := 0, 0; start < len(b.Reports); start = end {
 		end = start + 1 // a lock holds one report at least, and the next ones while they are small
 		for keys := len(b.Reports[start].Keys); end < len(b.Reports) && end-start < reportsPerLock; end++ {
@@ -101,15 +102,20 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 		// same prefix should still go there (it will share the prefill). Speculative
 		// entries expire after SpecTTL unless an outcome confirms them.
 		ix.stats.Placements++
-		until := now.Add(ix.cfg.SpecTTL).UnixMilli()
+		until, at := now.Add(ix.cfg.SpecTTL).UnixMilli(), stampOf(now)
 		keys, why := ix.admitKeys(r, rep, nil) // budget.go: what does not fit is counted and dropped
 		for _, k := range keys {
-			ix.setSpec(r, k, until)
+			r.slab[ix.setSpec(r, k, until)].place(at)
 		}
 		if res := overBudget(rep, keys, why); res != "" {
 			return res
 		}
 	case api.KindOutcome:
+		for _, k := range rep.Keys { // whatever the status, the request is over
+			if i, ok := r.hold.Get(k); ok {
+				r.slab[i].answered()
+			}
+		}
 		if met != nil && rep.CachedTokens >= 0 && rep.PromptTokens > 0 {
 			if rep.CachedTokens < rep.PredictedCachedTokens && met.FalseHits != nil {
 				met.FalseHits.Inc()

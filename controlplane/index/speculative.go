@@ -6,7 +6,8 @@ type specItem struct {
 	until int64
 }
 
-func (ix *Index) setSpec(r *replica, k uint64, until int64) {
+// setSpec makes k speculative on r until (Unix ms) and returns its holding.
+func (ix *Index) setSpec(r *replica, k uint64, until int64) int32 {
 	i := r.ensure(k)
 	h := &r.slab[i]
 	was := h.held()
@@ -17,6 +18,7 @@ func (ix *Index) setSpec(r *replica, k uint64, until int64) {
 	ix.specQ = append(ix.specQ, specItem{r, k, until})
 	r.m.specItems.Add(1)
 	ix.settle(r, i, was)
+	return i
 }
 
 func (ix *Index) clearSpec(r *replica, k uint64) {

@@ -224,3 +224,25 @@ func TestReportedKeysTheGPUEvictsMoveToTheCPUTier(t *testing.T) {
 	w.apply(t, ix.Flush(t0, false))
 	assert.Equal(t, 0, w.t.Models["m"].Len())
 }
+
+// TestKeysInUseMoveToTheCPUTierAsBefore: on a replica that offloads, the GPU's eviction
+// volume moves reported keys to the CPU tier whether a request is using them or not
+// (ageText); the outcome brings them back (TestKeysInUseDoNotAgeOut is the replica
+// without a tier).
+func TestKeysInUseMoveToTheCPUTierAsBefore(t *testing.T) {
+	ix := fixture(t, Config{SpecTTL: 10 * time.Second, ConfirmedTTL: time.Hour})
+	w := &tierView{t: table.New()}
+	w.apply(t, ix.Flush(t0, true))
+	stream := kvevents.StreamID{Replica: "a"}
+	chain := seqHashes(2, 100)
+	o := done(addrA, chain)
+	ix.ApplyReports(reports(o, placement(addrA, chain)), t0, nil)
+	t1 := t0.Add(20 * time.Second) // the placement's speculative entries are gone
+	w.apply(t, ix.Flush(t1, false))
+	ix.Events().Batch(stream, 0, batch(cpuStored([]uint64{1}), kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: seqHashes(8, 5000), Medium: "GPU"}))
+	w.apply(t, ix.Flush(t1, false))
+	assert.Equal(t, [][]uint32{{cpuA}, {cpuA}}, w.holders(chain))
+	ix.ApplyReports(reports(o), t1, nil)
+	w.apply(t, ix.Flush(t1, false))
+	assert.Equal(t, [][]uint32{{0}, {0}}, w.holders(chain))
+}
