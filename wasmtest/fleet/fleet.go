@@ -60,6 +60,8 @@ type Options struct {
 	CPULoadPerToken time.Duration
 	// ClassBudgets, when set, reports requests by class and tenant (sim.Config).
 	ClassBudgets map[string]time.Duration
+	// Outcomes keeps every request's outcome in the results (sim.Config).
+	Outcomes bool
 }
 
 // DefaultOptions are docs/rule.md's fleet.
@@ -143,6 +145,7 @@ func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers, PinTenants: o.PinTenants,
 		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
 		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken, ClassBudgets: o.ClassBudgets,
+		Outcomes: o.Outcomes,
 	}
 }
 

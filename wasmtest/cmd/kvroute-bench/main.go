@@ -342,6 +342,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := checkModes(*find, *findRate, *sweepRate != "", *plotPath != "", *outcomes != ""); err != nil {
 		return err
 	}
+	o.Outcomes = *outcomes != ""
 	var rates []float64
 	if *sweepRate != "" {
 		if rates, err = fleet.ParseSweep(*sweepRate); err != nil {

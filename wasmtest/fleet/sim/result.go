@@ -49,7 +49,7 @@ type Result struct {
 	// room for in the prefix caches.
 	Memory FleetState
 	// Outcomes is every finished, failed or shed request, warm-up included, in arrival
-	// order: what the figures above are made of.
+	// order: what the figures above are made of (with Config.Outcomes, else nil).
 	Outcomes []Outcome
 
 	// Hot and Others split the requests by HotGroup.
@@ -129,8 +129,10 @@ func (r *runner) result() *Result {
 	phases := make([]phaseAcc, len(r.cfg.Phases))
 	for i := range r.recs {
 		rec := &r.recs[i]
-		if o, ok := r.outcome(i, rec); ok {
-			res.Outcomes = append(res.Outcomes, o)
+		if r.cfg.Outcomes {
+			if o, ok := r.outcome(i, rec); ok {
+				res.Outcomes = append(res.Outcomes, o)
+			}
 		}
 		if !rec.measured {
 			continue

@@ -61,6 +61,8 @@ type Config struct {
 	// ClassBudgets, when set, reports the requests by class (workload.Request.Class)
 	// and tenant: a class's goodput counts its requests that met its TTFT budget.
 	ClassBudgets map[string]time.Duration
+	// Outcomes keeps every request's Outcome in Result.Outcomes.
+	Outcomes bool
 }
 
 // Phase is a span of arrival times reported on its own.
