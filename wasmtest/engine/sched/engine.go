@@ -77,7 +77,7 @@ type Config struct {
 
 // Stats are the engine's cumulative counters (vLLM's Prometheus counters).
 type Stats struct {
-	PrefixQueries    int64 // prompt tokens looked up in the prefix cache
+	PrefixQueries    int64 // prompt tokens looked up in the prefix cache, resumed requests' not
 	PrefixHits       int64 // of which cached
 	CPUHits          int64 // of which loaded from the CPU tier (vLLM's external hits)
 	Preemptions      int64

@@ -311,6 +311,9 @@ func TestPreemptionWhenBlocksRunOut(t *testing.T) {
 		total += r.Preemptions
 	}
 	assert.Equal(t, int(h.Stats().Preemptions), total)
+	// vLLM's prefix-cache counters count each request's first lookup, not a resumed
+	// one's (which would count its output so far as prompt).
+	assert.Equal(t, int64(3*60), h.Stats().PrefixQueries)
 	assert.Zero(t, h.State().QueuedPrefillTokens)
 	assert.Zero(t, h.State().Waiting+h.State().Running)
 	// The latest admitted request is the victim; the first never is.

@@ -87,8 +87,14 @@ func (e *Engine) startStep(t time.Duration) bool {
 		r.numComputed, r.numCommitted, r.prefillTarget = computed, len(e.ids), total
 		e.queuedPrefill += total - computed - r.pending
 		r.pending = 0
-		e.stats.PrefixQueries += int64(total)
-		e.stats.PrefixHits += int64(computed)
+		if r.Preemptions == 0 {
+			// vLLM's Prometheus counters count a request's first lookup only: a resumed
+			// request's goes to PrefixCacheStats' preempted_* fields, which no counter
+			// exports (vllm/v1/metrics/stats.py @28ed1fb8, PrefixCacheStats.record;
+			// vllm/v1/metrics/loggers.py, PrometheusStatLogger.record).
+			e.stats.PrefixQueries += int64(total)
+			e.stats.PrefixHits += int64(computed)
+		}
 		if r.CachedTokens < 0 {
 			r.CachedTokens, r.ScheduledAt = computed, t
 			r.LoadedTokens = loaded * e.bs
