@@ -367,11 +367,12 @@ func (ix *Index) engineBlockSize(r *replica, rk *rank) int {
 // ageText applies eviction pressure: the engine evicted tokens' worth of blocks, and it
 // evicts least recently used blocks first, so the least recently used reported keys of
 // the replica go too (reported keys have no events of their own). On a replica without
-// a slower tier, a key a request in flight uses stays: the engine evicts only blocks no
-// request holds, so its share of the volume was blocks the index has no keys for (a
-// request's output, say), and keys that are not in use age no faster for it. It moves to
-// the front, where its request's end puts it (vLLM frees a finished request's blocks to
-// the most recently used end). On a replica with one, aging moves keys to the tier,
+// a slower tier, only the volume's prompt share ages them (keyed.go: the rest was the
+// requests' outputs), and a key a request in flight uses stays: the engine evicts only
+// blocks no request holds, so its share of the volume was blocks the index has no keys
+// for, and keys that are not in use age no faster for it. It moves to the front, where
+// its request's end puts it (vLLM frees a finished request's blocks to the most recently
+// used end). On a replica with one, aging moves keys to the tier,
 // still listed (tiers.go), and the request's outcome brings them back, so keys in use
 // age as before: keeping them made the other keys reach the tier, and age out of it,
 // later than the engine's blocks did (docs/performance.md, "Keys in use").
@@ -379,6 +380,9 @@ func (ix *Index) ageText(r *replica, tokens float64) {
 	if r.tail < 0 {
 		r.evictDebt = 0
 		return
+	}
+	if r.offTier == 0 {
+		tokens *= r.keyed.share() // keyed.go: the engine's outputs are evicted too
 	}
 	r.evictDebt += tokens
 	now := stamp(ix.clock.Load())

@@ -25,7 +25,8 @@
 //     teach (bytes per token, uncached tokens), a median over the reporting proxies;
 //     confirmed.go: confirmed keys' expiry and the proxies' fair shares of a replica's LRU.
 //   - scrape.go: metrics scrapes and replica health; load.go: the load each replica's
-//     table entry carries (requests running, busy fraction, mean uncached prompt).
+//     table entry carries (requests running, busy fraction, mean uncached prompt);
+//     keyed.go: the share of an engine's eviction volume that ages reported keys.
 //   - flush.go: what the next table version carries (Flush) and each replica's state.
 //   - budget.go: the memory budget (admission, drops); shares.go: each model's share of
 //     it; bytes.go: what each kind of entry costs in bytes, for --max-index-bytes;

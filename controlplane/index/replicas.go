@@ -86,8 +86,10 @@ type replica struct {
 	lruText, lruTok  int
 	specN, tokenKeys int
 	evictDebt        float64
-	// load is the time-weighted averages of recent scrapes (load.go).
-	load Load
+	// load is the time-weighted averages of recent scrapes (load.go); keyed the share of
+	// its computed tokens that were prompt tokens (keyed.go).
+	load  Load
+	keyed keyedShare
 
 	ranks []*rank // by DP rank, ascending (a few: a slice, walked on the KV-event path)
 	meter meter   // the byte budget's measurement (bytes.go)

@@ -27,6 +27,7 @@ func (ix *Index) ApplyScrape(id string, s scrape.Sample, err error, now time.Tim
 	r.sample, r.scrapedOK, r.lastOK, r.fails, r.healthy = s, true, now, 0, true
 	ix.scraped = true
 	ix.noteLoad(r, now)
+	r.keyed.note(&r.sample, now)
 	ix.fitCapacity(r, nil)
 	ix.unlockReplica(r)
 }

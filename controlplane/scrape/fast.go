@@ -367,8 +367,12 @@ func (p *fastParser) result(n *names) Sample {
 		}
 	}
 	hits, queries := p.counter(n.hits), p.counter(n.queries)
-	if hits != nil && hits.finite > 0 && queries != nil && queries.finite > 0 && queries.sum > 0 {
+	counted := hits != nil && hits.finite > 0 && queries != nil && queries.finite > 0
+	if counted && queries.sum > 0 {
 		s.HitRate = math.Min(1, hits.sum/queries.sum)
+	}
+	if gen := p.counter(n.generation); counted && gen != nil && gen.finite > 0 {
+		s.setTokenCounters(queries.sum, hits.sum, gen.sum)
 	}
 	return s
 }

@@ -100,7 +100,8 @@ func TestParseFastReadsEnginePages(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Sample{Waiting: 4, Running: 3, KVUsage: 0.4375, HasKVUsage: true, QueuedTokens: 1234, HasQueuedTokens: true,
-		CapacityTokens: 320000, BlockSize: 16, PromptTokensMean: 2550, HitRate: 8123456.0 / 12345670}
+		CapacityTokens: 320000, BlockSize: 16, PromptTokensMean: 2550, HitRate: 8123456.0 / 12345670,
+		ComputedTokens: 12345670 - 8123456, GenerationTokens: 3.1e6, HasTokenCounters: true}
 	if s != want {
 		t.Fatalf("got  %+v\nwant %+v", s, want)
 	}

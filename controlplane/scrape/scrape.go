@@ -1,7 +1,8 @@
 // Package scrape reads an engine's Prometheus /metrics (vLLM or SGLang names; the ones
 // routing uses are in docs/controlplane.md, "Metrics") into the few numbers routing
-// needs: waiting and running requests, KV-cache usage, cache capacity, and the queued
-// prefill tokens when the engine exports them.
+// needs: waiting and running requests, KV-cache usage, cache capacity, the prefix-cache
+// and generated-token counters, and the queued prefill tokens when the engine exports
+// them.
 package scrape
 
 import (
@@ -49,6 +50,14 @@ type Sample struct {
 	// outcome report has taught us yet; 0 when unknown.
 	PromptTokensMean float64
 	HitRate          float64
+	// ComputedTokens and GenerationTokens are lifetime counters: the prompt tokens the
+	// engine prefilled (prefix-cache queries less hits, which vLLM counts at a request's
+	// first lookup, not after a preemption) and the tokens it generated. HasTokenCounters says the engine exported
+	// all three counters. The index reads what share of the blocks the engine caches are
+	// prompt blocks from them (controlplane/index/keyed.go).
+	ComputedTokens   float64
+	GenerationTokens float64
+	HasTokenCounters bool
 }
 
 // names maps an engine kind to its metric names.
@@ -59,6 +68,7 @@ type names struct {
 	cacheConfig      string   // info gauge with block_size / num_gpu_blocks labels (vLLM)
 	promptHist       string
 	hits, queries    string
+	generation       string
 	queued           string
 	wanted           []string
 }
@@ -82,6 +92,7 @@ func namesFor(kind string) *names {
 			// Lifetime hit rate from TokenizerMetricsCollector's counters (SGLang
 			// python/sglang/srt/metrics/collector.py @93d04878).
 			hits: "sglang:cached_tokens", queries: "sglang:prompt_tokens",
+			generation: "sglang:generation_tokens",
 		}
 	} else {
 		n = names{
@@ -90,10 +101,11 @@ func namesFor(kind string) *names {
 			usage:       []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 			cacheConfig: "vllm:cache_config_info", promptHist: "vllm:request_prompt_tokens",
 			hits: "vllm:prefix_cache_hits", queries: "vllm:prefix_cache_queries",
+			generation: "vllm:generation_tokens",
 		}
 	}
 	n.queued = QueuedTokensMetric
-	for _, s := range append([]string{n.waiting, n.running, n.capacityTokens, n.cacheConfig, n.promptHist, n.hits, n.queries, n.queued}, n.usage...) {
+	for _, s := range append([]string{n.waiting, n.running, n.capacityTokens, n.cacheConfig, n.promptHist, n.hits, n.queries, n.generation, n.queued}, n.usage...) {
 		if s != "" {
 			n.wanted = append(n.wanted, s)
 		}
@@ -245,12 +257,23 @@ func parseReference(body []byte, n *names) (Sample, error) {
 			s.PromptTokensMean = sumv / count
 		}
 	}
-	if h, ok := sum(counter(fams, n.hits)); ok {
-		if q, ok := sum(counter(fams, n.queries)); ok && q > 0 {
-			s.HitRate = math.Min(1, h/q)
-		}
+	h, okH := sum(counter(fams, n.hits))
+	q, okQ := sum(counter(fams, n.queries))
+	if okH && okQ && q > 0 {
+		s.HitRate = math.Min(1, h/q)
+	}
+	if g, ok := sum(counter(fams, n.generation)); ok && okH && okQ {
+		s.setTokenCounters(q, h, g)
 	}
 	return s, nil
+}
+
+// setTokenCounters fills the lifetime token counters from prefix-cache queries and hits
+// and generated tokens.
+func (s *Sample) setTokenCounters(queries, hits, generated float64) {
+	s.ComputedTokens = max(queries-hits, 0)
+	s.GenerationTokens = max(generated, 0)
+	s.HasTokenCounters = true
 }
 
 // familyOf returns the metric family a line belongs to: the name of a sample line, or the

@@ -32,6 +32,10 @@ vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1000.0
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 250.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="llama"} 300.0
+vllm:generation_tokens_total{engine="1",model_name="llama"} 200.0
 # HELP vllm:request_prompt_tokens Number of prefill tokens processed.
 # TYPE vllm:request_prompt_tokens histogram
 vllm:request_prompt_tokens_bucket{engine="0",le="1.0",model_name="llama"} 0.0
@@ -54,7 +58,8 @@ func TestParseVLLM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Sample{Waiting: 6, Running: 4, KVUsage: 0.375, HasKVUsage: true, CapacityTokens: 32000, BlockSize: 16, PromptTokensMean: 800, HitRate: 0.25}
+	want := Sample{Waiting: 6, Running: 4, KVUsage: 0.375, HasKVUsage: true, CapacityTokens: 32000, BlockSize: 16, PromptTokensMean: 800, HitRate: 0.25,
+		ComputedTokens: 750, GenerationTokens: 500, HasTokenCounters: true}
 	if s != want {
 		t.Fatalf("got  %+v\nwant %+v", s, want)
 	}

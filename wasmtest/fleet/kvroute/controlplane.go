@@ -105,6 +105,8 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 		if stats.PrefixQueries > 0 {
 			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
 		}
+		s.ComputedTokens = float64(stats.PrefixQueries - stats.PrefixHits)
+		s.GenerationTokens, s.HasTokenCounters = float64(stats.GenerationTokens), true
 		c.ix.ApplyScrape(c.ids[i], s, nil, at(now-c.cfg.ScrapeLatency))
 	}
 }
