@@ -12,7 +12,7 @@ import (
 type holding struct {
 	key        uint64
 	prev, next int32
-	specUntil  int64 // Unix ms; 0 = not speculative
+	specUntil  specSec // 0 = not speculative
 	tokRefs    int32
 	flags      uint8
 	// In the LRU: the owner slot of the reporter that confirmed the key last, and when

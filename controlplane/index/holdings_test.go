@@ -2,9 +2,11 @@ package index
 
 import (
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 )
 
 // setSlot keeps every key's holder list sorted and exact, counts the lists with an array
@@ -81,6 +83,46 @@ func TestSetSlotLists(t *testing.T) {
 	for i, v := range oneHolder {
 		if int(v) != i {
 			t.Fatalf("oneHolder[%d] = %d", i, v)
+		}
+	}
+}
+
+// TestSpeculativeEntriesEndAtTheirTTL: a holding keeps its speculative end in whole
+// seconds, rounded up, and the expiry queue's millisecond times decide: an entry placed
+// mid-second is listed until its TTL has passed, not a second less or more, and a
+// placement that refreshes it keeps it past the first one's TTL.
+func TestSpeculativeEntriesEndAtTheirTTL(t *testing.T) {
+	ix := fixture(t, Config{SpecTTL: 10 * time.Second})
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	once, again := seqHashes(2, 100), seqHashes(2, 200)
+	placed := t0.Add(500 * time.Millisecond)
+	ix.ApplyReports(reports(placement(addrA, once), placement(addrA, again)), placed, nil)
+	refresh := placed.Add(9 * time.Second)
+	ix.ApplyReports(reports(placement(addrA, again)), refresh, nil)
+	at := func(d time.Duration) time.Time {
+		now := placed.Add(d)
+		w.apply(t, ix.Flush(now, false), now)
+		return now
+	}
+	at(10*time.Second - time.Millisecond)
+	if !all(w.held("m", 0, once)) || !all(w.held("m", 0, again)) {
+		t.Fatalf("a millisecond before the TTL: %v %v", w.held("m", 0, once), w.held("m", 0, again))
+	}
+	at(10*time.Second + time.Millisecond)
+	if !none(w.held("m", 0, once)) || !all(w.held("m", 0, again)) {
+		t.Fatalf("a millisecond after: %v %v", w.held("m", 0, once), w.held("m", 0, again))
+	}
+	at(19*time.Second + time.Millisecond)
+	if !none(w.held("m", 0, again)) {
+		t.Fatalf("after the refresh's TTL: %v", w.held("m", 0, again))
+	}
+	for _, c := range []struct {
+		ms   int64
+		want specSec
+	}{{-5, 1}, {0, 1}, {1, 1}, {1000, 1}, {1001, 2}, {1_800_000_000_500, 1_800_000_001}, {math.MaxInt64, math.MaxUint32}} {
+		if got := specSecOf(c.ms); got != c.want {
+			t.Errorf("specSecOf(%d) = %d, want %d", c.ms, got, c.want)
 		}
 	}
 }

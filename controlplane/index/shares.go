@@ -253,7 +253,7 @@ func (ix *Index) takeBack(m *model, n int64) int64 {
 		}
 		it.r.mu.Lock()
 		before := it.r.hold.Len()
-		if j, ok := it.r.hold.Get(it.key); ok && it.r.slab[j].specUntil == it.until {
+		if j, ok := it.r.hold.Get(it.key); ok && it.r.slab[j].expires(&it) {
 			ix.clearSpec(it.r, it.key)
 		}
 		freed += int64(before - it.r.hold.Len())
