@@ -144,3 +144,25 @@ func withUsage(c Candidate, k float64) Candidate {
 	c.KVUsage = k
 	return c
 }
+
+// Past capacity (every replica busy more than 80% of the time) the busy fractions no
+// longer decide: an owner that holds a quarter of the prompt keeps it though it was busy
+// all of the time and the other replica 85% of it. With rho capped at 0.95 the copy won
+// (cost 426,000 against 928,000), on a difference the rule cannot act on: the later
+// arrivals it counted would be sent elsewhere too.
+func TestPastCapacityBusyFractionsDoNotDecide(t *testing.T) {
+	owner := loaded(10000, 2000, 1, 2000, 0)
+	cold := loaded(10000, 0, 0.85, 2000, 0)
+	// owner: 10,000 + 6,000 + 6,000 x 4 x 16,000/2,000 = 208,000;
+	// cold: 10,000 + 8,000 + 8,000 x 4 x 18,000/2,000 = 306,000.
+	assert.InDelta(t, 208000, Cost(8000, owner), 1e-6)
+	assert.InDelta(t, 306000, Cost(8000, cold), 1e-6)
+	d := NewPicker(exact(), 1).Pick(8000, []Candidate{owner, cold}, nil)
+	assert.Equal(t, 0, d.Order[0], "the owner keeps the request")
+	// Below the cap the busy fraction still counts: at 0.5 against 0.8 the copy to the
+	// less busy replica wins.
+	lighter := loaded(10000, 0, 0.5, 2000, 0)
+	owner.Busy = 0.8
+	d = NewPicker(exact(), 1).Pick(8000, []Candidate{owner, lighter}, nil)
+	assert.Equal(t, 1, d.Order[0], "the less busy replica takes the copy")
+}

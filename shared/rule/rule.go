@@ -221,9 +221,15 @@ func evicts(r *Candidate) float64 {
 	return k / (1 - k)
 }
 
-// maxBusy caps rho: a replica measured busy all the time still clears its queue
-// eventually, and N stays finite.
-const maxBusy = 0.95
+// maxBusy caps rho, so that N stays finite and counts at most 4 times the work's
+// requests. Past it a replica is past capacity, where the busy period's arrivals are not
+// all its own: the rule sends later arrivals where the work is shorter, so replicas
+// busy 80% and 100% of the time weigh their later arrivals alike and their queues and
+// caches decide. The value is measured, not derived, as E's form is: at 0.95 the rule
+// spread every placement by busy fraction alone past capacity, prefill reached every
+// replica and slowed the decodes of all of them, and the Mooncake trace at 4 replicas
+// lost its cache (docs/performance.md, "Past capacity: the later arrivals' cap").
+const maxBusy = 0.8
 
 // others is N + B/2 for a placement of u tokens on r: how many other requests each of
 // its tokens delays, a later arrival's first token counting twice a running request's
