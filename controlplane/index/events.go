@@ -372,10 +372,10 @@ func (ix *Index) engineBlockSize(r *replica, rk *rank) int {
 // blocks no request holds, so its share of the volume was blocks the index has no keys
 // for, and keys that are not in use age no faster for it. It moves to the front, where
 // its request's end puts it (vLLM frees a finished request's blocks to the most recently
-// used end). On a replica with one, aging moves keys to the tier,
-// still listed (tiers.go), and the request's outcome brings them back, so keys in use
-// age as before: keeping them made the other keys reach the tier, and age out of it,
-// later than the engine's blocks did (docs/performance.md, "Keys in use").
+// used end). On a replica with one, aging moves keys to the tier, still listed
+// (tiers.go), and the request's outcome brings them back, so keys in use age as before:
+// keeping them made the other keys reach the tier, and age out of it, later than the
+// engine's blocks did (docs/performance.md, "Keys in use").
 func (ix *Index) ageText(r *replica, tokens float64) {
 	if r.tail < 0 {
 		r.evictDebt = 0

@@ -372,7 +372,7 @@ func (p *fastParser) result(n *names) Sample {
 		s.HitRate = math.Min(1, hits.sum/queries.sum)
 	}
 	if gen := p.counter(n.generation); counted && gen != nil && gen.finite > 0 {
-		s.setTokenCounters(queries.sum, hits.sum, gen.sum)
+		s.SetTokenCounters(queries.sum, hits.sum, gen.sum)
 	}
 	return s
 }

@@ -52,9 +52,10 @@ type Sample struct {
 	HitRate          float64
 	// ComputedTokens and GenerationTokens are lifetime counters: the prompt tokens the
 	// engine prefilled (prefix-cache queries less hits, which vLLM counts at a request's
-	// first lookup, not after a preemption) and the tokens it generated. HasTokenCounters says the engine exported
-	// all three counters. The index reads what share of the blocks the engine caches are
-	// prompt blocks from them (controlplane/index/keyed.go).
+	// first lookup, not after a preemption) and the tokens it generated
+	// (SetTokenCounters). HasTokenCounters says the engine exported all three counters.
+	// The index reads what share of the blocks the engine caches are prompt blocks from
+	// them (controlplane/index/keyed.go).
 	ComputedTokens   float64
 	GenerationTokens float64
 	HasTokenCounters bool
@@ -263,14 +264,14 @@ func parseReference(body []byte, n *names) (Sample, error) {
 		s.HitRate = math.Min(1, h/q)
 	}
 	if g, ok := sum(counter(fams, n.generation)); ok && okH && okQ {
-		s.setTokenCounters(q, h, g)
+		s.SetTokenCounters(q, h, g)
 	}
 	return s, nil
 }
 
-// setTokenCounters fills the lifetime token counters from prefix-cache queries and hits
-// and generated tokens.
-func (s *Sample) setTokenCounters(queries, hits, generated float64) {
+// SetTokenCounters fills the lifetime token counters from the prefix-cache queries and
+// hits and the generated tokens, as an engine's counters give them.
+func (s *Sample) SetTokenCounters(queries, hits, generated float64) {
 	s.ComputedTokens = max(queries-hits, 0)
 	s.GenerationTokens = max(generated, 0)
 	s.HasTokenCounters = true

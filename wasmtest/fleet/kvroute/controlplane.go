@@ -105,8 +105,7 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 		if stats.PrefixQueries > 0 {
 			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
 		}
-		s.ComputedTokens = float64(stats.PrefixQueries - stats.PrefixHits)
-		s.GenerationTokens, s.HasTokenCounters = float64(stats.GenerationTokens), true
+		s.SetTokenCounters(float64(stats.PrefixQueries), float64(stats.PrefixHits), float64(stats.GenerationTokens))
 		c.ix.ApplyScrape(c.ids[i], s, nil, at(now-c.cfg.ScrapeLatency))
 	}
 }
