@@ -180,7 +180,7 @@ func (ix *Index) admitKeys(r *replica, rep *api.Report, ev *evictor) (kept []uin
 	}
 	limit := ix.keyLimit(r)
 	for ev != nil && r.hold.Len()+fresh > limit {
-		if !ev.evict(ix) {
+		if !ev.evict(ix, false) {
 			break
 		}
 	}

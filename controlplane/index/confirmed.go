@@ -109,17 +109,22 @@ type evictor struct {
 
 func newEvictor(r *replica, p uint8) *evictor { return &evictor{r: r, p: p, cur: r.tail} }
 
-// evict drops one key p may take; false when the LRU is empty. Some key always
-// qualifies: the LRU's keys over its owners, p counted, is the mean of their counts, so
-// unless p holds none some other owner holds more than that, and if all hold exactly
-// that, p's own keys go.
-func (e *evictor) evict(ix *Index) bool {
+// evict drops one key p may take from the LRU, to the replica's slower tier when
+// toTier (the GPU's capacity made room: evictToTier) and out of the index otherwise (the
+// key budget); false when the LRU is empty. Some key always qualifies: the LRU's keys
+// over its owners, p counted, is the mean of their counts, so unless p holds none some
+// other owner holds more than that, and if all hold exactly that, p's own keys go.
+func (e *evictor) evict(ix *Index, toTier bool) bool {
 	r := e.r
 	for pass := 0; pass < 2; pass++ {
 		for i := e.cur; i >= 0 && r.slab[i].flags&inLRU != 0; i = r.slab[i].prev {
 			if e.takes(r.slab[i].owner) {
 				e.cur = r.slab[i].prev
-				ix.evictAt(r, i)
+				if toTier {
+					ix.evictToTier(r, i)
+				} else {
+					ix.evictAt(r, i)
+				}
 				return true
 			}
 		}

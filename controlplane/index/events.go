@@ -400,11 +400,7 @@ func (ix *Index) ageText(r *replica, tokens float64) {
 			r.lruPushFront(r.tail, h.flags&lruToken != 0, h.owner, h.confirmed)
 			continue
 		}
-		tail := r.slab[r.tail]
-		r.evictDebt -= ix.evictTail(r)
-		if r.offTier > 0 {
-			ix.offload(r, tail.key, tail.flags&lruToken != 0, tail.confirmed) // tiers.go: it is in CPU memory now
-		}
+		r.evictDebt -= ix.evictToTier(r, r.tail)
 	}
 	if r.tail < 0 {
 		r.evictDebt = 0

@@ -186,6 +186,18 @@ func (ix *Index) evictTail(r *replica) float64 {
 	return ix.evictAt(r, r.tail)
 }
 
+// evictToTier drops reported key i from the LRU as evictAt does and, on a replica with a
+// slower tier, lists it there (offload, tiers.go): the engine copied its blocks to the
+// tier as it computed them, so what has left GPU memory is still in the tier.
+func (ix *Index) evictToTier(r *replica, i int32) float64 {
+	h := r.slab[i] // a copy: evictAt may free the slot
+	fp := ix.evictAt(r, i)
+	if r.offTier > 0 {
+		ix.offload(r, h.key, h.flags&lruToken != 0, h.confirmed)
+	}
+	return fp
+}
+
 // evictAt drops reported key i from the LRU; it returns its footprint.
 func (ix *Index) evictAt(r *replica, i int32) float64 {
 	fp := ix.textFootprint(r.m)
@@ -199,15 +211,16 @@ func (ix *Index) evictAt(r *replica, i int32) float64 {
 }
 
 // fitCapacity keeps the reported keys' estimated tokens within the engine's KV capacity
-// (num_gpu_blocks x block_size): an engine cannot hold more than that, so the oldest
-// reported prefixes must have been evicted by now. ev, when a reporter's confirmation
-// made the room needed, picks which go (confirmed.go); nil: the least recently used.
+// (num_gpu_blocks x block_size): an engine cannot hold more than that in GPU memory, so
+// the oldest reported prefixes must have left it by now, for its slower tier when it has
+// one (evictToTier). ev, when a reporter's confirmation made the room needed, picks which
+// go (confirmed.go); nil: the least recently used.
 func (ix *Index) fitCapacity(r *replica, ev *evictor) {
 	capTok := float64(r.sample.CapacityTokens)
 	for r.tail >= 0 && ((capTok > 0 && ix.lruTokens(r) > capTok) || r.lruText+r.lruTok > ix.cfg.MaxKeysPerReplica) {
 		if ev == nil {
-			ix.evictTail(r)
-		} else if !ev.evict(ix) {
+			ix.evictToTier(r, r.tail)
+		} else if !ev.evict(ix, true) {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/controlplane/kvevents"
+	"github.com/kvroute/kvroute/controlplane/scrape"
 	"github.com/kvroute/kvroute/shared/table"
 	sim "github.com/kvroute/kvroute/wasmtest/engine/kvevents"
 	"github.com/kvroute/kvroute/wasmtest/engine/sched"
@@ -223,6 +224,35 @@ func TestReportedKeysTheGPUEvictsMoveToTheCPUTier(t *testing.T) {
 	ix.Events().Batch(a, 2, batch(kvevents.Event{Kind: kvevents.AllBlocksCleared}))
 	w.apply(t, ix.Flush(t0, false))
 	assert.Equal(t, 0, w.t.Models["m"].Len())
+}
+
+// The engine's GPU capacity bounds the reported keys it can hold (TestEvictionByCapacity).
+// On a replica that offloads, the keys past it are in its CPU tier: they move there and
+// stay listed until the CPU tier's removals age them out.
+func TestReportedKeysPastTheGPUCapacityMoveToTheCPUTier(t *testing.T) {
+	ix := fixture(t, Config{})
+	w := &tierView{t: table.New()}
+	w.apply(t, ix.Flush(t0, true))
+	a := kvevents.StreamID{Replica: "a"}
+	ix.ApplyScrape("a", scrape.Sample{CapacityTokens: 640}, nil, t0) // room for 10 keys
+	ix.Events().Batch(a, 0, batch(cpuStored([]uint64{1})))           // the replica shows a CPU tier
+	old, newer := seqHashes(8, 100), seqHashes(7, 200)
+	o := outcome("10.0.0.1:8000", old, 200, 0, 0)
+	o.PromptBytes = 4000 // 4 bytes a token: 64 tokens a key
+	n := o
+	n.Keys = newer
+	ix.ApplyReports(reports(o), t0, nil)
+	ix.ApplyReports(reports(n), t0.Add(time.Second), nil)
+	w.apply(t, ix.Flush(t0.Add(time.Second), false))
+	// 15 keys, room for 10 on the GPU: the older chain's tail is in CPU memory.
+	g := []uint32{0}
+	c := []uint32{cpuA}
+	assert.Equal(t, [][]uint32{g, g, g, c, c, c, c, c}, w.holders(old))
+	assert.Equal(t, [][]uint32{g, g, g, g, g, g, g}, w.holders(newer))
+	// The CPU tier removes 128 tokens: the two keys the GPU gave up first leave it.
+	ix.Events().Batch(a, 1, batch(cpuRemoved(seqHashes(8, 9000), "CPU")))
+	w.apply(t, ix.Flush(t0.Add(time.Second), false))
+	assert.Equal(t, [][]uint32{g, g, g, c, c, c, nil, nil}, w.holders(old))
 }
 
 // TestKeysInUseMoveToTheCPUTierAsBefore: on a replica that offloads, the GPU's eviction
