@@ -160,13 +160,14 @@ func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
 }
 
 // queued is Q(r): the engine's own count of queued prefill tokens when it exports one,
-// else waiting requests x the model's mean uncached prompt (from outcomes, else from the
-// engine's lifetime prompt histogram and hit rate, else a default).
+// else the proxies' placements its waiting requests are (placed.go), with the model's
+// mean uncached prompt (from outcomes, else from the engine's lifetime prompt histogram
+// and hit rate, else a default) for those the placements do not cover.
 func (ix *Index) queued(r *replica) float64 {
 	if r.sample.HasQueuedTokens {
 		return r.sample.QueuedTokens
 	}
-	return r.sample.Waiting * ix.meanUncached(r)
+	return r.placed.queued(r.sample.Waiting, r.sample.Running, r.lastOK, ix.meanUncached(r)) // placed.go
 }
 
 func (ix *Index) meanUncached(r *replica) float64 {

@@ -26,7 +26,8 @@
 //     confirmed.go: confirmed keys' expiry and the proxies' fair shares of a replica's LRU.
 //   - scrape.go: metrics scrapes and replica health; load.go: the load each replica's
 //     table entry carries (requests running, busy fraction, mean uncached prompt);
-//     keyed.go: the share of an engine's eviction volume that ages reported keys.
+//     keyed.go: the share of an engine's eviction volume that ages reported keys;
+//     placed.go: the queued prefill of engines that do not export it, from placements.
 //   - flush.go: what the next table version carries (Flush) and each replica's state.
 //   - budget.go: the memory budget (admission, drops); shares.go: each model's share of
 //     it; bytes.go: what each kind of entry costs in bytes, for --max-index-bytes;

@@ -58,6 +58,9 @@ type replica struct {
 	pending atomic.Bool
 	// deferred counts the batch ends that found the model's lock busy (debug.go).
 	deferred uint64
+	// placed: the placements without an outcome, for Q(r) when the engine exports no
+	// queued-prefill gauge (placed.go).
+	placed placedWork
 	// tierHold counts, per key and slower tier, the tier blocks that hold it;
 	// tierFlips are its changes not yet committed to the model (tiers.go).
 	tierHold  map[tierKey]int32

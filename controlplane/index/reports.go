@@ -102,6 +102,11 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 		// same prefix should still go there (it will share the prefill). Speculative
 		// entries expire after SpecTTL unless an outcome confirms them.
 		ix.stats.Placements++
+		placedAt := time.UnixMilli(rep.AtMs)
+		if placedAt.After(now) {
+			placedAt = now // a sender's clock ahead of ours
+		}
+		r.placed.add(placedID(rep), placedAt, ix.placedTokens(m, r, rep)) // placed.go
 		until, at := now.Add(ix.cfg.SpecTTL).UnixMilli(), stampOf(now)
 		keys, why := ix.admitKeys(r, rep, nil) // budget.go: what does not fit is counted and dropped
 		for _, k := range keys {
@@ -111,6 +116,7 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 			return res
 		}
 	case api.KindOutcome:
+		r.placed.done(placedID(rep))
 		for _, k := range rep.Keys { // whatever the status, the request is over
 			if i, ok := r.hold.Get(k); ok {
 				r.slab[i].answered()

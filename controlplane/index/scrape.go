@@ -26,6 +26,7 @@ func (ix *Index) ApplyScrape(id string, s scrape.Sample, err error, now time.Tim
 	r.mu.Lock()
 	r.sample, r.scrapedOK, r.lastOK, r.fails, r.healthy = s, true, now, 0, true
 	ix.scraped = true
+	r.placed.fit(s.Waiting + s.Running)
 	ix.noteLoad(r, now)
 	r.keyed.note(&r.sample, now)
 	ix.fitCapacity(r, nil)

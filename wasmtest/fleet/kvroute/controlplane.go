@@ -99,7 +99,7 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 		s := scrape.Sample{
 			Waiting: float64(st.Waiting), Running: float64(st.Running),
 			KVUsage: st.KVUsage, HasKVUsage: true,
-			QueuedTokens: float64(st.QueuedPrefillTokens), HasQueuedTokens: true,
+			QueuedTokens: float64(st.QueuedPrefillTokens), HasQueuedTokens: !c.cfg.StockMetrics,
 			CapacityTokens: int64(c.f.CapacityTokens(i)), BlockSize: bs,
 		}
 		if stats.PrefixQueries > 0 {

@@ -376,3 +376,52 @@ func (p *ageProbe) Route(r *workload.Request, now time.Duration) policy.Choice {
 	}
 	return p.Policy.Route(r, now)
 }
+
+// With StockMetrics the engines export vLLM's metrics only, so the control plane cannot
+// read queued prefill tokens: it estimates them from the placements the waiting
+// requests are (controlplane/index/placed.go). On a loaded fleet the estimate follows
+// the engines' own count, and routing keeps what the exact count gives.
+func TestStockMetricsEstimateQueuesFromPlacements(t *testing.T) {
+	w := seedOf(t, 40, 8000, 6000, 20*time.Second)
+	run := func(stock bool) (*sim.Result, *queueProbe) {
+		cfg := kvroute.DefaultConfig()
+		cfg.StockMetrics = stock
+		var probe *queueProbe
+		res, err := sim.Run(sim.Config{Replicas: 2, Profile: timing.Fast(), Workload: w, Seed: 1, Stream: true, HotGroup: -1},
+			func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
+				kp, err := kvroute.New(f, routerOf, cfg)
+				probe = &queueProbe{Policy: kp, f: f}
+				return probe, err
+			})
+		require.NoError(t, err)
+		return res, probe
+	}
+	exact, pe := run(false)
+	stock, ps := run(true)
+	require.Positive(t, pe.truth, "the fleet queues prefill")
+	t.Logf("mean queued tokens: engines %.0f, exact %.0f, estimated %.0f; cached %.3f exact, %.3f estimated",
+		ps.truth/ps.n, pe.seen/pe.n, ps.seen/ps.n, exact.CachedTokenRate, stock.CachedTokenRate)
+	assert.InDelta(t, 1, (ps.seen/ps.n)/(ps.truth/ps.n), 0.5, "the estimate follows the engines' count")
+	assert.InDelta(t, exact.CachedTokenRate, stock.CachedTokenRate, 0.03)
+}
+
+// queueProbe sums, at every decision after the first second, the queued prefill tokens
+// the engines hold and those the control plane's index holds for them.
+type queueProbe struct {
+	*kvroute.Policy
+	f              policy.Fleet
+	truth, seen, n float64
+}
+
+func (p *queueProbe) Route(r *workload.Request, now time.Duration) policy.Choice {
+	if now > time.Second {
+		for _, st := range p.Index().DebugState(kvroute.Epoch.Add(now)) {
+			p.seen += st.QueueTokens
+		}
+		for i := range p.f.Len() {
+			p.truth += float64(p.f.State(i).QueuedPrefillTokens)
+		}
+		p.n++
+	}
+	return p.Policy.Route(r, now)
+}
