@@ -13,11 +13,13 @@ import (
 // and prompts differ in size by two orders of magnitude, so waiting requests times a
 // mean is a poor Q. The proxies' placement reports say more: each names the prompt's
 // size and the tokens the filter expected cached, so each brings its difference as
-// prefill. An engine admits waiting requests first come, first served (vLLM's FCFS
-// policy, SGLang's default), so the w requests a scrape reports waiting are the last w
-// placed on r before that scrape that have not finished. Q(r) is their uncached tokens,
-// plus the mean uncached prompt for each waiting request beyond them (traffic that did
-// not come through kvroute's proxies, or placements not yet reported).
+// prefill. An engine admits waiting requests first come, first served (vLLM's default
+// policy, SchedulerConfig.policy "fcfs" in vllm/config/scheduler.py; SGLang's "fcfs";
+// SGLang's "lpm" orders its queue by cached prefix, which this does not follow), so the
+// w requests a scrape reports waiting are the last w placed on r before that scrape
+// that have not finished. Q(r) is their uncached tokens, plus the mean uncached prompt
+// for each waiting request beyond them (traffic that did not come through kvroute's
+// proxies, or placements not yet reported).
 //
 // The list is bounded: at most maxPlaced entries a replica, and no more than the
 // requests the engine last reported (waiting plus running, with room for reports that
@@ -94,9 +96,10 @@ func (p *placedWork) fit(requests float64) {
 
 // queued is Q(r) at a scrape taken at: the last waiting placements made before it, the
 // mean for each waiting request beyond them, and, while any request runs, the one
-// placed before those: the request admitted last, which may be prefilling still (vLLM
-// schedules its running requests' prefill chunks before it admits a waiting one, so a
-// long prompt is prefilled over several steps, one request at a time). Counting it
+// placed before those: the request admitted last, which may be prefilling still (vLLM's
+// Scheduler.schedule, vllm/v1/core/sched/scheduler.py, schedules its running requests'
+// chunks before it admits a waiting one, so a long prompt is prefilled over several
+// steps, one request at a time). Counting it
 // whole over-counts a replica that finished its prefill long ago by one request's
 // prefill; leaving it out under-counts a loaded one, and routing did better with it
 // (docs/performance.md, "Without the queued-tokens gauge").
