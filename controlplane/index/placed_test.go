@@ -72,3 +72,19 @@ func TestAPlacementCountsAtMostTheReplicasCapacity(t *testing.T) {
 	ix.ApplyScrape("a", scrape.Sample{Waiting: 1, CapacityTokens: 640}, nil, t0.Add(time.Millisecond))
 	assert.EqualValues(t, 640, ix.Flush(t0.Add(time.Millisecond), true)[0].Replicas[0].Queued)
 }
+
+// A flood of placements without outcomes or scrapes (a proxy gone wrong) keeps at most
+// maxPlaced a replica, the newest, and the queue they make is at most the waiting
+// requests' worth.
+func TestPlacementFloodIsBounded(t *testing.T) {
+	ix := fixture(t, Config{})
+	for i := range 10 * maxPlaced {
+		ix.ApplyReports(reports(placedOn(uint64(10+i), 1000+i, 0)), t0, nil)
+	}
+	q := ix.replicas["a"].placed.q
+	assert.Len(t, q, maxPlaced)
+	assert.EqualValues(t, 1000+10*maxPlaced-1, q[len(q)-1].tokens, "the newest stay")
+	ix.ApplyScrape("a", scrape.Sample{Waiting: 2}, nil, t0.Add(time.Millisecond))
+	assert.EqualValues(t, 2*1000+2*10*maxPlaced-3, ix.Flush(t0.Add(time.Millisecond), true)[0].Replicas[0].Queued)
+	assert.Len(t, ix.replicas["a"].placed.q, 2+placedSlack, "the scrape prunes to what the engine holds")
+}
