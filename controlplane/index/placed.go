@@ -99,10 +99,10 @@ func (p *placedWork) fit(requests float64) {
 // placed before those: the request admitted last, which may be prefilling still (vLLM's
 // Scheduler.schedule, vllm/v1/core/sched/scheduler.py, schedules its running requests'
 // chunks before it admits a waiting one, so a long prompt is prefilled over several
-// steps, one request at a time). Counting it
-// whole over-counts a replica that finished its prefill long ago by one request's
-// prefill; leaving it out under-counts a loaded one, and routing did better with it
-// (docs/performance.md, "Without the queued-tokens gauge").
+// steps, one request at a time). Counting it whole over-counts a replica that finished
+// its prefill long ago by one request's prefill; leaving it out under-counts a loaded
+// one, and routing did better with it (docs/performance.md, "Without the queued-tokens
+// gauge").
 func (p *placedWork) queued(waiting, running float64, at time.Time, mean float64) float64 {
 	atMs := at.UnixMilli()
 	end := len(p.q)

@@ -99,8 +99,10 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 		s := scrape.Sample{
 			Waiting: float64(st.Waiting), Running: float64(st.Running),
 			KVUsage: st.KVUsage, HasKVUsage: true,
-			QueuedTokens: float64(st.QueuedPrefillTokens), HasQueuedTokens: !c.cfg.StockMetrics,
 			CapacityTokens: int64(c.f.CapacityTokens(i)), BlockSize: bs,
+		}
+		if !c.cfg.StockMetrics { // stock vLLM exports no queued-prefill gauge
+			s.QueuedTokens, s.HasQueuedTokens = float64(st.QueuedPrefillTokens), true
 		}
 		if stats.PrefixQueries > 0 {
 			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
