@@ -261,7 +261,9 @@ func TestOutcomeReportsReadUsage(t *testing.T) {
 				}
 				id, hs := h.send(request{path: c.path, body: body})
 				require.NotEmpty(t, endpoint(hs))
-				h.reports() // the placement
+				placed := h.reports()
+				require.Len(t, placed, 1)
+				require.True(t, placed[0].Starts, "the placement says its start is reported")
 				before, _ := h.GetCounterMetric("kvroute_outcomes_without_usage_total")
 				h.CallOnResponseHeaders(id, c.headers, false)
 				for i, ch := range c.chunks {
@@ -270,9 +272,14 @@ func TestOutcomeReportsReadUsage(t *testing.T) {
 				}
 				h.CompleteHttpContext(id)
 				rs := h.reports()
-				require.Len(t, rs, 1)
-				r := rs[0]
+				require.Len(t, rs, 2, "one start, however many chunks, and the outcome")
+				start := rs[0]
+				assert.Equal(t, api.KindStart, start.Kind)
+				assert.Equal(t, placed[0].PlacementID(), start.Placement)
+				assert.Equal(t, placed[0].Replica, start.Replica)
+				r := rs[1]
 				assert.Equal(t, api.KindOutcome, r.Kind)
+				assert.Equal(t, placed[0].PlacementID(), r.PlacementID())
 				assert.Equal(t, c.prompt, r.PromptTokens)
 				assert.Equal(t, c.cached, r.CachedTokens)
 				st, _ := header(c.headers, ":status")

@@ -52,7 +52,7 @@ const (
 	// rather than hold more than this many (4,096 reports, 4.5 MB of 8,000-token ones).
 	maxHeldItems = 16
 	// maxPostsPerTick bounds the leader's posts (items) on one tick, for each shard:
-	// 4,096 reports, 40,960 a second, well above a busy proxy's two reports a request
+	// 4,096 reports, 40,960 a second, well above a busy proxy's three reports a request
 	// (TestKvrouteLeaderKeepsUpWith3200RequestsASecond); max_report_batch reports a tick
 	// would be 5,120 a second, and a busier proxy's queue would grow without bound.
 	maxPostsPerTick = 16

@@ -48,6 +48,8 @@ type httpContext struct {
 	status   int
 	tail     []byte
 	finished bool
+	// startSent: the start report is queued (its first response byte came).
+	startSent bool
 	// A Messages stream's usage in its first chunk (message_start), if any.
 	head             prompt.Usage
 	headRead, headOK bool

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/prompt"
+	"github.com/kvroute/kvroute/shared/route"
 )
 
 var upstreamAddress = newPropertyPath("upstream", "address")
@@ -48,6 +49,13 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 	h.started(now)
 	if !h.placed {
 		return types.ActionContinue
+	}
+	if !h.startSent {
+		// The control plane counts the placement queued until it hears of its start
+		// (controlplane/index/placed.go): engines do not say which requests wait.
+		h.startSent = true
+		start := route.Start(&h.report, now)
+		h.shard.reports.enqueue(&start)
 	}
 	if bodySize > 0 {
 		if chunk, err := h.p.mem.chunk.responseBody(bodySize); err == nil {
@@ -108,19 +116,18 @@ func (h *httpContext) finish() {
 	if h.schema == prompt.Responses && h.idSought >= 0 && h.status >= 200 && h.status < 300 {
 		p.metrics.responseIDsMissed.Increment(1)
 	}
-	r := h.report
-	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, served, h.status, p.now().UnixMilli()
-	r.CachedTokens = -1
 	u, ok := p.usage.FindUsage(h.tail)
 	if !ok && h.headOK {
 		u, ok = h.head, true
 	}
+	var usage *prompt.Usage
 	if ok {
-		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens
+		usage = &u
 		p.metrics.outcomes.Increment(1)
 	} else if h.status >= 200 && h.status < 300 {
 		p.metrics.outcomesWithoutUsage.Increment(1)
 	}
+	r := route.Outcome(h.report, served, h.status, usage, p.now())
 	h.tail = h.tail[:0]
 	h.shard.reports.enqueue(&r)
 }

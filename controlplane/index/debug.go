@@ -63,9 +63,10 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 	for _, r := range ix.replicas {
 		r.mu.Lock()
 		st := ix.replicaState(r, now)
+		q, _ := ix.queued(r, now)
 		rs := ReplicaState{
 			ID: r.spec.ID, Model: r.spec.Model, Address: r.spec.Addr, Healthy: r.healthy,
-			StateAgeMs: int64(st.StateAgeMs), QueueTokens: ix.queued(r),
+			StateAgeMs: int64(st.StateAgeMs), QueueTokens: q,
 			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
 			CapacityTokens: r.sample.CapacityTokens,
 			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,

@@ -125,9 +125,9 @@ func sameState(a, b table.Replica) bool {
 
 // replicaState is what the table says about r now.
 func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
-	since := r.addedAt
-	if r.scrapedOK {
-		since = r.lastOK
+	q, since := ix.queued(r, now)
+	if !r.scrapedOK {
+		since = r.addedAt
 	}
 	age := now.Sub(since).Milliseconds()
 	if age < 0 {
@@ -149,7 +149,7 @@ func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
 		ID:           r.spec.ID,
 		Addr:         r.spec.Addr,
 		Speed:        r.spec.Speed,
-		Queued:       uint64(math.Round(math.Max(0, ix.queued(r)))),
+		Queued:       uint64(math.Round(math.Max(0, q))),
 		KVUsage:      math.Round(kv*1e4) / 1e4,
 		StateAgeMs:   uint32(age),
 		Healthy:      r.healthy,
@@ -159,15 +159,16 @@ func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
 	}
 }
 
-// queued is Q(r): the engine's own count of queued prefill tokens when it exports one,
-// else the proxies' placements its waiting requests are (placed.go), with the model's
-// mean uncached prompt (from outcomes, else from the engine's lifetime prompt histogram
-// and hit rate, else a default) for those the placements do not cover.
-func (ix *Index) queued(r *replica) float64 {
+// queued is Q(r) and when it was measured: the engine's own count of queued prefill
+// tokens at the last scrape when it exports one, else the proxies' placements its engine
+// has not started (placed.go), with the model's mean uncached prompt (from outcomes, else
+// from the engine's lifetime prompt histogram and hit rate, else a default) for waiting
+// requests the placements do not cover.
+func (ix *Index) queued(r *replica, now time.Time) (float64, time.Time) {
 	if r.sample.HasQueuedTokens {
-		return r.sample.QueuedTokens
+		return r.sample.QueuedTokens, r.lastOK
 	}
-	return r.placed.queued(r.sample.Waiting, r.sample.Running, r.lastOK, ix.meanUncached(r)) // placed.go
+	return r.placed.queued(r.sample.Waiting, r.sample.Running, r.lastOK, now.Add(-ix.cfg.ReportLag), ix.meanUncached(r)) // placed.go
 }
 
 func (ix *Index) meanUncached(r *replica) float64 {

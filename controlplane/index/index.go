@@ -71,6 +71,12 @@ type Config struct {
 	// DefaultUncachedTokens is the mean uncached prompt assumed per waiting request
 	// before outcomes or the engine's histograms say better.
 	DefaultUncachedTokens float64
+	// ReportLag is how long after an event its report is taken to have arrived (the
+	// filters' report interval and a tick: 100 ms each by default). A queue counted from
+	// start reports is dated this long ago, or at the scrape when that is older
+	// (placed.go), so that it misses no start and the proxies' ledgers count what came
+	// after.
+	ReportLag time.Duration
 	// MaxKeysPerReplica caps the reported (LRU) keys of one replica whatever its
 	// capacity, so a misbehaving reporter cannot grow memory without bound.
 	MaxKeysPerReplica int
@@ -104,6 +110,9 @@ func (c Config) withDefaults() Config {
 	c.ConfirmedTTL = min(c.ConfirmedTTL, maxConfirmedTTL)
 	if c.DefaultUncachedTokens <= 0 {
 		c.DefaultUncachedTokens = 512
+	}
+	if c.ReportLag <= 0 {
+		c.ReportLag = 200 * time.Millisecond
 	}
 	if c.RefreshInterval <= 0 {
 		c.RefreshInterval = 100 * time.Millisecond

@@ -59,7 +59,8 @@ func (l *Load) Values() (running, busy float64) {
 
 // noteLoad folds one scrape into r's load (caller holds r.mu and Index.mu).
 func (ix *Index) noteLoad(r *replica, now time.Time) {
-	r.load.Note(now, ix.queued(r) > 0, r.sample.Running)
+	q, _ := ix.queued(r, now)
+	r.load.Note(now, q > 0, r.sample.Running)
 }
 
 // loadOf fills the table entry's load values (table.Replica.Running, Busy,

@@ -97,6 +97,13 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 	// exact, so reports only add short-lived speculative entries for those.
 	eventsOwn := rep.Domain == prefix.Token && r.spec.Events
 	switch rep.Kind {
+	case api.KindStart:
+		startedAt := time.UnixMilli(rep.AtMs)
+		if startedAt.After(now) {
+			startedAt = now // a sender's clock ahead of ours
+		}
+		r.placed.started(rep.Placement, startedAt) // placed.go
+		return "accepted"
 	case api.KindPlacement:
 		// The request is on its way: until the engine has it, another request with the
 		// same prefix should still go there (it will share the prefill). Speculative
@@ -106,7 +113,7 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 		if placedAt.After(now) {
 			placedAt = now // a sender's clock ahead of ours
 		}
-		r.placed.add(placedID(rep), placedAt, ix.placedTokens(m, r, rep)) // placed.go
+		r.placed.add(rep.PlacementID(), placedAt, ix.placedTokens(m, r, rep), rep.Starts) // placed.go
 		until, at := now.Add(ix.cfg.SpecTTL).UnixMilli(), stampOf(now)
 		keys, why := ix.admitKeys(r, rep, nil) // budget.go: what does not fit is counted and dropped
 		for _, k := range keys {
@@ -116,7 +123,7 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 			return res
 		}
 	case api.KindOutcome:
-		r.placed.done(placedID(rep))
+		r.placed.done(rep.PlacementID())
 		for _, k := range rep.Keys { // whatever the status, the request is over
 			if i, ok := r.hold.Get(k); ok {
 				r.slab[i].answered()

@@ -106,6 +106,7 @@ func TestReportValidate(t *testing.T) {
 		"stride":          func(r *Report) { r.Stride = 0 },
 		"keys vs blocks":  func(r *Report) { r.Blocks = 20 },
 		"negative cached": func(r *Report) { r.CachedTokens = -2 },
+		"start of blocks": func(r *Report) { r.Kind = KindStart },
 	}
 	for name, mut := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -157,6 +158,8 @@ func TestAppendJSONIsWhatEncodingJSONWrites(t *testing.T) {
 		{Kind: KindPlacement, Model: "m \"quoted\" \u2028", Replica: "[::1]:80", Domain: prefix.Token, BlockSize: 16, Stride: 1,
 			Blocks: 2, Keys: []uint64{0, ^uint64(0)}, PredictedCachedTokens: 16, AtMs: -5},
 		{Kind: KindOutcome, Model: "m", Replica: "r", Domain: prefix.Text, BlockSize: 64, Stride: 4, CachedTokens: -1, Status: 503},
+		{Kind: KindPlacement, Model: "m", Replica: "r", Domain: prefix.Text, BlockSize: 64, Stride: 4, Starts: true},
+		{Kind: KindStart, Model: "m", Replica: "r", Domain: prefix.Text, BlockSize: 64, Stride: 4, Placement: ^uint64(0), AtMs: 9},
 	}
 	for _, r := range cases {
 		want, err := json.Marshal(r)
@@ -183,17 +186,20 @@ func TestBinaryBatchParsesBackAndKeepsBadRecordsApart(t *testing.T) {
 	r1, r2 := goodReport(), goodReport()
 	r2.Kind, r2.CachedTokens, r2.PromptTokens, r2.Status = KindPlacement, 0, 0, 0
 	r2.Keys = []uint64{^uint64(0), 1 << 63}
+	r2.Starts = true
 	r3 := goodReport()
 	r3.CachedTokens, r3.AtMs = -1, -7
+	r4 := Report{Kind: KindStart, Model: "llama", Replica: "10.0.0.1:8000", Domain: prefix.Text, BlockSize: 64, Stride: 4,
+		Placement: r2.PlacementID(), AtMs: 12}
 	b := AppendBatchHeader(nil, `proxy "7"`)
-	for _, r := range []Report{r1, r2, r3} {
+	for _, r := range []Report{r1, r2, r3, r4} {
 		b = r.AppendBinary(b)
 	}
 	rb, rejected, err := ParseReportBatch(b)
 	require.NoError(t, err)
 	assert.Empty(t, rejected)
 	assert.Equal(t, `proxy "7"`, rb.Proxy)
-	assert.Equal(t, []Report{r1, r2, r3}, rb.Reports)
+	assert.Equal(t, []Report{r1, r2, r3, r4}, rb.Reports)
 
 	// A record of an unknown kind, and one with bytes a newer filter added at its end.
 	bad := goodReport()
@@ -225,8 +231,10 @@ func TestBinaryBatchParsesBackAndKeepsBadRecordsApart(t *testing.T) {
 // Version skew: the control plane takes the JSON form of filters from before the binary
 // one, and the same reports arrive either way.
 func TestJSONAndBinaryBatchesCarryTheSameReports(t *testing.T) {
-	rs := []Report{goodReport(), goodReport()}
-	rs[1].Kind, rs[1].CachedTokens, rs[1].PromptTokens, rs[1].Status = KindPlacement, 0, 0, 0
+	rs := []Report{goodReport(), goodReport(), goodReport()}
+	rs[1].Kind, rs[1].CachedTokens, rs[1].PromptTokens, rs[1].Status, rs[1].Starts = KindPlacement, 0, 0, 0, true
+	rs[2] = Report{Kind: KindStart, Model: "llama", Replica: "10.0.0.1:8000", Domain: prefix.Text, BlockSize: 64, Stride: 4,
+		Placement: rs[1].PlacementID(), AtMs: 12}
 	var enc [][]byte
 	bin := AppendBatchHeader(nil, "p")
 	for i := range rs {
@@ -247,6 +255,9 @@ func FuzzParseReportBatch(f *testing.F) {
 	r := goodReport()
 	f.Add(r.AppendBinary(AppendBatchHeader(nil, "p")))
 	f.Add(AppendBatch(nil, "p", [][]byte{r.AppendJSON(nil)}))
+	start := Report{Kind: KindStart, Model: "llama", Replica: "10.0.0.1:8000", Domain: prefix.Text, BlockSize: 64, Stride: 4,
+		Placement: r.PlacementID(), AtMs: 12}
+	f.Add(start.AppendBinary(AppendBatchHeader(nil, "p")))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rb, _, err := ParseReportBatch(b)
 		if err != nil {

@@ -17,7 +17,7 @@ import (
 // its bytes), then records to the end of the body. A record is its length (uint32, little
 // endian, not counting itself) and:
 //
-//	kind           1 byte: 1 placement, 2 outcome
+//	kind           1 byte: 1 placement, 2 outcome, 3 start
 //	domain         1 byte
 //	model          uvarint length, bytes
 //	replica        uvarint length, bytes
@@ -26,6 +26,8 @@ import (
 //	cached_tokens, at_ms                                                 zigzag varints
 //	keys           uvarint count, then 8 bytes each (little endian)
 //	affinity       8 bytes (little endian), outcomes that carry one only (Report.Affinity)
+//	starts         1 byte (1), placements whose sender reports their start only
+//	placement      8 bytes (little endian), starts only (Report.Placement)
 //
 // A reader ignores bytes after the fields it knows inside a record (a newer filter's
 // additions) and drops a record of an unknown kind on its own.
@@ -36,6 +38,7 @@ const (
 	batchVersion      = 1
 	kindCodePlacement = 1
 	kindCodeOutcome   = 2
+	kindCodeStart     = 3
 )
 
 // AppendBatchHeader starts a binary batch from proxy; AppendBinary adds its records.
@@ -56,6 +59,8 @@ func (r *Report) AppendBinary(dst []byte) []byte {
 		kind = kindCodePlacement
 	case KindOutcome:
 		kind = kindCodeOutcome
+	case KindStart:
+		kind = kindCodeStart
 	}
 	dst = append(dst, kind, byte(r.Domain))
 	dst = binary.AppendUvarint(dst, uint64(len(r.Model)))
@@ -71,8 +76,13 @@ func (r *Report) AppendBinary(dst []byte) []byte {
 	for _, k := range r.Keys {
 		dst = binary.LittleEndian.AppendUint64(dst, k)
 	}
-	if r.Affinity != 0 && r.Kind == KindOutcome {
+	switch {
+	case r.Kind == KindOutcome && r.Affinity != 0:
 		dst = binary.LittleEndian.AppendUint64(dst, r.Affinity)
+	case r.Kind == KindPlacement && r.Starts:
+		dst = append(dst, 1)
+	case r.Kind == KindStart:
+		dst = binary.LittleEndian.AppendUint64(dst, r.Placement)
 	}
 	binary.LittleEndian.PutUint32(dst[at:], uint32(len(dst)-at-4))
 	return dst
@@ -200,8 +210,10 @@ func (d *decoder) report() (Report, error) {
 		r.Kind = KindPlacement
 	case kindCodeOutcome:
 		r.Kind = KindOutcome
+	case kindCodeStart:
+		r.Kind = KindStart
 	default:
-		return r, fmt.Errorf("kind %d: want 1 (placement) or 2 (outcome)", d.b[0])
+		return r, fmt.Errorf("kind %d: want 1 (placement), 2 (outcome) or 3 (start)", d.b[0])
 	}
 	r.Domain = prefix.Domain(d.b[1])
 	d.b = d.b[2:]
@@ -228,8 +240,13 @@ func (d *decoder) report() (Report, error) {
 			r.Keys[i] = binary.LittleEndian.Uint64(d.b[8*i:])
 		}
 	}
-	if rest := d.b[8*nk:]; len(rest) >= 8 && r.Kind == KindOutcome {
+	switch rest := d.b[8*nk:]; {
+	case r.Kind == KindOutcome && len(rest) >= 8:
 		r.Affinity = binary.LittleEndian.Uint64(rest)
+	case r.Kind == KindPlacement && len(rest) >= 1:
+		r.Starts = rest[0]&1 != 0
+	case r.Kind == KindStart && len(rest) >= 8:
+		r.Placement = binary.LittleEndian.Uint64(rest)
 	}
 	return r, nil
 }

@@ -40,6 +40,10 @@ const (
 	// Outcome: the engine answered; CachedTokens says how much of the prefix it really
 	// had, which confirms the prefix up to there and refutes the blocks beyond.
 	KindOutcome = "outcome"
+	// Start: the engine's first response byte reached the filter at AtMs, so the
+	// placement named by Placement is prefilled and no longer queued on Replica. It
+	// carries no keys. Control planes that predate it reject it on its own.
+	KindStart = "start"
 )
 
 // Report is one event the filter tells the control plane about. It holds hashes and
@@ -74,6 +78,21 @@ type Report struct {
 	// answer carried, 0 for none: the control plane shares it and Replica with the other
 	// proxies (affinity.go). A control plane that predates it ignores it.
 	Affinity uint64 `json:"affinity,omitempty"`
+	// Starts, on a placement, says its sender reports the request's start (KindStart):
+	// the control plane may then count it queued until it does.
+	Starts bool `json:"starts,omitempty"`
+	// Placement, on a start, is the PlacementID of the placement that started.
+	Placement uint64 `json:"placement,omitempty"`
+}
+
+// PlacementID names a placement so that its start and its outcome (the placement with
+// the status added: route.Outcome) find it: its prompt's size and last checkpoint key.
+func (r *Report) PlacementID() uint64 {
+	id := uint64(r.PromptBytes)<<20 ^ uint64(r.Blocks)
+	if n := len(r.Keys); n > 0 {
+		id ^= r.Keys[n-1]
+	}
+	return id
 }
 
 // ReportBatch is the body of POST /v1/reports.
@@ -92,9 +111,9 @@ const (
 // Validate checks one report's fields.
 func (r *Report) Validate() error {
 	switch r.Kind {
-	case KindPlacement, KindOutcome:
+	case KindPlacement, KindOutcome, KindStart:
 	default:
-		return fmt.Errorf("kind %q: want %q or %q", r.Kind, KindPlacement, KindOutcome)
+		return fmt.Errorf("kind %q: want %q, %q or %q", r.Kind, KindPlacement, KindOutcome, KindStart)
 	}
 	if r.Model == "" || len(r.Model) > 1024 {
 		return errors.New("model is required (at most 1024 bytes)")
@@ -116,6 +135,9 @@ func (r *Report) Validate() error {
 	}
 	if r.PromptBytes < 0 || r.PredictedCachedTokens < 0 || r.PromptTokens < 0 || r.CachedTokens < -1 {
 		return errors.New("negative count")
+	}
+	if r.Kind == KindStart && r.Blocks != 0 {
+		return errors.New("a start names its placement, not blocks")
 	}
 	return nil
 }
@@ -164,7 +186,7 @@ func AppendBatch(dst []byte, proxy string, encoded [][]byte) []byte {
 }
 
 // AppendJSON appends r as a JSON object, the same document json.Marshal writes, without
-// reflection: the filter encodes two reports per request inside the proxy.
+// reflection: the filter encodes three reports per request inside the proxy.
 func (r *Report) AppendJSON(dst []byte) []byte {
 	str := func(dst []byte, name, v string) []byte {
 		dst = append(dst, name...)
@@ -212,6 +234,13 @@ func (r *Report) AppendJSON(dst []byte) []byte {
 	if r.Affinity != 0 {
 		dst = append(dst, `,"affinity":`...)
 		dst = strconv.AppendUint(dst, r.Affinity, 10)
+	}
+	if r.Starts {
+		dst = append(dst, `,"starts":true`...)
+	}
+	if r.Placement != 0 {
+		dst = append(dst, `,"placement":`...)
+		dst = strconv.AppendUint(dst, r.Placement, 10)
 	}
 	return append(dst, '}')
 }

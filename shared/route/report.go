@@ -23,6 +23,17 @@ func placement(m *table.Model, c *Chain, d *Decision, at time.Time, keys []uint6
 		BlockSize: c.BlockSize, Stride: stride, Blocks: len(c.Keys),
 		Keys:        prefix.Checkpoints(keys[:0], c.Keys, stride),
 		PromptBytes: c.PromptBytes, PredictedCachedTokens: int(d.PredictedCached),
+		AtMs: at.UnixMilli(), Starts: true,
+	}
+}
+
+// Start is the report that placed's request started at at: its first response byte,
+// when the engine has prefilled it (filter/response.go). The control plane stops
+// counting the placement as queued (controlplane/index/placed.go).
+func Start(placed *api.Report, at time.Time) api.Report {
+	return api.Report{
+		Kind: api.KindStart, Model: placed.Model, Replica: placed.Replica, Domain: placed.Domain,
+		BlockSize: placed.BlockSize, Stride: placed.Stride, Placement: placed.PlacementID(),
 		AtMs: at.UnixMilli(),
 	}
 }
@@ -32,7 +43,7 @@ func placement(m *table.Model, c *Chain, d *Decision, at time.Time, keys []uint6
 // response carried it (nil otherwise: cached tokens -1).
 func Outcome(placed api.Report, replica string, status int, u *prompt.Usage, at time.Time) api.Report {
 	r := placed
-	r.Kind, r.Replica, r.Status, r.AtMs = api.KindOutcome, replica, status, at.UnixMilli()
+	r.Kind, r.Replica, r.Status, r.AtMs, r.Starts = api.KindOutcome, replica, status, at.UnixMilli(), false
 	r.CachedTokens = -1
 	if u != nil {
 		r.PromptTokens, r.CachedTokens = u.PromptTokens, u.CachedTokens

@@ -55,6 +55,6 @@ func TestKvrouteWarmUpLeavesNoTrace(t *testing.T) {
 	require.Equal(t, "127.0.0.1:9002", strings.Split(endpointOf(res.Forwarded), ",")[0])
 	clk.Advance(500 * time.Millisecond)
 	assert.Positive(t, placedKeys(), "the placement is shared with the other VM")
-	assert.Len(t, cp.reports(), 2, "its placement and outcome, nothing else")
+	assert.Len(t, cp.reports(), 3, "its placement, start and outcome, nothing else")
 	assert.Equal(t, int64(1), metricValue(h, "kvroute_decisions_total"))
 }

@@ -4,7 +4,7 @@
 // results), with its Ledger ended as filter/response.go ends it, and the control plane is
 // controlplane/index in-process, fed what the real one is fed:
 //
-//   - the proxies' placement and outcome reports (api.Report values, posted in batches
+//   - the proxies' placement, start and outcome reports (api.Report values, posted in batches
 //     every ReportInterval as the filter's leader does);
 //   - every engine's KV events (the Go values the engine emits, one batch per step);
 //   - scrapes of every engine's state (queued prefill tokens, KV usage, waiting and
@@ -226,9 +226,10 @@ type published struct {
 }
 
 type placement struct {
-	router int
-	placed bool // by the rule: an outcome report follows
-	report api.Report
+	router  int
+	placed  bool // by the rule: a start report (at its first byte) and an outcome follow
+	started bool // its start is reported
+	report  api.Report
 	// affinity is the key of the Responses answer's id, learned at its first bytes; the
 	// outcome report carries it.
 	affinity uint64
@@ -561,11 +562,16 @@ func (p *Policy) FirstByte(req *workload.Request, i int, now time.Duration) {
 			pl.affinity = api.AffinityKey(api.AffinityResponse, req.Tenant, []byte(workload.ResponseID(req.ID)))
 			p.routers[pl.router].responses[pl.affinity] = learned{p.f.Addr(i), now}
 		}
-		rt := p.routers[pl.router].rt
+		r := p.routers[pl.router]
 		if p.cfg.LedgerStarts {
-			rt.Started(req.ID, at(now))
+			r.rt.Started(req.ID, at(now))
 		} else {
-			rt.Done(req.ID)
+			r.rt.Done(req.ID)
+		}
+		if pl.placed && !pl.started { // the start report (filter/response.go)
+			pl.started = true
+			r.queue = append(r.queue, route.Start(&pl.report, at(now)))
+			p.Stats.Reports++
 		}
 	}
 }
