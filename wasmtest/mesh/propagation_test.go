@@ -93,3 +93,23 @@ func proxyVersion(m *mesh.Mesh) uint64 {
 	}
 	return v
 }
+
+// Every request the filter places reaches the control plane as three reports, through
+// the compiled module, the leader's posts and the control plane's binary decoder: its
+// placement, its start (the first response byte, from which the control plane counts
+// the queue of engines without the queued-tokens gauge) and its outcome.
+func TestEveryPlacedRequestReportsItsStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("mesh")
+	}
+	m := start(t, mesh.Options{})
+	const requests = 5
+	for c := range requests {
+		send(t, m, mesh.SystemPrompt(60+c, 1500), "q")
+	}
+	cp := m.ControlPlaneURL()
+	waitFor(t, "a placement, a start and an outcome for each request", func() bool {
+		return acceptedReports(cp, "placement") == requests && acceptedReports(cp, "start") == requests &&
+			acceptedReports(cp, "outcome") == requests
+	})
+}

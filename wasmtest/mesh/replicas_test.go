@@ -19,14 +19,17 @@ import (
 )
 
 // acceptedOutcomes is how many outcome reports the control plane at base URL cp took.
-func acceptedOutcomes(cp string) int {
+func acceptedOutcomes(cp string) int { return acceptedReports(cp, "outcome") }
+
+// acceptedReports is how many reports of kind the control plane at base URL cp took.
+func acceptedReports(cp, kind string) int {
 	resp, err := http.Get(cp + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	const series = `kvroute_controlplane_reports_total{kind="outcome",result="accepted"} `
+	series := `kvroute_controlplane_reports_total{kind="` + kind + `",result="accepted"} `
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, series); ok {
 			n, _ := strconv.ParseFloat(v, 64)
