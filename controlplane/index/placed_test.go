@@ -110,6 +110,26 @@ func TestStartsCountPlacementsByWhenTheyWereMade(t *testing.T) {
 		"the placement made before the scrape, and the mean for the other waiting request")
 }
 
+// A flood of starts that name no placement the list holds (a proxy gone wrong, or one
+// replaying old reports) changes no queue, and a second start of a placement changes
+// nothing either.
+func TestStartsOfNothingChangeNothing(t *testing.T) {
+	const lag = 100 * time.Millisecond
+	ix := fixture(t, Config{ReportLag: lag})
+	p1, p2 := startingOn(100, 4000, 0), startingOn(200, 6000, 0)
+	ix.ApplyReports(reports(p1, p2), t0, nil)
+	flood := make([]api.Report, 0, 10*maxPlaced)
+	for i := range cap(flood) {
+		flood = append(flood, startOf(placedOn(uint64(1000+i), 1000, 0), t0))
+	}
+	ix.ApplyReports(reports(flood...), t0, nil)
+	ix.ApplyReports(reports(startOf(p1, t0), startOf(p1, t0)), t0, nil)
+	scraped := t0.Add(time.Second)
+	ix.ApplyScrape("a", scrape.Sample{Waiting: 1, Running: 1}, nil, scraped)
+	assert.EqualValues(t, 6000, ix.Flush(scraped.Add(lag), true)[0].Replicas[0].Queued, "p2 alone waits")
+	assert.Len(t, ix.replicas["a"].placed.q, 2)
+}
+
 // From filters that do not report starts, Q(r) is the uncached tokens of the placements
 // the waiting requests are, the last ones placed before the scrape, and of the one
 // admitted last while requests run (it may be prefilling still).
