@@ -254,7 +254,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.ScrapeLatency, time.Millisecond}, "scrape-latency", "kvroute: the engines take their numbers this long after the control plane sends a scrape, which dates them at the send (ms or a duration)")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval)")
-	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval")
+	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval (the control plane dates queues counted from start reports twice this far back: --report-lag)")
 	fs.Var(durFlag{&o.KVRoute.Index.SpecTTL, time.Second}, "spec-ttl", "kvroute: speculative placement entries' TTL, as the control plane's --spec-ttl (seconds or a duration)")
 	fs.Float64Var(&o.KVRoute.Rule.MaxKVUsage, "max-kv-usage", o.KVRoute.Rule.MaxKVUsage, "kvroute and oracle: exclude replicas above this KV usage (1 disables the guard)")
 	fs.Var(durFlag{&o.KVRoute.Rule.MaxStateAge, time.Millisecond}, "max-state-age", "kvroute and oracle: exclude replicas whose state is older")

@@ -285,6 +285,11 @@ func (cfg *Config) check() error {
 	if cfg.Model == "" {
 		cfg.Model = workload.DefaultModel
 	}
+	if cfg.Index.ReportLag <= 0 {
+		// As docs/configuration.md advises: the report interval and a tick (the
+		// simulated leader posts on its own timer, so a second interval stands for it).
+		cfg.Index.ReportLag = 2 * cfg.ReportInterval
+	}
 	return nil
 }
 
