@@ -72,6 +72,15 @@ func (ix *Index) findReplica(m *model, addr string) *replica {
 	return nil
 }
 
+// sentAt is when rep's event happened by its sender's clock, at most now (a sender's
+// clock ahead of ours).
+func sentAt(rep *api.Report, now time.Time) time.Time {
+	if at := time.UnixMilli(rep.AtMs); at.Before(now) {
+		return at
+	}
+	return now
+}
+
 // report applies one report of reporter from (reporterID).
 func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from uint64) string {
 	m := ix.models[rep.Model]
@@ -98,22 +107,14 @@ func (ix *Index) report(rep *api.Report, now time.Time, met *ReportMetrics, from
 	eventsOwn := rep.Domain == prefix.Token && r.spec.Events
 	switch rep.Kind {
 	case api.KindStart:
-		startedAt := time.UnixMilli(rep.AtMs)
-		if startedAt.After(now) {
-			startedAt = now // a sender's clock ahead of ours
-		}
-		r.placed.started(rep.Placement, startedAt) // placed.go
+		r.placed.started(rep.Placement, sentAt(rep, now)) // placed.go
 		return "accepted"
 	case api.KindPlacement:
 		// The request is on its way: until the engine has it, another request with the
 		// same prefix should still go there (it will share the prefill). Speculative
 		// entries expire after SpecTTL unless an outcome confirms them.
 		ix.stats.Placements++
-		placedAt := time.UnixMilli(rep.AtMs)
-		if placedAt.After(now) {
-			placedAt = now // a sender's clock ahead of ours
-		}
-		r.placed.add(rep.PlacementID(), placedAt, ix.placedTokens(m, r, rep), rep.Starts) // placed.go
+		r.placed.add(rep.PlacementID(), sentAt(rep, now), ix.placedTokens(m, r, rep), rep.Starts) // placed.go
 		until, at := now.Add(ix.cfg.SpecTTL).UnixMilli(), stampOf(now)
 		keys, why := ix.admitKeys(r, rep, nil) // budget.go: what does not fit is counted and dropped
 		for _, k := range keys {

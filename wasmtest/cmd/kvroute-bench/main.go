@@ -250,7 +250,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.KVRoute.AgeFromGeneration, "age-from-generation", true, "kvroute: date the table from its version's generation, as the filter does (false: from the poll's return, the filter's earlier behaviour)")
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
-	fs.BoolVar(&o.KVRoute.StockMetrics, "stock-metrics", false, "kvroute: the engines export vLLM's metrics only, without kvroute:queued_prefill_tokens; the control plane estimates queued prefill from the placements its waiting requests are")
+	fs.BoolVar(&o.KVRoute.StockMetrics, "stock-metrics", false, "kvroute: the engines export vLLM's metrics only, without kvroute:queued_prefill_tokens; the control plane counts queued prefill from the proxies' placement and start reports")
 	fs.Var(durFlag{&o.KVRoute.ScrapeLatency, time.Millisecond}, "scrape-latency", "kvroute: the engines take their numbers this long after the control plane sends a scrape, which dates them at the send (ms or a duration)")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval)")

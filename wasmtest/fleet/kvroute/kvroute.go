@@ -63,9 +63,10 @@ type Config struct {
 	// but taken by the proxies' ledgers as sent after the numbers. 0: the engine answers
 	// at once.
 	ScrapeLatency time.Duration
-	// StockMetrics scrapes the engines as stock vLLM exports them: without
-	// kvroute:queued_prefill_tokens, so the control plane estimates Q(r) from the
-	// placements its waiting requests are (controlplane/index/placed.go).
+	// StockMetrics scrapes the engines as stock vLLM exports them (the names of
+	// vllm/v1/metrics/loggers.py, wasmtest/engine/metrics): without
+	// kvroute:queued_prefill_tokens, so the control plane counts Q(r) from the proxies'
+	// placement and start reports (controlplane/index/placed.go).
 	StockMetrics bool
 	// Wait is the leader's long poll (control_plane.wait_ms, default 1 s): a version
 	// reaches the proxy when it is published (Stale later), and a poll that finds none
