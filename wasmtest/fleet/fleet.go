@@ -21,10 +21,9 @@ import (
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
-// Policies are every policy's name, in table order.
-var Policies = []string{
-	"round-robin", "random", "least-queued", "chwbl", "sglang-cache-aware", "weighted-scorers", "kvroute", "oracle",
-}
+// Policies are every policy's name, in table order: the peers (yardstick.go), then
+// kvroute and the oracle.
+var Policies = append(slices.Clone(Peers), "kvroute", "oracle")
 
 // Options configure runs.
 type Options struct {

@@ -172,9 +172,35 @@ type JSONMemory struct {
 type JSONReport struct {
 	Workload string `json:"workload"`
 	Replicas int    `json:"replicas"`
+	// Seed is the run's seed in --seeds' document (WriteSeedsJSON).
+	Seed uint64 `json:"seed,omitempty"`
 	// ReuseCeiling is the workload's workload.Ceiling rate (absent when not computed).
 	ReuseCeiling *float64     `json:"reuse_ceiling,omitempty"`
 	Policies     []JSONPolicy `json:"policies"`
+	// AgainstBest is kvroute's yardstick (yardstick.go), when kvroute and a peer ran.
+	AgainstBest []JSONFigure `json:"against_best,omitempty"`
+}
+
+// JSONFigure is one figure of the yardstick: kvroute's value over the best peer's.
+type JSONFigure struct {
+	Figure string   `json:"figure"`
+	Ratio  *float64 `json:"ratio"` // null when not a number: the best is 0, or a run gave up
+	Best   string   `json:"best"`
+	Bound  float64  `json:"bound"`
+	Off    bool     `json:"off"`
+}
+
+// JSONAgainst is a in the JSON output.
+func JSONAgainst(a *Against) []JSONFigure {
+	out := make([]JSONFigure, len(Figures))
+	for i, f := range Figures {
+		out[i] = JSONFigure{Figure: f.Name, Best: a.Best[i], Bound: f.Bound, Off: a.Off[i]}
+		if v := a.Ratio[i]; !math.IsNaN(v) && !math.IsInf(v, 0) {
+			v = round6(v)
+			out[i].Ratio = &v
+		}
+	}
+	return out
 }
 
 func jsonSecs(d time.Duration) *float64 {
@@ -207,6 +233,9 @@ func NewJSONReport(workload string, replicas int, results []*sim.Result) JSONRep
 	rep := JSONReport{Workload: workload, Replicas: replicas}
 	for _, r := range results {
 		rep.Policies = append(rep.Policies, JSONRow(r))
+	}
+	if a, ok := AgainstBest(results, "kvroute"); ok {
+		rep.AgainstBest = JSONAgainst(&a)
 	}
 	return rep
 }

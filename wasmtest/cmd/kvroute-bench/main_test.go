@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -56,6 +57,61 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Contains(t, string(b), `"reuse_ceiling": 0.`)
 	assert.NotContains(t, string(b), `"memory"`, "the fleet's memory only when asked for")
 	assert.NotContains(t, s, "lost waiting")
+	assert.Regexp(t, `kvroute over the best other policy on each figure[^\n]*\n.*\ncached \d\.\d{3}\*? \(round-robin\), `+
+		`TTFT p50 [^,]+ \(round-robin\), .*: \d of 5 off`, s, "the yardstick, against the one peer that ran")
+	assert.Contains(t, string(b), `"against_best": [`)
+}
+
+// TestSeeds: --seeds runs one comparison per seed, each on its own arrivals, then
+// kvroute's yardstick over all of them, in the table and in the JSON.
+func TestSeeds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seeds.json")
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(append(tiny, "--seeds", "4:6", "--json", path, "--policies", "round-robin,kvroute"), &out, &errOut), errOut.String())
+	s := out.String()
+	for _, seed := range []string{"4", "5", "6"} {
+		assert.Contains(t, s, "\nseed "+seed+": 32 requests, 2 replicas (2 GPUs)\n")
+		assert.Regexp(t, `(?m)^\s+`+seed+`(\s+(\d\.\d{3,6}\*?|-)){5}\s+\d$`, s)
+	}
+	assert.Regexp(t, `(?m)^\s+geomean(\s+\d\.\d{3}){5}\s+\d+$`, s)
+	assert.Regexp(t, `bounds met: \d+ of 15\n`, s)
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc struct {
+		Runs []struct {
+			Seed        uint64 `json:"seed"`
+			AgainstBest []struct {
+				Figure string `json:"figure"`
+				Off    bool   `json:"off"`
+			} `json:"against_best"`
+			Policies []struct {
+				Name            string  `json:"name"`
+				CachedTokenRate float64 `json:"cached_token_rate"`
+			} `json:"policies"`
+		} `json:"runs"`
+		Geomeans  []struct{ Figure string } `json:"geomeans"`
+		BoundsMet int                       `json:"bounds_met"`
+		Figures   int                       `json:"figures"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Runs, 3)
+	off := 0
+	for i, r := range doc.Runs {
+		assert.Equal(t, uint64(4+i), r.Seed)
+		require.Len(t, r.AgainstBest, 5)
+		for _, f := range r.AgainstBest {
+			if f.Off {
+				off++
+			}
+		}
+	}
+	assert.Equal(t, 15, doc.Figures)
+	assert.Equal(t, 15-off, doc.BoundsMet)
+	assert.Regexp(t, fmt.Sprintf(`bounds met: %d of 15`, doc.BoundsMet), s)
+	assert.Len(t, doc.Geomeans, 5)
+	assert.NotEqual(t, doc.Runs[0].Policies[1].CachedTokenRate, doc.Runs[2].Policies[1].CachedTokenRate,
+		"each seed runs its own arrivals")
 }
 
 // TestRequestsCSV: --requests-csv writes every request of every policy, and its rows add
@@ -294,6 +350,14 @@ func TestBadLoadFlags(t *testing.T) {
 		{[]string{"--workload", "burst", "--rate", "16", "--burst-rate", "2"}, "--rate and --burst-rate: give one"},
 		{[]string{"--trace", trace, "--rate", "2", "--speedup", "2"}, "a trace's rate is its speedup, give one"},
 		{[]string{"--trace", trace, "--speedup", "0"}, "--speedup 0 must be positive"},
+		{[]string{"--seeds", "3:1"}, "want A <= B"},
+		{[]string{"--seeds", "1:500"}, "at most 100 seeds"},
+		{[]string{"--seeds", "one"}, "want A:B"},
+		{[]string{"--seeds", "1:x"}, "invalid syntax"},
+		{[]string{"--seeds", "1:2", "--seed", "3"}, "--seeds and --seed: give one"},
+		{[]string{"--seeds", "1:2", "--find-rate"}, "--seeds prints each seed's table and the yardstick: not with"},
+		{[]string{"--seeds", "1:2", "--requests-csv", "x.csv"}, "--seeds prints each seed's table"},
+		{[]string{"--seeds", "1:2", "--memory"}, "--seeds prints each seed's table"},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer

@@ -1,0 +1,238 @@
+package fleet
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
+)
+
+// The yardstick: kvroute's figures against the best other policy's, figure by figure
+// (the best may be a different policy for each), and whether each is within the bound
+// docs/performance.md holds kvroute to. The other policies are Peers: not the oracle,
+// which is kvroute's own rule with perfect information, nor kvroute's variants.
+
+// Peers are the policies kvroute is measured against.
+var Peers = []string{"round-robin", "random", "least-queued", "chwbl", "sglang-cache-aware", "weighted-scorers"}
+
+// Figure is one figure of the yardstick and its bound.
+type Figure struct {
+	Name string
+	// Higher is true when more is better (the cached rate): the bound is then a floor
+	// on kvroute's ratio to the best, else a ceiling.
+	Higher bool
+	Bound  float64
+	of     func(*sim.Result) float64
+}
+
+// Figures are the yardstick's figures: what users feel (TTFT, end-to-end) and, where
+// the cache binds, the cached rate, which is then the fleet's capacity.
+var Figures = []Figure{
+	{Name: "cached", Higher: true, Bound: 0.97, of: func(r *sim.Result) float64 { return r.CachedTokenRate }},
+	{Name: "TTFT p50", Bound: 1.05, of: func(r *sim.Result) float64 { return seconds(r.TTFTp50) }},
+	{Name: "p95", Bound: 1.0, of: func(r *sim.Result) float64 { return seconds(r.TTFTp95) }},
+	{Name: "p99", Bound: 1.1, of: func(r *sim.Result) float64 { return seconds(r.TTFTp99) }},
+	{Name: "e2e p50", Bound: 1.05, of: func(r *sim.Result) float64 { return seconds(r.E2Ep50) }},
+}
+
+// seconds is d in seconds; a run that gave up is slower than any.
+func seconds(d time.Duration) float64 {
+	if d == time.Duration(math.MaxInt64) {
+		return math.Inf(1)
+	}
+	return d.Seconds()
+}
+
+// Against is one run's yardstick: per Figure, kvroute's value over the best peer's.
+type Against struct {
+	Ratio []float64 // NaN where the ratio says nothing (the best is 0, or both gave up)
+	Best  []string  // the best peer on the figure
+	Off   []bool    // the ratio is off the figure's bound
+}
+
+// OffCount is how many figures are off their bounds.
+func (a *Against) OffCount() int {
+	n := 0
+	for _, off := range a.Off {
+		if off {
+			n++
+		}
+	}
+	return n
+}
+
+// AgainstBest is subject's yardstick in results; false when subject or every peer
+// did not run.
+func AgainstBest(results []*sim.Result, subject string) (Against, bool) {
+	var me *sim.Result
+	var peers []*sim.Result
+	for _, r := range results {
+		switch {
+		case r.Policy == subject:
+			me = r
+		case slices.Contains(Peers, r.Policy):
+			peers = append(peers, r)
+		}
+	}
+	if me == nil || len(peers) == 0 {
+		return Against{}, false
+	}
+	a := Against{Ratio: make([]float64, len(Figures)), Best: make([]string, len(Figures)), Off: make([]bool, len(Figures))}
+	for i, f := range Figures {
+		best := peers[0]
+		for _, p := range peers[1:] {
+			if v, b := f.of(p), f.of(best); (f.Higher && v > b) || (!f.Higher && v < b) {
+				best = p
+			}
+		}
+		ratio := f.of(me) / f.of(best)
+		if math.IsInf(f.of(best), 0) && math.IsInf(f.of(me), 0) {
+			ratio = math.NaN()
+		}
+		a.Ratio[i], a.Best[i] = ratio, best.Policy
+		a.Off[i] = !math.IsNaN(ratio) && ((f.Higher && ratio < f.Bound) || (!f.Higher && ratio > f.Bound))
+	}
+	return a, true
+}
+
+// YardstickNote says what the yardstick's line is and its bounds.
+func YardstickNote() string {
+	var b []string
+	for _, f := range Figures {
+		rel := "at most"
+		if f.Higher {
+			rel = "at least"
+		}
+		b = append(b, fmt.Sprintf("%s %s %gx", f.Name, rel, f.Bound))
+	}
+	return "kvroute over the best other policy on each figure (not the oracle, nor kvroute's variants);\n" +
+		"* off its bound: " + strings.Join(b, ", ")
+}
+
+// ratioText is a ratio to 3 decimals, or as many more (up to 6) as show that one off
+// its bound is: 1.0002 against a bound of 1, not 1.000.
+func ratioText(a *Against, i int) string {
+	v := a.Ratio[i]
+	if math.IsNaN(v) {
+		return "-"
+	}
+	s := fmt.Sprintf("%.3f", v)
+	if a.Off[i] {
+		f := Figures[i]
+		for d := 4; d <= 6; d++ {
+			if r, _ := strconv.ParseFloat(s, 64); (f.Higher && r < f.Bound) || (!f.Higher && r > f.Bound) {
+				break
+			}
+			s = strconv.FormatFloat(v, 'f', d, 64)
+		}
+		s += "*"
+	}
+	return s
+}
+
+// WriteAgainst writes one run's yardstick: each figure's ratio and the peer it is
+// measured against.
+func WriteAgainst(w io.Writer, a *Against) error {
+	var parts []string
+	for i, f := range Figures {
+		parts = append(parts, fmt.Sprintf("%s %s (%s)", f.Name, ratioText(a, i), a.Best[i]))
+	}
+	_, err := fmt.Fprintf(w, "%s\n%s: %d of %d off\n", YardstickNote(), strings.Join(parts, ", "), a.OffCount(), len(Figures))
+	return err
+}
+
+// SeedRun is one seed's yardstick.
+type SeedRun struct {
+	Seed    uint64
+	Against Against
+}
+
+// Geomeans are each figure's geometric mean ratio over runs (NaN ratios left out).
+func Geomeans(runs []SeedRun) []float64 {
+	out := make([]float64, len(Figures))
+	for i := range Figures {
+		sum, n := 0.0, 0
+		for _, r := range runs {
+			if v := r.Against.Ratio[i]; !math.IsNaN(v) && v > 0 {
+				sum += math.Log(v)
+				n++
+			}
+		}
+		out[i] = math.NaN()
+		if n > 0 {
+			out[i] = math.Exp(sum / float64(n))
+		}
+	}
+	return out
+}
+
+// WriteSeeds writes the yardstick of every seed, then the geometric mean of each figure
+// and how many figures of all the runs are within their bounds.
+func WriteSeeds(w io.Writer, runs []SeedRun) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "seed\t")
+	for _, f := range Figures {
+		fmt.Fprintf(tw, "%s\t", f.Name)
+	}
+	fmt.Fprintln(tw, "off\t")
+	off, total := 0, 0
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%d\t", r.Seed)
+		for i := range Figures {
+			fmt.Fprintf(tw, "%s\t", ratioText(&r.Against, i))
+		}
+		fmt.Fprintf(tw, "%d\t\n", r.Against.OffCount())
+		off += r.Against.OffCount()
+		total += len(Figures)
+	}
+	fmt.Fprint(tw, "geomean\t")
+	for _, g := range Geomeans(runs) {
+		if math.IsNaN(g) {
+			fmt.Fprint(tw, "-\t")
+			continue
+		}
+		fmt.Fprintf(tw, "%.3f\t", g)
+	}
+	fmt.Fprintf(tw, "%d\t\n", off)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "bounds met: %d of %d\n", total-off, total)
+	return err
+}
+
+// WriteSeedsJSON writes --seeds' document: each seed's comparison (with its yardstick)
+// and each figure's geometric mean ratio over the runs.
+func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
+	type geomean struct {
+		Figure string   `json:"figure"`
+		Ratio  *float64 `json:"ratio"`
+	}
+	doc := struct {
+		Runs      []JSONReport `json:"runs"`
+		Geomeans  []geomean    `json:"geomeans,omitempty"`
+		BoundsMet int          `json:"bounds_met"`
+		Figures   int          `json:"figures"`
+	}{Runs: reports}
+	if len(runs) > 0 {
+		for i, g := range Geomeans(runs) {
+			e := geomean{Figure: Figures[i].Name}
+			if !math.IsNaN(g) && !math.IsInf(g, 0) {
+				g = round6(g)
+				e.Ratio = &g
+			}
+			doc.Geomeans = append(doc.Geomeans, e)
+		}
+	}
+	for _, r := range runs {
+		doc.Figures += len(Figures)
+		doc.BoundsMet += len(Figures) - r.Against.OffCount()
+	}
+	return writeJSON(w, doc)
+}
