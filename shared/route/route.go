@@ -170,6 +170,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 	r.Local.match(m, c, r.matched, longest)
 	r.dropStarts(now)
 	r.cands = r.cands[:0]
+	evictCost := r.evictCost() // tiers.go
 	for i, rep := range m.Replicas {
 		age := tableAge + time.Duration(rep.StateAgeMs)*time.Millisecond
 		correction, pending := r.Ledger.Sums(rep.Addr, now.Add(-age))
@@ -180,6 +181,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 			Cached:    min(c.Tokens(r.matched[i]), c.PromptTokens),
 			Offloaded: off,
 			LoadCost:  load,
+			EvictCost: evictCost,
 			Speed:     float64(rep.Speed),
 			KVUsage:   rep.KVUsage,
 			StateAge:  age,

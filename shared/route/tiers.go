@@ -6,8 +6,8 @@ import "github.com/kvroute/kvroute/shared/table"
 // tiers"): per replica of the model being decided, where the loadable run ends and what
 // loading it costs, in blocks.
 type tierScratch struct {
-	on       bool // the model has slower tiers
-	ratios   []float64
+	on       bool      // the model has slower tiers
+	ratios   []float64 // per tier of the model, api.Guards.OffloadCost's
 	loadable []int
 	end      []int // blocks: the GPU match plus the loadable run
 	cost     []float64
@@ -45,3 +45,25 @@ func (r *Router) offloaded(c *Chain, i int) (tokens, cost float64) {
 	frac := float64(rest) / float64(t.loadable[i])
 	return c.Tokens(rest), t.cost[i] * frac * c.Tokens(1)
 }
+
+// evictCost is every replica's rule.Candidate EvictCost for the model being decided: the
+// smallest load-cost ratio of its slower tiers, where a block GPU memory evicts is still
+// held (vLLM's OffloadingConnector writes every block to CPU memory as it computes it);
+// 0, a block prefilled again, when the model has none. The table names a model's tiers,
+// not each replica's: a fleet of one model is configured alike, and a replica without the
+// tier is charged less for what it evicts until it has one.
+func (r *Router) evictCost() float64 {
+	t := &r.tiers
+	if !t.on || len(t.ratios) == 0 {
+		return 0
+	}
+	least := 1.0
+	for _, ratio := range t.ratios {
+		least = min(least, max(ratio, minEvictCost))
+	}
+	return least
+}
+
+// minEvictCost stands for a configured ratio of 0 (loads that cost nothing): EvictCost's
+// 0 means a prefill.
+const minEvictCost = 1e-3

@@ -63,3 +63,35 @@ func TestCPUTierHitRoutesAtItsLoadCost(t *testing.T) {
 	assert.Zero(t, r.cands[1].Offloaded)
 	assert.Greater(t, r.cands[1].Cached, 5000.0)
 }
+
+// Every replica of a model with a slower tier has its evictions priced at the tier's
+// load cost (rule.Candidate.EvictCost); a model without one, or a filter that ignores
+// the tier, prices them as prefills.
+func TestEvictionsArePricedAtTheModelsTier(t *testing.T) {
+	id := Identity{Model: "llama"}
+	c := chainOf(t, chatBody(strings.Repeat("You are a careful assistant. ", 300), "Hello."), id)
+	conf, err := api.ParseConfig([]byte(`{"control_plane":{"cluster":"c","authority":"a"}}`))
+	require.NoError(t, err)
+	costs := func(m *table.Model) []float64 {
+		r := exactRouter()
+		r.Config = conf
+		r.Decide(m, &c, 50*time.Millisecond, time.Now())
+		var out []float64
+		for _, cand := range r.cands {
+			out = append(out, cand.EvictCost)
+		}
+		return out
+	}
+
+	m := model(t, 3)
+	assert.Equal(t, []float64{0, 0, 0}, costs(m), "no tier: a prefill")
+	require.NoError(t, m.SetTiers([]string{"disk", "CPU"}))
+	conf.Guards.OffloadCost["disk"] = 0.2
+	assert.Equal(t, []float64{api.DefaultCPULoadCost, api.DefaultCPULoadCost, api.DefaultCPULoadCost}, costs(m),
+		"the cheapest tier, which the GPU's evictions reach first")
+	conf.Guards.OffloadCost["CPU"] = 1
+	conf.Guards.OffloadCost["disk"] = 1
+	assert.Equal(t, []float64{1, 1, 1}, costs(m), "a filter that ignores the tiers")
+	conf.Guards.OffloadCost["CPU"] = 0
+	assert.Equal(t, []float64{minEvictCost, minEvictCost, minEvictCost}, costs(m), "loads that cost nothing, not a prefill")
+}

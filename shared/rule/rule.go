@@ -9,7 +9,8 @@
 // time to first token each grows by U (an M/G/1 busy period: rho is r's busy fraction,
 // Ubar its mean uncached tokens a request), and B the requests r is running, each of whose
 // next tokens waits U (they share r's steps with the prefill). U x E is what the placement
-// evicts: E = k/(1 - k) at r's KV usage k (capped at 0.99). The minimum wins.
+// evicts: E = k/(1 - k) at r's KV usage k (capped at 0.99), at a slower tier's load cost
+// where one keeps what r evicts ("Slower tiers", below). The minimum wins.
 //
 // Why these terms. Q + U is the request's own wait. The rest makes a placement pay for the
 // waiting it causes, in the same unit, so that the rule minimises the sum, over every
@@ -76,6 +77,15 @@
 // 6,000 x 0.046 = 2,276, U(C) = 8,000. A replica that holds a block in GPU and CPU memory
 // counts it as GPU (Cached).
 //
+// Such a tier also keeps what GPU memory evicts: vLLM's OffloadingConnector writes each
+// block to CPU memory as it computes it, so a block the GPU's LRU drops is loaded back,
+// not prefilled again, when asked for. E is then priced at the tier's ratio: E = k/(1 -
+// k) x EvictCost, EvictCost the smallest load-cost ratio of the model's tiers (0.046 for
+// "CPU"). Priced as a prefill, an owner whose pool was 99% full paid 99 a token for the
+// 2,048 tokens it would prefill and a replica 93% full 13 a token for 8,000, and the
+// rule copied the prefix away from its owner for what it would have cost to load back
+// (docs/performance.md, "What the GPU evicts into the CPU tier").
+//
 // # What the rule does at each age
 //
 // A replica's state age is how old its numbers are: the table's age (since the control
@@ -121,6 +131,10 @@ type Candidate struct {
 	// LoadCost is what loading Offloaded costs, in prefill-token equivalents: Offloaded
 	// weighted by each tier's load-cost ratio (see the package doc, "Slower tiers").
 	LoadCost float64
+	// EvictCost is what a block r evicts from GPU memory costs when it is asked for
+	// again, in prefill tokens a token: the load-cost ratio of the slower tier that keeps
+	// r's blocks, or 0 (counted as 1, prefilled again) without one.
+	EvictCost float64
 	// Speed is r's prefill rate in tokens per second; 0 means "same as the others" (1).
 	Speed float64
 	// KVUsage is r's KV-cache usage, 0..1.
@@ -211,14 +225,24 @@ func cost(promptTokens float64, r *Candidate) float64 {
 const maxEvictUsage = 0.99
 
 // evicts is E: what each token prefilled on r evicts from its prefix cache, priced in
-// tokens to prefill again, k / (1 - k) at KV usage k (see the package doc). 0 without
-// load values: the copy charge prices usage there.
+// tokens to prefill again, k / (1 - k) at KV usage k, times what reading an evicted
+// block back costs (EvictCost; see the package doc). 0 without load values: the copy
+// charge prices usage there.
 func evicts(r *Candidate) float64 {
 	if !(r.MeanUncached > 0) {
 		return 0
 	}
 	k := min(usage(r), maxEvictUsage)
-	return k / (1 - k)
+	return k / (1 - k) * evictCost(r)
+}
+
+// evictCost is r's EvictCost within (0, 1]: unset, NaN or out of range counts as 1, a
+// block prefilled again.
+func evictCost(r *Candidate) float64 {
+	if c := r.EvictCost; c > 0 && c < 1 {
+		return c
+	}
+	return 1
 }
 
 // maxBusy caps rho, so that N stays finite and counts at most 4 times the work's

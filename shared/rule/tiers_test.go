@@ -1,6 +1,7 @@
 package rule
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -78,4 +79,35 @@ func TestStaleRegimeCountsOffloadedHits(t *testing.T) {
 	require.True(t, d.Stale)
 	assert.Equal(t, 0, d.Order[0], "1,000 pending + 2,276 beats 8,000")
 	assert.InDelta(t, 3276, d.Cost, 1e-9)
+}
+
+// A replica whose slower tier keeps what its GPU memory evicts pays for an eviction what
+// loading the block back costs, not a prefill (E x EvictCost). The case is one the
+// CPU-tier workload at 34 req/s met while its cold start drained: the owner's pool 99%
+// full, its queue six times another's 93% full. Priced as prefills, the 2,048 tokens
+// the owner would prefill evicted 99 a token and the copy's 8,000 13 a token, and the
+// prefix went to the copy; at the CPU tier's 0.046 the owner keeps it.
+func TestAnEvictionATierKeepsCostsItsLoad(t *testing.T) {
+	owner := loaded(153888, 5952, 1, 2700, 77.9)
+	owner.KVUsage = 0.99
+	other := loaded(25517, 0, 1, 2700, 80.1)
+	other.KVUsage = 0.93
+	pick := func(evictCost float64) int {
+		o, c := owner, other
+		o.EvictCost, c.EvictCost = evictCost, evictCost
+		return NewPicker(exact(), 1).Pick(8000, []Candidate{o, c}, nil).Order[0]
+	}
+	assert.Equal(t, 1, pick(0), "every eviction a prefill: the copy")
+	assert.Equal(t, 0, pick(0.046), "evictions loaded back from CPU memory: the owner")
+
+	// E scales by EvictCost and nothing else does.
+	half := loaded(0, 0, 0, 2000, 0)
+	half.KVUsage = 0.5
+	half.EvictCost = 0.25
+	assert.InDelta(t, 8000+8000*0.25, Cost(8000, half), 1e-6)
+	// Unset, NaN, negative or above 1: a prefill, as without a tier.
+	for _, c := range []float64{0, math.NaN(), -1, 1, 3, math.Inf(1)} {
+		half.EvictCost = c
+		assert.InDelta(t, 2*8000, Cost(8000, half), 1e-6, "EvictCost %v", c)
+	}
 }
