@@ -41,6 +41,14 @@ var Figures = []Figure{
 	{Name: "e2e p50", Bound: 1.05, of: func(r *sim.Result) float64 { return seconds(r.E2Ep50) }},
 }
 
+// off reports whether ratio, kvroute's value over the best peer's, is off f's bound.
+func (f *Figure) off(ratio float64) bool {
+	if f.Higher {
+		return ratio < f.Bound
+	}
+	return ratio > f.Bound
+}
+
 // seconds is d in seconds; a run that gave up is slower than any.
 func seconds(d time.Duration) float64 {
 	if d == time.Duration(math.MaxInt64) {
@@ -96,7 +104,7 @@ func AgainstBest(results []*sim.Result, subject string) (Against, bool) {
 			ratio = math.NaN()
 		}
 		a.Ratio[i], a.Best[i] = ratio, best.Policy
-		a.Off[i] = !math.IsNaN(ratio) && ((f.Higher && ratio < f.Bound) || (!f.Higher && ratio > f.Bound))
+		a.Off[i] = !math.IsNaN(ratio) && f.off(ratio)
 	}
 	return a, true
 }
@@ -126,7 +134,7 @@ func ratioText(a *Against, i int) string {
 	if a.Off[i] {
 		f := Figures[i]
 		for d := 4; d <= 6; d++ {
-			if r, _ := strconv.ParseFloat(s, 64); (f.Higher && r < f.Bound) || (!f.Higher && r > f.Bound) {
+			if r, _ := strconv.ParseFloat(s, 64); f.off(r) {
 				break
 			}
 			s = strconv.FormatFloat(v, 'f', d, 64)
@@ -151,6 +159,15 @@ func WriteAgainst(w io.Writer, a *Against) error {
 type SeedRun struct {
 	Seed    uint64
 	Against Against
+}
+
+// BoundsMet is how many figures of runs are within their bounds, of how many.
+func BoundsMet(runs []SeedRun) (met, figures int) {
+	for _, r := range runs {
+		figures += len(Figures)
+		met += len(Figures) - r.Against.OffCount()
+	}
+	return met, figures
 }
 
 // Geomeans are each figure's geometric mean ratio over runs (NaN ratios left out).
@@ -181,16 +198,14 @@ func WriteSeeds(w io.Writer, runs []SeedRun) error {
 		fmt.Fprintf(tw, "%s\t", f.Name)
 	}
 	fmt.Fprintln(tw, "off\t")
-	off, total := 0, 0
 	for _, r := range runs {
 		fmt.Fprintf(tw, "%d\t", r.Seed)
 		for i := range Figures {
 			fmt.Fprintf(tw, "%s\t", ratioText(&r.Against, i))
 		}
 		fmt.Fprintf(tw, "%d\t\n", r.Against.OffCount())
-		off += r.Against.OffCount()
-		total += len(Figures)
 	}
+	met, total := BoundsMet(runs)
 	fmt.Fprint(tw, "geomean\t")
 	for _, g := range Geomeans(runs) {
 		if math.IsNaN(g) {
@@ -199,11 +214,11 @@ func WriteSeeds(w io.Writer, runs []SeedRun) error {
 		}
 		fmt.Fprintf(tw, "%.3f\t", g)
 	}
-	fmt.Fprintf(tw, "%d\t\n", off)
+	fmt.Fprintf(tw, "%d\t\n", total-met)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "bounds met: %d of %d\n", total-off, total)
+	_, err := fmt.Fprintf(w, "bounds met: %d of %d\n", met, total)
 	return err
 }
 
@@ -230,9 +245,6 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 			doc.Geomeans = append(doc.Geomeans, e)
 		}
 	}
-	for _, r := range runs {
-		doc.Figures += len(Figures)
-		doc.BoundsMet += len(Figures) - r.Against.OffCount()
-	}
+	doc.BoundsMet, doc.Figures = BoundsMet(runs)
 	return writeJSON(w, doc)
 }

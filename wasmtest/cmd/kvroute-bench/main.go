@@ -584,17 +584,21 @@ func (b *bench) compare(phases bool) error {
 	return nil
 }
 
-// seeds runs the comparison once per seed, each on its own workload (build), printing
-// each table and kvroute's yardstick, then the yardstick over all of them.
+// seeds runs the comparison once per seed, each on its own workload (b.w for the first,
+// which run built; build for the others), printing each table and kvroute's yardstick,
+// then the yardstick over all of them.
 func (b *bench) seeds(seeds []uint64, build func(fleet.Options) (workload.Workload, error)) error {
 	o, stdout := b.o, b.stdout
 	var runs []fleet.SeedRun
 	var reports []fleet.JSONReport
-	for _, s := range seeds {
+	for i, s := range seeds {
 		o.Seed = s
-		w, err := build(o)
-		if err != nil {
-			return err
+		w := b.w
+		if i > 0 {
+			var err error
+			if w, err = build(o); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(stdout, "\nseed %d: %d requests, %d replicas (%d GPUs)\n", s, w.Len(), o.Replicas, o.Replicas*o.Profile.GPUs)
 		results, err := fleet.Compare(w, b.names, o)
