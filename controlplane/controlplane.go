@@ -408,6 +408,21 @@ func (c *ControlPlane) resolveTopic(topic string, rank int) (kvevents.Source, bo
 	return kvevents.Source{}, false
 }
 
+// measuredAt is when the engine says it measured its queue, kept within the scrape's
+// round trip (from asked to answered): an engine's clock may disagree with this one's.
+// Zero when the engine does not say: the index then dates the queue from asked.
+func measuredAt(stamp, asked, answered time.Time) time.Time {
+	switch {
+	case stamp.IsZero():
+		return stamp
+	case stamp.Before(asked):
+		return asked
+	case stamp.After(answered):
+		return answered
+	}
+	return stamp
+}
+
 func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 	t := time.NewTicker(c.o.ScrapeInterval)
 	defer t.Stop()
@@ -415,12 +430,16 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 		// The sample is dated when the scrape was sent, the earliest the engine can have
 		// measured it: dated when the answer was read, a slow answer would make numbers
 		// taken before a request started look newer than its start, and the proxies'
-		// ledgers would keep it queued (TestStateAgeCountsFromWhenTheScrapeWasSent).
+		// ledgers would keep it queued (TestStateAgeCountsFromWhenTheScrapeWasSent). An
+		// engine that stamps its queued-tokens gauge dates that one exactly: dated at
+		// asked, a request sent while the scrape was on its way, which the gauge counts,
+		// would count as sent after it.
 		asked := c.o.Now()
 		s, err := scrape.Fetch(ctx, c.scrapeHTTP, r.Metrics, r.Kind)
 		if ctx.Err() != nil {
 			return
 		}
+		s.QueuedAt = measuredAt(s.QueuedAt, asked, c.o.Now())
 		c.Index.ApplyScrape(r.ID, s, err, asked)
 		c.health.scraped(r.ID, err)
 		if err == nil {

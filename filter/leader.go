@@ -261,8 +261,9 @@ func (l *leader) onTable(s *shard, asked uint64, bodySize int) {
 	now := (*l.clock)()
 	status, age := l.callStatus()
 	// The version's queue numbers are as old as the version: date the table from when
-	// the control plane built it, so the ledger counts every send the snapshot missed.
-	built := now.Add(-age)
+	// the control plane built it, at the earliest, so the ledger counts every send the
+	// snapshot missed and takes off every start it counted (route.Ledger).
+	built := api.TableBuilt(sc.pollSent, now, age, l.callHeld(sc.waitMs > 0))
 	switch {
 	case status == 304:
 		s.keys.confirm(built)
@@ -460,6 +461,24 @@ func (l *leader) callStatus() (status int, age time.Duration) {
 	return status, age
 }
 
+// callHeld is how long the control plane held the current http-call response's poll:
+// 0 for a poll without wait_ms, the held header's value for a long poll, -1 for a long
+// poll answered without one (a control plane that does not send it).
+func (l *leader) callHeld(long bool) time.Duration {
+	if !long {
+		return 0
+	}
+	v, err := l.value.callResponseHeader(tableHeldHeader)
+	if err != nil {
+		return -1
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 {
+		return -1
+	}
+	return min(time.Duration(ms)*time.Millisecond, time.Minute)
+}
+
 // callEpoch is the current http-call response's epoch header (0 without one).
 func (l *leader) callEpoch() uint64 {
 	v, err := l.value.callResponseHeader(tableEpochHeader)
@@ -470,9 +489,10 @@ func (l *leader) callEpoch() uint64 {
 	return e
 }
 
-// tableAgeHeader and tableEpochHeader are api's names as hosts keep header names:
-// lower case.
+// tableAgeHeader, tableEpochHeader and tableHeldHeader are api's names as hosts keep
+// header names: lower case.
 var (
 	tableAgeHeader   = strings.ToLower(api.TableAgeHeader)
 	tableEpochHeader = strings.ToLower(api.TableEpochHeader)
+	tableHeldHeader  = strings.ToLower(api.TableHeldHeader)
 )

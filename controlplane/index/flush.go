@@ -160,12 +160,16 @@ func (ix *Index) replicaState(r *replica, now time.Time) table.Replica {
 }
 
 // queued is Q(r) and when it was measured: the engine's own count of queued prefill
-// tokens at the last scrape when it exports one, else the proxies' placements its engine
+// tokens at the last scrape when it exports one (dated by its timestamp if it has one,
+// else when the scrape was sent), else the proxies' placements its engine
 // has not started (placed.go), with the model's mean uncached prompt (from outcomes, else
 // from the engine's lifetime prompt histogram and hit rate, else a default) for waiting
 // requests the placements do not cover.
 func (ix *Index) queued(r *replica, now time.Time) (float64, time.Time) {
 	if r.sample.HasQueuedTokens {
+		if !r.sample.QueuedAt.IsZero() {
+			return r.sample.QueuedTokens, r.sample.QueuedAt // the engine's stamp, within the scrape's round trip
+		}
 		return r.sample.QueuedTokens, r.lastOK
 	}
 	return r.placed.queued(r.sample.Waiting, r.sample.Running, r.lastOK, now.Add(-ix.cfg.ReportLag), ix.meanUncached(r)) // placed.go

@@ -313,6 +313,19 @@ func TestLearningResistsOneReporter(t *testing.T) {
 	}
 }
 
+// An engine that stamps its queued-tokens gauge has its queue dated by the stamp, not by
+// when the scrape was sent: a request sent in between is counted by the gauge, and a
+// filter's ledger must not add it again.
+func TestQueueDatedByTheEnginesStamp(t *testing.T) {
+	ix := fixture(t, Config{})
+	ix.ApplyScrape("a", scrape.Sample{QueuedTokens: 1545, HasQueuedTokens: true, QueuedAt: t0.Add(9 * time.Millisecond)}, nil, t0)
+	ix.ApplyScrape("b", scrape.Sample{QueuedTokens: 1545, HasQueuedTokens: true}, nil, t0)
+	rs := ix.Flush(t0.Add(40*time.Millisecond), true)[0].Replicas
+	if rs[0].StateAgeMs != 31 || rs[1].StateAgeMs != 40 {
+		t.Fatalf("state ages %d and %d ms, want 31 (from the stamp) and 40 (from the scrape)", rs[0].StateAgeMs, rs[1].StateAgeMs)
+	}
+}
+
 func TestQueueAndHealth(t *testing.T) {
 	ix := fixture(t, Config{UnhealthyAfter: 2, DefaultUncachedTokens: 100})
 	ix.ApplyScrape("a", scrape.Sample{Waiting: 3, KVUsage: 0.5, HasKVUsage: true}, nil, t0)

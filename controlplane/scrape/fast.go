@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"strconv"
+	"time"
 )
 
 // parseFast reads the families routing needs straight from the exposition, without
@@ -69,6 +70,9 @@ type family struct {
 	samples int
 	sum     float64
 	finite  int
+	// The timestamps of the finite samples that carry one: how many, and the earliest.
+	stamped  int
+	earliest int64
 	// cache_config_info: per sample, in line order.
 	blockSize int
 	capacity  int64
@@ -261,12 +265,16 @@ func (p *fastParser) sample(line []byte, n *names) bool {
 	}
 	// The value, then an optional integer timestamp, then the end of the line.
 	vend := indexBlank(rest)
-	tail := []byte(nil)
+	var stamp int64
+	stamped := false
 	if vend >= 0 {
-		rest, tail = rest[:vend], skipBlanks(rest[vend:])
-		if _, err := strconv.ParseInt(string(tail), 10, 64); err != nil {
+		tail := skipBlanks(rest[vend:])
+		rest = rest[:vend]
+		var err error
+		if stamp, err = strconv.ParseInt(string(tail), 10, 64); err != nil {
 			return false
 		}
+		stamped = true
 	}
 	v, err := parseFloat(rest)
 	if err != nil {
@@ -279,6 +287,12 @@ func (p *fastParser) sample(line []byte, n *names) bool {
 	if !math.IsNaN(v) && !math.IsInf(v, 0) {
 		f.sum += v
 		f.finite++
+		if stamped {
+			if f.stamped == 0 || stamp < f.earliest {
+				f.earliest = stamp
+			}
+			f.stamped++
+		}
 	}
 	if cacheConfig {
 		b, _ := strconv.Atoi(string(bs))
@@ -343,6 +357,9 @@ func (p *fastParser) result(n *names) Sample {
 		}
 	}
 	s.QueuedTokens, s.HasQueuedTokens = p.sum(n.queued)
+	if f := p.scalar(n.queued); s.HasQueuedTokens && f.stamped == f.finite {
+		s.QueuedAt = time.UnixMilli(f.earliest)
+	}
 	if v, ok := p.sum(n.capacityTokens); ok {
 		s.CapacityTokens = int64(v)
 	}

@@ -125,6 +125,7 @@ func TestParseVLLMPageAllocations(t *testing.T) {
 var fastCases = []string{
 	vllmText,
 	"vllm:num_requests_waiting 3\r\nvllm:num_requests_waiting{a=\"b\"} 4 1700000000000\r\n",
+	"kvroute:queued_prefill_tokens{a=\"0\"} 3 1700000000001\nkvroute:queued_prefill_tokens{a=\"1\"} 4 -5\n",
 	"vllm:num_requests_waiting{ a = \"1\" , b=\"2\", } 1\n",
 	"vllm:num_requests_waiting{} 1\nvllm:num_requests_waiting {a=\"x\"}2\n",
 	"vllm:num_requests_waiting{a=\"x\"}2 \n",

@@ -40,6 +40,9 @@ type Sample struct {
 	HasKVUsage       bool
 	QueuedTokens     float64
 	HasQueuedTokens  bool
+	// QueuedAt is when the engine measured QueuedTokens, by the samples' timestamps (the
+	// earliest, when it sums several engines); zero when a sample has none.
+	QueuedAt time.Time
 	// CapacityTokens = num_gpu_blocks x block_size (vLLM cache_config_info) or
 	// max_total_num_tokens (SGLang); 0 when unknown.
 	CapacityTokens int64
@@ -228,6 +231,9 @@ func parseReference(body []byte, n *names) (Sample, error) {
 		}
 	}
 	s.QueuedTokens, s.HasQueuedTokens = sum(fams[n.queued])
+	if s.HasQueuedTokens {
+		s.QueuedAt = stamped(fams[n.queued])
+	}
 	if n.capacityTokens != "" {
 		if v, ok := sum(fams[n.capacityTokens]); ok {
 			s.CapacityTokens = int64(v)
@@ -348,6 +354,29 @@ func sum(f *dto.MetricFamily) (float64, bool) {
 		}
 	}
 	return t, ok
+}
+
+// stamped is the earliest timestamp of a family's finite series, zero when one has none.
+func stamped(f *dto.MetricFamily) time.Time {
+	var earliest int64
+	n := 0
+	for _, m := range f.GetMetric() {
+		v, has := value(m)
+		if !has || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		if m.TimestampMs == nil {
+			return time.Time{}
+		}
+		if n == 0 || m.GetTimestampMs() < earliest {
+			earliest = m.GetTimestampMs()
+		}
+		n++
+	}
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(earliest)
 }
 
 // mean averages a family's series: KV usage of a server with several engines.

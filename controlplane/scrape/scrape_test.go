@@ -81,6 +81,36 @@ vllm:num_requests_waiting{model_name="x"} 2
 	}
 }
 
+// The queued-tokens gauge may say when the engine measured it (the exposition format's
+// sample timestamp, ms): the index dates the queue from it. Several engines' samples
+// are as old as the oldest; one without a timestamp leaves the time unknown.
+func TestParseQueuedTokensTimestamp(t *testing.T) {
+	for _, c := range []struct {
+		name, text string
+		want       time.Time
+	}{
+		{"one engine", "kvroute:queued_prefill_tokens{engine=\"0\"} 4096 1800000000123\n", time.UnixMilli(1800000000123)},
+		{"two engines", "kvroute:queued_prefill_tokens{engine=\"0\"} 1 1800000000123\nkvroute:queued_prefill_tokens{engine=\"1\"} 2 1800000000100\n",
+			time.UnixMilli(1800000000100)},
+		{"one without", "kvroute:queued_prefill_tokens{engine=\"0\"} 1 1800000000123\nkvroute:queued_prefill_tokens{engine=\"1\"} 2\n", time.Time{}},
+		{"none", "kvroute:queued_prefill_tokens 4096\n", time.Time{}},
+		{"a NaN sample's does not count", "kvroute:queued_prefill_tokens{engine=\"0\"} 1 1800000000123\nkvroute:queued_prefill_tokens{engine=\"1\"} NaN 1\n",
+			time.UnixMilli(1800000000123)},
+	} {
+		for name, parse := range map[string]func([]byte, *names) (Sample, error){
+			"fast": func(b []byte, n *names) (Sample, error) { return Parse(b, VLLM) }, "reference": parseReference,
+		} {
+			s, err := parse([]byte(c.text), vllmNames)
+			if err != nil {
+				t.Fatalf("%s, %s: %v", c.name, name, err)
+			}
+			if !s.HasQueuedTokens || !s.QueuedAt.Equal(c.want) {
+				t.Errorf("%s, %s: queued %v measured at %v, want %v", c.name, name, s.QueuedTokens, s.QueuedAt, c.want)
+			}
+		}
+	}
+}
+
 func TestParseSGLang(t *testing.T) {
 	text := `# HELP sglang:num_queue_reqs The number of requests in the waiting queue
 # TYPE sglang:num_queue_reqs gauge

@@ -370,6 +370,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var wait time.Duration
+	var arrived time.Time
 	if v := queryGet(q, "wait_ms"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
@@ -377,6 +378,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait = min(time.Duration(n)*time.Millisecond, MaxWait)
+		arrived = s.Now()
 	}
 	if hasHave && wait > 0 {
 		if changed := s.Publisher.Changed(have); changed != nil {
@@ -403,6 +405,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	case res.Current:
 		vh := s.versionHeaders(res.Version)
 		h[api.TableAgeHeader] = []string{s.ageMs(res)}
+		s.heldMs(h, arrived)
 		h["X-Kvroute-Version"], h["Etag"] = vh.value, vh.etag
 		h[api.TableEpochHeader] = s.epochHdr
 		w.WriteHeader(http.StatusNotModified)
@@ -418,6 +421,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	h["X-Kvroute-Version"] = vh.value
 	h["X-Kvroute-Frame"] = hdrFrame[res.Kind]
 	h[api.TableAgeHeader] = []string{s.ageMs(res)}
+	s.heldMs(h, arrived)
 	h["Etag"] = vh.etag
 	if res.Kind == table.Full {
 		// A delta is only ever of the epoch the poll named: a ninth header there would
@@ -487,6 +491,14 @@ func queryGet(raw, key string) string {
 // ageMs is how old the answered version is.
 func (s *Server) ageMs(res publish.Result) string {
 	return strconv.FormatInt(max(0, s.Now().UnixMilli()-res.GeneratedMs), 10)
+}
+
+// heldMs says how long a long poll (one that arrived at arrived) was held, rounded
+// down (api.TableHeldHeader); nothing on an answer to a poll without wait_ms.
+func (s *Server) heldMs(h http.Header, arrived time.Time) {
+	if !arrived.IsZero() {
+		h[api.TableHeldHeader] = []string{strconv.FormatInt(max(0, s.Now().Sub(arrived).Milliseconds()), 10)}
+	}
 }
 
 // reports: POST /v1/reports with an api.ReportBatch.

@@ -101,6 +101,7 @@ type resp struct {
 	ctype string
 	age   string // the version's age header
 	epoch string // the publisher's epoch header
+	held  string // how long a long poll was held ("" when the header is absent)
 }
 
 func (e *env) get(t testing.TB, query, token string) resp {
@@ -130,7 +131,8 @@ func (e *env) do(t testing.TB, query, token, formats string) resp {
 	defer r.Body.Close()
 	b, _ := io.ReadAll(r.Body)
 	v, _ := strconv.ParseUint(r.Header.Get("X-Kvroute-Version"), 10, 64)
-	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type"), r.Header.Get(api.TableAgeHeader), r.Header.Get(api.TableEpochHeader)}
+	return resp{r.StatusCode, r.Header.Get("X-Kvroute-Frame"), v, b, r.Header.Get("Content-Type"), r.Header.Get(api.TableAgeHeader), r.Header.Get(api.TableEpochHeader),
+		r.Header.Get(api.TableHeldHeader)}
 }
 
 // serverTable is the publisher's table, encoded, for comparisons.
@@ -285,6 +287,33 @@ func TestTableAnswersCarryTheVersionsAge(t *testing.T) {
 	}
 	if r := e.get(t, fmt.Sprintf("?version=%d", v), ""); r.code != http.StatusNotModified || r.age != "1234" {
 		t.Fatalf("304: %d, age %q, want 1234", r.code, r.age)
+	}
+}
+
+// A long poll's answer says how long the control plane held it, so that the filter can
+// date the version from when its poll left (api.TableBuilt), not from when the answer
+// came back; an answer to a poll without wait_ms says nothing.
+func TestLongPollAnswersSayHowLongTheyWereHeld(t *testing.T) {
+	e := newEnv(t, "", 3)
+	v := e.publish(t)
+	e.publish(t)
+	e.server.Now = time.Now // the hold is in real time
+	held := func(r resp) int {
+		t.Helper()
+		ms, err := strconv.Atoi(r.held)
+		if err != nil {
+			t.Fatalf("%d answer to a long poll: held header %q", r.code, r.held)
+		}
+		return ms
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d", v), ""); r.code != 200 || r.held != "" {
+		t.Fatalf("a poll without wait_ms: %d, held %q", r.code, r.held)
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d&wait_ms=5000", v), ""); r.code != 200 || held(r) >= 5000 {
+		t.Fatalf("a long poll for an older version is answered at once: %d, held %q", r.code, r.held)
+	}
+	if r := e.get(t, fmt.Sprintf("?version=%d&wait_ms=30", e.pub.Version()), ""); r.code != http.StatusNotModified || held(r) < 30 {
+		t.Fatalf("a long poll that waited out 30 ms: %d, held %q", r.code, r.held)
 	}
 }
 

@@ -23,6 +23,11 @@ const (
 	// numbers from it rather than from its poll's return: a relative age needs no clock
 	// agreement between the machines.
 	TableAgeHeader = "X-Kvroute-Age-Ms"
+	// TableHeldHeader on an answer to a long poll (wait_ms) is how long, in whole ms
+	// rounded down, the control plane held the poll before answering. With it the filter
+	// dates the version from when its poll left rather than from when the answer came
+	// back (TableBuilt): the way back is not counted as the version's age.
+	TableHeldHeader = "X-Kvroute-Held-Ms"
 	// TableEpochHeader on full tables and 304s names the control-plane process whose
 	// versions the answer counts in (a random number per process; a delta is always of
 	// the epoch its poll named). A filter sends it back

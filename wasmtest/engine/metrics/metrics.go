@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // TTFTBuckets are vLLM's vllm:time_to_first_token_seconds buckets.
@@ -66,6 +67,9 @@ type Snapshot struct {
 	Running, Waiting    int
 	KVUsage             float64
 	QueuedPrefillTokens int
+	// QueuedAt is when QueuedPrefillTokens was read: the extension gauge carries it as
+	// its sample's timestamp (none when zero).
+	QueuedAt time.Time
 
 	PrefixQueries, PrefixHits      int64
 	Preemptions                    int64
@@ -115,7 +119,7 @@ func Write(w io.Writer, s Snapshot) error {
 	}
 	p.header("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge")
 	p.sample("vllm:cache_config_info", append(append([]Label{}, s.CacheConfig...), Label{"engine", s.Engine}), 1)
-	p.gauge("kvroute:queued_prefill_tokens", "Uncached prompt tokens of requests that are waiting or not yet fully prefilled (kvroute extension).", float64(s.QueuedPrefillTokens))
+	p.queued(&s)
 	return bw.Flush()
 }
 
@@ -130,6 +134,11 @@ func (p *page) header(name, help, typ string) {
 }
 
 func (p *page) sample(name string, labels []Label, v float64) {
+	p.sampleAt(name, labels, v, time.Time{})
+}
+
+// sampleAt writes a sample line, with at as its timestamp (Unix ms) unless at is zero.
+func (p *page) sampleAt(name string, labels []Label, v float64, at time.Time) {
 	p.w.WriteString(name)
 	if len(labels) > 0 {
 		p.w.WriteByte('{')
@@ -146,12 +155,27 @@ func (p *page) sample(name string, labels []Label, v float64) {
 	}
 	p.w.WriteByte(' ')
 	p.w.WriteString(FormatFloat(v))
+	if !at.IsZero() {
+		p.w.WriteByte(' ')
+		p.w.WriteString(strconv.FormatInt(at.UnixMilli(), 10))
+	}
 	p.w.WriteByte('\n')
 }
 
 func (p *page) gauge(name, help string, v float64) {
 	p.header(name, help, "gauge")
 	p.sample(name, p.base, v)
+}
+
+// queued writes kvroute's extension gauge, stamped with when it was read: dated when
+// the control plane sent its scrape instead, a request that reached the engine while the
+// scrape was on its way would be counted by the gauge and, by the proxies' ledgers, as
+// sent after it (controlplane/scrape, Sample.QueuedAt). vLLM and SGLang do not export
+// the gauge; an engine that does says when it read it.
+func (p *page) queued(s *Snapshot) {
+	const name = "kvroute:queued_prefill_tokens"
+	p.header(name, "Uncached prompt tokens of requests that are waiting or not yet fully prefilled (kvroute extension).", "gauge")
+	p.sampleAt(name, p.base, float64(s.QueuedPrefillTokens), s.QueuedAt)
 }
 
 func (p *page) counter(name, help string, v float64) {

@@ -103,6 +103,6 @@ func WriteSGLang(w io.Writer, s Snapshot, o SGLangPage) error {
 	if s.E2E != nil {
 		tok.histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", s.E2E)
 	}
-	tok.gauge("kvroute:queued_prefill_tokens", "Uncached prompt tokens of requests that are waiting or not yet fully prefilled (kvroute extension).", float64(s.QueuedPrefillTokens))
+	tok.queued(&s)
 	return bw.Flush()
 }

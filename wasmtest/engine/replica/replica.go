@@ -449,7 +449,7 @@ func (r *Replica) Metrics() metrics.Snapshot {
 	}
 	s := metrics.Snapshot{
 		ModelName: r.cfg.ModelName, Engine: "0", Created: float64(r.created.UnixNano()) / 1e9,
-		Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage, QueuedPrefillTokens: st.QueuedPrefillTokens,
+		Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage, QueuedPrefillTokens: st.QueuedPrefillTokens, QueuedAt: time.Now(),
 		PrefixQueries: stats.PrefixQueries, PrefixHits: stats.PrefixHits, Preemptions: stats.Preemptions,
 		PromptTokens: stats.PromptTokens, GenerationTokens: stats.GenerationTokens, Success: success,
 		TTFT: r.ttft.Clone(), E2E: r.e2e.Clone(), Request: r.reqHist.Clone(),

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -514,11 +515,16 @@ func TestMetrics(t *testing.T) {
 	defer resp.Body.Close()
 	assert.Equal(t, "text/plain; version=0.0.4; charset=utf-8", resp.Header.Get("Content-Type"))
 	values := map[string]string{}
+	var queued string // the one sample with a timestamp
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasPrefix(line, "kvroute:queued_prefill_tokens") {
+			queued = line
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
@@ -535,7 +541,7 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, "4.0", values["vllm:generation_tokens_total"+lbl])
 	assert.Equal(t, "2.0", values[`vllm:request_success_total{model_name="`+model+`",engine="0",finished_reason="length"}`])
 	assert.Equal(t, "2.0", values["vllm:time_to_first_token_seconds_count"+lbl])
-	assert.Equal(t, "0.0", values["kvroute:queued_prefill_tokens"+lbl])
+	assert.Regexp(t, `^kvroute:queued_prefill_tokens`+regexp.QuoteMeta(lbl)+` 0\.0 [0-9]+$`, queued)
 	var info string
 	for k := range values {
 		if strings.HasPrefix(k, "vllm:cache_config_info{") {
@@ -567,8 +573,15 @@ func TestQueuedPrefillTokensWhileWaiting(t *testing.T) {
 	st := s.Replica().State()
 	assert.Equal(t, 1, st.Waiting+st.Running)
 	assert.LessOrEqual(t, 30000-8192, st.QueuedPrefillTokens)
+	before := time.Now().UnixMilli()
 	_, b := get(t, s, "/metrics")
-	assert.Regexp(t, `kvroute:queued_prefill_tokens\{model_name="test/model",engine="0"\} [1-9][0-9]*\.0\n`, string(b))
+	after := time.Now().UnixMilli()
+	// Stamped with when it was read (Unix ms), within the scrape.
+	m := regexp.MustCompile(`kvroute:queued_prefill_tokens\{model_name="test/model",engine="0"\} [1-9][0-9]*\.0 ([0-9]+)\n`).FindSubmatch(b)
+	require.NotNil(t, m, "%s", b)
+	at, err := strconv.ParseInt(string(m[1]), 10, 64)
+	require.NoError(t, err)
+	assert.True(t, before <= at && at <= after, "read at %d, scraped from %d to %d", at, before, after)
 }
 
 func TestFaultSwitches(t *testing.T) {

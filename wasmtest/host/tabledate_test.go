@@ -1,0 +1,88 @@
+package host_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/shared/api"
+	"github.com/kvroute/kvroute/shared/table"
+	"github.com/kvroute/kvroute/wasmtest/host"
+	"github.com/kvroute/kvroute/wasmtest/host/clock"
+	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
+)
+
+// datedControlPlane answers every table poll with the table (a full frame, then 304s)
+// aged ageMs, and says it held each poll heldMs when heldMs is not empty.
+type datedControlPlane struct {
+	frame         []byte
+	ageMs, heldMs string
+}
+
+func (c *datedControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != api.TablePath {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	w.Header().Set(api.TableAgeHeader, c.ageMs)
+	if c.heldMs != "" {
+		w.Header().Set(api.TableHeldHeader, c.heldMs)
+	}
+	if r.URL.Query().Get("version") == "1" {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	w.Header().Set("content-type", api.TableContentType)
+	w.Write(c.frame)
+}
+
+// The filter dates a table from when its poll left, plus how long the control plane
+// says it held the poll, minus the version's age (api.TableBuilt): the answer's way back
+// (here 200 ms of the cluster's latency) is not counted as the version's. Counted, it
+// dates the queue numbers later than they were measured, and the ledger keeps a request
+// that started in between queued (route.Ledger): the next request for its prefix may go
+// to another replica. A control plane that does not say how long it held a long poll
+// leaves the answer's arrival as the date.
+func TestKvrouteDatesTheTableFromWhenItsPollLeft(t *testing.T) {
+	const latency, ageMs = 200 * time.Millisecond, 100
+	path, err := wasmbuild.Filter()
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name   string
+		config string
+		heldMs string // "" for no held header
+		aged   bool   // the way back counts in the table's age
+	}{
+		{"poll on the tick", `{"control_plane":{"cluster":"` + kvCluster + `","authority":"cp","poll_ms":100,"report_ms":100,"wait_ms":-1}}`, "", true},
+		{"long poll answered at once", string(kvConfig), "0", true},
+		{"long poll held until the answer", string(kvConfig), strconv.Itoa(int(latency / time.Millisecond)), false},
+		{"long poll, no held header", string(kvConfig), "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cp := &datedControlPlane{frame: table.EncodeFull(kvTable(t)), ageMs: strconv.Itoa(ageMs), heldMs: c.heldMs}
+			clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+			h, err := host.Load(context.Background(), path, host.Config{Clock: clk, PluginConfig: []byte(c.config),
+				Clusters: map[string]host.Cluster{kvCluster: {Handler: cp, Latency: latency}}})
+			require.NoError(t, err)
+			t.Cleanup(func() { h.Close(context.Background()) })
+			clk.Advance(2 * time.Second)
+			m, ok := h.Metric("kvroute_table_age_ms")
+			require.True(t, ok)
+			// The gauge is read on a tick, up to a tick (100 ms) after the last answer.
+			age := time.Duration(m.Value) * time.Millisecond
+			if c.aged {
+				assert.GreaterOrEqual(t, age, ageMs*time.Millisecond+latency, "dated from when the poll left")
+			} else {
+				assert.GreaterOrEqual(t, age, ageMs*time.Millisecond)
+				assert.Less(t, age, ageMs*time.Millisecond+latency, "dated from when the answer left the control plane")
+			}
+		})
+	}
+}
