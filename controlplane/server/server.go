@@ -378,7 +378,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait = min(time.Duration(n)*time.Millisecond, MaxWait)
-		arrived = s.Now()
+		arrived = time.Now() // the hold is real time, as the long poll's wait is
 	}
 	if hasHave && wait > 0 {
 		if changed := s.Publisher.Changed(have); changed != nil {
@@ -497,7 +497,7 @@ func (s *Server) ageMs(res publish.Result) string {
 // down (api.TableHeldHeader); nothing on an answer to a poll without wait_ms.
 func (s *Server) heldMs(h http.Header, arrived time.Time) {
 	if !arrived.IsZero() {
-		h[api.TableHeldHeader] = []string{strconv.FormatInt(max(0, s.Now().Sub(arrived).Milliseconds()), 10)}
+		h[api.TableHeldHeader] = []string{strconv.FormatInt(time.Since(arrived).Milliseconds(), 10)}
 	}
 }
 
