@@ -453,12 +453,22 @@ func (l *leader) callStatus() (status int, age time.Duration) {
 		return 0, 0
 	}
 	status, _ = strconv.Atoi(v)
-	if v, err := l.value.callResponseHeader(tableAgeHeader); err == nil {
-		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
-			age = min(time.Duration(ms)*time.Millisecond, time.Minute)
-		}
-	}
+	age, _ = l.callHeaderMs(tableAgeHeader)
 	return status, age
+}
+
+// callHeaderMs reads the current http-call response's header name as milliseconds, at
+// most a minute; false when it is absent or not a count of milliseconds.
+func (l *leader) callHeaderMs(name string) (time.Duration, bool) {
+	v, err := l.value.callResponseHeader(name)
+	if err != nil {
+		return 0, false
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 {
+		return 0, false
+	}
+	return min(time.Duration(ms)*time.Millisecond, time.Minute), true
 }
 
 // callHeld is how long the control plane held the current http-call response's poll:
@@ -468,15 +478,10 @@ func (l *leader) callHeld(long bool) time.Duration {
 	if !long {
 		return 0
 	}
-	v, err := l.value.callResponseHeader(tableHeldHeader)
-	if err != nil {
-		return -1
+	if held, ok := l.callHeaderMs(tableHeldHeader); ok {
+		return held
 	}
-	ms, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || ms < 0 {
-		return -1
-	}
-	return min(time.Duration(ms)*time.Millisecond, time.Minute)
+	return -1
 }
 
 // callEpoch is the current http-call response's epoch header (0 without one).

@@ -405,7 +405,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	case res.Current:
 		vh := s.versionHeaders(res.Version)
 		h[api.TableAgeHeader] = []string{s.ageMs(res)}
-		s.heldMs(h, arrived)
+		setHeld(h, arrived)
 		h["X-Kvroute-Version"], h["Etag"] = vh.value, vh.etag
 		h[api.TableEpochHeader] = s.epochHdr
 		w.WriteHeader(http.StatusNotModified)
@@ -421,7 +421,7 @@ func (s *Server) table(w http.ResponseWriter, r *http.Request) {
 	h["X-Kvroute-Version"] = vh.value
 	h["X-Kvroute-Frame"] = hdrFrame[res.Kind]
 	h[api.TableAgeHeader] = []string{s.ageMs(res)}
-	s.heldMs(h, arrived)
+	setHeld(h, arrived)
 	h["Etag"] = vh.etag
 	if res.Kind == table.Full {
 		// A delta is only ever of the epoch the poll named: a ninth header there would
@@ -493,9 +493,9 @@ func (s *Server) ageMs(res publish.Result) string {
 	return strconv.FormatInt(max(0, s.Now().UnixMilli()-res.GeneratedMs), 10)
 }
 
-// heldMs says how long a long poll (one that arrived at arrived) was held, rounded
+// setHeld says how long a long poll (one that arrived at arrived) was held, rounded
 // down (api.TableHeldHeader); nothing on an answer to a poll without wait_ms.
-func (s *Server) heldMs(h http.Header, arrived time.Time) {
+func setHeld(h http.Header, arrived time.Time) {
 	if !arrived.IsZero() {
 		h[api.TableHeldHeader] = []string{strconv.FormatInt(time.Since(arrived).Milliseconds(), 10)}
 	}

@@ -36,15 +36,23 @@ func survivalRequests(t *testing.T) int {
 }
 
 // quietControlPlane serves one table and counts (but does not keep) reports, so a long
-// run does not grow the test's own memory.
+// run does not grow the test's own memory. Its table answers carry ageMs and heldMs as
+// api.TableAgeHeader and api.TableHeldHeader when they are set.
 type quietControlPlane struct {
-	frame   []byte
-	reports atomic.Int64
+	frame         []byte
+	reports       atomic.Int64
+	ageMs, heldMs string
 }
 
 func (c *quietControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case api.TablePath:
+		if c.ageMs != "" {
+			w.Header().Set(api.TableAgeHeader, c.ageMs)
+		}
+		if c.heldMs != "" {
+			w.Header().Set(api.TableHeldHeader, c.heldMs)
+		}
 		if r.URL.Query().Get("version") == "1" {
 			w.WriteHeader(http.StatusNotModified)
 			return

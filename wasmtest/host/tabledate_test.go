@@ -2,8 +2,6 @@ package host_test
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -11,37 +9,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvroute/kvroute/shared/api"
 	"github.com/kvroute/kvroute/shared/table"
 	"github.com/kvroute/kvroute/wasmtest/host"
 	"github.com/kvroute/kvroute/wasmtest/host/clock"
 	"github.com/kvroute/kvroute/wasmtest/wasmbuild"
 )
-
-// datedControlPlane answers every table poll with the table (a full frame, then 304s)
-// aged ageMs, and says it held each poll heldMs when heldMs is not empty.
-type datedControlPlane struct {
-	frame         []byte
-	ageMs, heldMs string
-}
-
-func (c *datedControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != api.TablePath {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	w.Header().Set(api.TableAgeHeader, c.ageMs)
-	if c.heldMs != "" {
-		w.Header().Set(api.TableHeldHeader, c.heldMs)
-	}
-	if r.URL.Query().Get("version") == "1" {
-		w.WriteHeader(http.StatusNotModified)
-		return
-	}
-	w.Header().Set("content-type", api.TableContentType)
-	w.Write(c.frame)
-}
 
 // The filter dates a table from when its poll left, plus how long the control plane
 // says it held the poll, minus the version's age (api.TableBuilt): the answer's way back
@@ -66,7 +38,7 @@ func TestKvrouteDatesTheTableFromWhenItsPollLeft(t *testing.T) {
 		{"long poll, no held header", string(kvConfig), "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cp := &datedControlPlane{frame: table.EncodeFull(kvTable(t)), ageMs: strconv.Itoa(ageMs), heldMs: c.heldMs}
+			cp := &quietControlPlane{frame: table.EncodeFull(kvTable(t)), ageMs: strconv.Itoa(ageMs), heldMs: c.heldMs}
 			clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
 			h, err := host.Load(context.Background(), path, host.Config{Clock: clk, PluginConfig: []byte(c.config),
 				Clusters: map[string]host.Cluster{kvCluster: {Handler: cp, Latency: latency}}})
