@@ -408,21 +408,6 @@ func (c *ControlPlane) resolveTopic(topic string, rank int) (kvevents.Source, bo
 	return kvevents.Source{}, false
 }
 
-// measuredAt is when the engine says it measured its queue, kept within the scrape's
-// round trip (from asked to answered): an engine's clock may disagree with this one's.
-// Zero when the engine does not say: the index then dates the queue from asked.
-func measuredAt(stamp, asked, answered time.Time) time.Time {
-	switch {
-	case stamp.IsZero():
-		return stamp
-	case stamp.Before(asked):
-		return asked
-	case stamp.After(answered):
-		return answered
-	}
-	return stamp
-}
-
 func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 	t := time.NewTicker(c.o.ScrapeInterval)
 	defer t.Stop()
@@ -439,7 +424,7 @@ func (c *ControlPlane) scrapeLoop(ctx context.Context, r discovery.Replica) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.QueuedAt = measuredAt(s.QueuedAt, asked, c.o.Now())
+		s.DateQueued(asked, c.o.Now())
 		c.Index.ApplyScrape(r.ID, s, err, asked)
 		c.health.scraped(r.ID, err)
 		if err == nil {

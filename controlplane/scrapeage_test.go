@@ -44,22 +44,3 @@ func TestStateAgeCountsFromWhenTheScrapeWasSent(t *testing.T) {
 		t.Fatalf("the first table with a scrape's numbers says they are %v old; they were taken at least %v before it was built", age, slow)
 	}
 }
-
-// A stamped queue is dated by its stamp, kept within the scrape's round trip: an engine
-// whose clock runs ahead or behind cannot date its numbers outside it.
-func TestMeasuredAtStaysWithinTheScrape(t *testing.T) {
-	asked := time.Unix(1_800_000_000, 0)
-	answered := asked.Add(20 * time.Millisecond)
-	for _, c := range []struct {
-		stamp, want time.Time
-	}{
-		{time.Time{}, time.Time{}},
-		{asked.Add(9 * time.Millisecond), asked.Add(9 * time.Millisecond)},
-		{asked.Add(-time.Second), asked},
-		{answered.Add(time.Second), answered},
-	} {
-		if got := measuredAt(c.stamp, asked, answered); !got.Equal(c.want) {
-			t.Errorf("stamp %v: measured at %v, want %v", c.stamp, got, c.want)
-		}
-	}
-}

@@ -15,7 +15,7 @@ type ReplicaState struct {
 	Address        string   `json:"address"`
 	Healthy        bool     `json:"healthy"`
 	StateAgeMs     int64    `json:"state_age_ms"`
-	QueueTokens    float64  `json:"queue_tokens"`
+	QueueTokens    float64  `json:"queue_tokens"` // Q(r) as the table carries it
 	Running        float64  `json:"running"`
 	Waiting        float64  `json:"waiting"`
 	KVUsage        float64  `json:"kv_usage"`
@@ -63,10 +63,9 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 	for _, r := range ix.replicas {
 		r.mu.Lock()
 		st := ix.replicaState(r, now)
-		q, _ := ix.queued(r, now)
 		rs := ReplicaState{
 			ID: r.spec.ID, Model: r.spec.Model, Address: r.spec.Addr, Healthy: r.healthy,
-			StateAgeMs: int64(st.StateAgeMs), QueueTokens: q,
+			StateAgeMs: int64(st.StateAgeMs), QueueTokens: float64(st.Queued),
 			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
 			CapacityTokens: r.sample.CapacityTokens,
 			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,

@@ -275,6 +275,21 @@ func parseReference(body []byte, n *names) (Sample, error) {
 	return s, nil
 }
 
+// DateQueued keeps the engine's stamp on QueuedTokens within the scrape's round trip,
+// from asked (when the scrape was sent) to answered (when its answer was read): an
+// engine's clock may disagree with the scraper's, and the measurement cannot have been
+// taken outside it. Without a stamp QueuedAt stays zero, and the index dates the queue
+// from asked. The control plane and the fleet simulator both date a scrape so.
+func (s *Sample) DateQueued(asked, answered time.Time) {
+	switch {
+	case s.QueuedAt.IsZero():
+	case s.QueuedAt.Before(asked):
+		s.QueuedAt = asked
+	case s.QueuedAt.After(answered):
+		s.QueuedAt = answered
+	}
+}
+
 // SetTokenCounters fills the lifetime token counters from the prefix-cache queries and
 // hits and the generated tokens, as an engine's counters give them.
 func (s *Sample) SetTokenCounters(queries, hits, generated float64) {

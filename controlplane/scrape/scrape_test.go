@@ -177,3 +177,23 @@ func BenchmarkParseVLLM(b *testing.B) {
 		}
 	}
 }
+
+// A stamped queue is dated by its stamp, kept within the scrape's round trip: an engine
+// whose clock runs ahead or behind cannot date its numbers outside it.
+func TestDateQueuedStaysWithinTheScrape(t *testing.T) {
+	asked := time.Unix(1_800_000_000, 0)
+	answered := asked.Add(20 * time.Millisecond)
+	for _, c := range []struct {
+		stamp, want time.Time
+	}{
+		{time.Time{}, time.Time{}},
+		{asked.Add(9 * time.Millisecond), asked.Add(9 * time.Millisecond)},
+		{asked.Add(-time.Second), asked},
+		{answered.Add(time.Second), answered},
+	} {
+		s := Sample{QueuedAt: c.stamp}
+		if s.DateQueued(asked, answered); !s.QueuedAt.Equal(c.want) {
+			t.Errorf("stamp %v: measured at %v, want %v", c.stamp, s.QueuedAt, c.want)
+		}
+	}
+}

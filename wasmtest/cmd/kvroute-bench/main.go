@@ -262,7 +262,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&o.KVRoute.PublishInterval, time.Millisecond}, "publish-interval", "kvroute: control plane table publish interval")
 	fs.Var(durFlag{&o.KVRoute.ScrapeInterval, time.Millisecond}, "scrape-interval", "kvroute: control plane scrape interval")
 	fs.BoolVar(&o.KVRoute.StockMetrics, "stock-metrics", false, "kvroute: the engines export vLLM's metrics only, without kvroute:queued_prefill_tokens; the control plane counts queued prefill from the proxies' placement and start reports")
-	fs.Var(durFlag{&o.KVRoute.ScrapeLatency, time.Millisecond}, "scrape-latency", "kvroute: the engines take their numbers this long after the control plane sends a scrape, which dates them at the send (ms or a duration)")
+	fs.Var(durFlag{&o.KVRoute.ScrapeLatency, time.Millisecond}, "scrape-latency", "kvroute: the engines take their numbers this long after the control plane sends a scrape, which dates their queue by the stamp on their queued-tokens gauge and the rest (and, with --stock-metrics, the queue) at the send (ms or a duration)")
 	fs.Var(durFlag{&o.KVRoute.PollInterval, time.Millisecond}, "poll-interval", "kvroute: proxy table poll interval")
 	fs.Var(durFlag{&o.KVRoute.Wait, time.Millisecond}, "poll-wait", "kvroute: the leader's long poll, the filter's control_plane.wait_ms: each version reaches the proxies when it is published (--stale later), a 304 after this long without one (0: a poll every --poll-interval)")
 	fs.Var(durFlag{&o.KVRoute.ReportInterval, time.Millisecond}, "report-interval", "kvroute: proxy report post interval (the control plane dates queues counted from start reports twice this far back: --report-lag)")

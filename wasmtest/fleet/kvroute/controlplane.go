@@ -102,13 +102,18 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 			CapacityTokens: int64(c.f.CapacityTokens(i)), BlockSize: bs,
 		}
 		if !c.cfg.StockMetrics { // stock vLLM exports no queued-prefill gauge
+			// The engine simulator stamps the gauge with when it read it, in the
+			// exposition format's whole milliseconds (wasmtest/engine/metrics).
 			s.QueuedTokens, s.HasQueuedTokens = float64(st.QueuedPrefillTokens), true
+			s.QueuedAt = time.UnixMilli(at(now).UnixMilli())
 		}
 		if stats.PrefixQueries > 0 {
 			s.HitRate = float64(stats.PrefixHits) / float64(stats.PrefixQueries)
 		}
 		s.SetTokenCounters(float64(stats.PrefixQueries), float64(stats.PrefixHits), float64(stats.GenerationTokens))
-		c.ix.ApplyScrape(c.ids[i], s, nil, at(now-c.cfg.ScrapeLatency))
+		asked := at(now - c.cfg.ScrapeLatency)
+		s.DateQueued(asked, at(now)) // as controlplane.scrapeLoop dates it
+		c.ix.ApplyScrape(c.ids[i], s, nil, asked)
 	}
 }
 

@@ -58,10 +58,11 @@ type Config struct {
 	// Stale delays the table every proxy receives.
 	Stale time.Duration
 	// ScrapeLatency is how long after the control plane sends a scrape the engine takes
-	// its numbers. The control plane dates them when it sent the scrape
-	// (controlplane.scrapeLoop), so a request sent within it is counted by the engine
-	// but taken by the proxies' ledgers as sent after the numbers. 0: the engine answers
-	// at once.
+	// its numbers. The control plane dates the queue by the stamp on the engine's
+	// queued-tokens gauge, and the rest, and a queue counted from reports (StockMetrics),
+	// when it sent the scrape (controlplane.scrapeLoop): there a request sent within the
+	// latency is counted by the engine but taken by the proxies' ledgers as sent after
+	// the numbers. 0: the engine answers at once.
 	ScrapeLatency time.Duration
 	// StockMetrics scrapes the engines as stock vLLM exports them (the names of
 	// vllm/v1/metrics/loggers.py, wasmtest/engine/metrics): without

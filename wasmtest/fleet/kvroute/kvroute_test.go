@@ -343,13 +343,15 @@ func TestControlPlaneFailoverLosesNoReport(t *testing.T) {
 }
 
 // With ScrapeLatency the engines take their numbers that long after the control plane
-// sent the scrape, which dates them at the send (controlplane.scrapeLoop): no state in
-// the index is ever younger than the latency.
-func TestScrapeLatencyDatesTheNumbersBeforeTheEngineTookThem(t *testing.T) {
+// sent the scrape. The queued-tokens gauge carries the engine's stamp, which dates the
+// numbers when they were taken; a queue counted from reports (stock metrics) is dated at
+// the send (controlplane.scrapeLoop), so no state in the index is younger than the
+// latency.
+func TestScrapeLatencyDatesTheNumbersWhenTheEngineTookThem(t *testing.T) {
 	w := tiny(t, 3*time.Second)
-	youngest := func(latency time.Duration) int64 {
+	youngest := func(latency time.Duration, stock bool) int64 {
 		cfg := kvroute.DefaultConfig()
-		cfg.ScrapeLatency = latency
+		cfg.ScrapeLatency, cfg.StockMetrics = latency, stock
 		var probe *ageProbe
 		runWrapped(t, w, 3, cfg, func(kp *kvroute.Policy) policy.Policy {
 			probe = &ageProbe{Policy: kp, youngest: math.MaxInt64}
@@ -357,8 +359,9 @@ func TestScrapeLatencyDatesTheNumbersBeforeTheEngineTookThem(t *testing.T) {
 		})
 		return probe.youngest
 	}
-	assert.Less(t, youngest(0), int64(5), "numbers taken at the scrape's send are as young as the last scrape")
-	assert.GreaterOrEqual(t, youngest(40*time.Millisecond), int64(40))
+	assert.Less(t, youngest(0, false), int64(5), "numbers taken at the scrape's send are as young as the last scrape")
+	assert.Less(t, youngest(40*time.Millisecond, false), int64(5), "the engine's stamp dates its numbers when it took them")
+	assert.GreaterOrEqual(t, youngest(40*time.Millisecond, true), int64(40), "without a stamp they are dated at the send")
 }
 
 // ageProbe records the youngest replica state the index holds at any decision after
