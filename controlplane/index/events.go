@@ -41,6 +41,10 @@ type rank struct {
 	lastDecodeErr             string
 	everConnected, hasBatches bool
 	lastEvent                 time.Time // when the last batch arrived (live or replayed)
+	// ts is the timestamp of the batch being applied (the engine's clock, seconds);
+	// stay measures its GPU blocks' residency (residency.go).
+	ts   float64
+	stay residency
 }
 
 // blockRef is the key of an engine block's last (our-size) block and its chain position,
@@ -95,6 +99,7 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 	rk.lastEvent = time.Now()
 	rk.batches++
 	rk.hasBatches = true
+	rk.ts = b.TS
 	for i := 0; i < len(b.Events) && !rk.tiered; i++ { // by index: an Event is 200 bytes to copy
 		rk.tiered = !isGPU(b.Events[i].Medium)
 	}
@@ -237,6 +242,7 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 			ix.unrefKeys(r, rk, h, *ref) // the hash now stands for another chain
 		}
 		*ref = blockRef{key: key, pos: uint32(pos - 1), copies: 1}
+		rk.stay.stored(h, rk.ts)
 		if mult > 1 && len(ck) > 0 {
 			rk.multi.Set(h, append([]uint64(nil), ck...))
 		}
@@ -268,6 +274,7 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 				ix.keepGone(rk, h, *ref) // tiers.go: its CPU copy may be published after
 			}
 			ix.unrefBlock(r, rk, h, *ref)
+			rk.stay.removed(h, rk.ts)
 		}
 		rk.removed++
 	}
@@ -331,6 +338,7 @@ func (ix *Index) dropRank(r *replica, rk *rank) {
 		ix.unrefKeys(r, rk, h, ref)
 	}
 	rk.blocks, rk.multi = keymap.Map[blockRef]{}, keymap.Map[[]uint64]{}
+	rk.stay.reset()
 }
 
 func (r *replica) rank(n int) *rank {

@@ -252,6 +252,7 @@ func (ix *Index) clearReplica(r *replica) {
 	r.dropTiers(nil) // every medium: see tiers.go
 	for _, rk := range r.ranks {
 		rk.blocks, rk.multi = keymap.Map[blockRef]{}, keymap.Map[[]uint64]{}
+		rk.stay.reset()
 	}
 	r.evictDebt = 0
 }

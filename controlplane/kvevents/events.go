@@ -74,6 +74,9 @@ func (e *Event) CacheSalt() string {
 
 // Batch is one EventBatch: the events of one scheduler step.
 type Batch struct {
+	// TS is when the engine made the batch, in Unix seconds on its clock: vLLM's scheduler
+	// publishes each step's events as KVEventBatch(ts=time.time(), ...)
+	// (vllm/v1/core/sched/scheduler.py).
 	TS     float64
 	Events []Event
 	// DPRank is data_parallel_rank (attn_dp_rank for SGLang); HasDPRank is false when
