@@ -18,6 +18,7 @@
 //   - speculative.go: placements' speculative entries and their expiry.
 //   - events.go: KV events (kvevents.Handler): engine blocks to token-domain keys,
 //     gaps, restarts, clears, eviction pressure on reported keys.
+//   - residency.go: how long a replica's GPU blocks stay cached before eviction.
 //   - sglang.go: SGLang's KV events (pages instead of blocks).
 //   - tiers.go: blocks held in slower media (vLLM's CPU offloading, LMCache), per
 //     replica and medium.
