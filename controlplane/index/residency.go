@@ -4,6 +4,8 @@
 
 package index
 
+import "math"
+
 // residency measures, on one KV-event stream, the time from a GPU block's BlockStored to
 // the BlockRemoved of its last copy, on the engine's clock (the batches' timestamps, so
 // the control plane's own delays do not count). vLLM publishes no event when a cached
@@ -29,8 +31,8 @@ func followed(h uint64) bool { return (h*0x9e3779b97f4a7c15)>>58 == 0 }
 
 // stored notes that block h was stored at ts (0: the batch carried no timestamp).
 func (s *residency) stored(h uint64, ts float64) {
-	if !(ts > 0) || !followed(h) {
-		return
+	if !(ts > 0) || math.IsInf(ts, 1) || !followed(h) {
+		return // no usable timestamp (a hostile or broken publisher can send any float)
 	}
 	if s.since == nil {
 		s.since = map[uint64]float64{}
@@ -48,12 +50,13 @@ func (s *residency) removed(h uint64, ts float64) {
 		return
 	}
 	delete(s.since, h)
-	if !(ts >= at) {
+	d := ts - at
+	if !(d >= 0) || math.IsInf(d, 1) {
 		return // no timestamp, or the engine's clock went back
 	}
 	s.n++
 	w := 1 / float64(min(s.n, residencyWindow))
-	s.mean += w * (ts - at - s.mean)
+	s.mean += w * (d - s.mean)
 }
 
 // reset forgets the followed blocks (the engine's cache was cleared or events were

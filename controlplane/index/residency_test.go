@@ -1,6 +1,8 @@
 package index
 
 import (
+	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,6 +91,18 @@ func TestEvictedBlockResidencyNeedsBothEnds(t *testing.T) {
 	sink.Batch(a, 4, evictedAt(150, hs)) // before the last store
 	if got := residencyOfReplica(t, ix, "a"); got != -1 {
 		t.Fatalf("residency %v, want -1: no block had a measured stay", got)
+	}
+	// Timestamps no engine sends: infinite or not a number, at either end.
+	inf := followedHashes(6)[3:]
+	sink.Batch(a, 5, rootsAt(math.Inf(1), inf[:1]))
+	sink.Batch(a, 6, rootsAt(math.NaN(), inf[1:2]))
+	sink.Batch(a, 7, rootsAt(300, inf[2:]))
+	sink.Batch(a, 8, evictedAt(math.Inf(1), inf))
+	if got := residencyOfReplica(t, ix, "a"); got != -1 {
+		t.Fatalf("residency %v after infinite and NaN timestamps, want -1", got)
+	}
+	if _, err := json.Marshal(ix.DebugState(t0)); err != nil {
+		t.Fatalf("/debug/state no longer encodes: %v", err)
 	}
 }
 
