@@ -27,7 +27,7 @@ const (
 
 // followed picks a hash in residencyEvery by its mixed top bits, so a publisher's choice
 // of hash function (vLLM's builtin or sha256 hashes, SGLang's) does not bias the sample.
-func followed(h uint64) bool { return (h*0x9e3779b97f4a7c15)>>58 == 0 }
+func followed(h uint64) bool { return h*0x9e3779b97f4a7c15 < 1<<64/residencyEvery }
 
 // stored notes that block h was stored at ts (0: the batch carried no timestamp).
 func (s *residency) stored(h uint64, ts float64) {
