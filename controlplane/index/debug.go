@@ -55,6 +55,12 @@ type KVEvents struct {
 	// not publish hits, so it is the whole stay, not the time since the last use; the
 	// shorter, the faster the cache turns over.
 	EvictedResidencyS float64 `json:"evicted_block_residency_s"`
+	// EvictedStoredAgain is the share of the replica's evicted GPU blocks that it stored
+	// again within 5 minutes of their eviction (prefilled again, or loaded back from a
+	// slower tier), over its ranks' last thousand or so followed evictions, each counted
+	// 5 minutes after it; -1 before any. High, the cache is too small for what is asked
+	// of it.
+	EvictedStoredAgain float64 `json:"evicted_blocks_stored_again"`
 	// DeferredCommits counts the batches whose end found the model's lock busy (another
 	// replica of the model committing, or a table build) and left their changes for
 	// later. Growing with Batches, it says the model's lock is what limits ingest.
@@ -83,6 +89,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 		ix.replicaBudget(r, &rs)
 		rs.KVEvents.Connected = len(r.ranks) > 0
 		rs.KVEvents.EvictedResidencyS = residencyOf(r.ranks)
+		rs.KVEvents.EvictedStoredAgain = storedAgainOf(r.ranks)
 		for i, rk := range r.ranks { // ascending: the first is the lowest rank
 			switch age := now.Sub(rk.lastEvent).Milliseconds(); {
 			case rk.lastEvent.IsZero():
@@ -146,9 +153,10 @@ var (
 	dOrphans   = desc("kv_event_orphan_blocks_total", "Stored blocks skipped because their parent was unknown.")
 	dSkipped   = desc("kv_event_skipped_blocks_total", "Blocks skipped: other medium or KV group, unnamed LoRA, incompatible block size.")
 	dResidency = desc("kv_evicted_block_residency_seconds", "How long the replica's GPU blocks stayed cached before their eviction, on the engine's clock: the mean over its last few hundred measured evictions (one block in 64 followed). Absent before any; the whole stay, since engines do not publish hits.")
+	dAgain     = desc("kv_evicted_blocks_stored_again_ratio", "Share of the replica's evicted GPU blocks it stored again within 5 minutes of their eviction (prefilled again, or loaded back from a slower tier), over its last thousand or so followed evictions (one block in 64 followed), each counted 5 minutes after it. Absent before any; high, the cache is too small for what is asked of it.")
 	dDeferred  = desc("kv_event_deferred_commits_total", "KV-event batches whose end found the model's lock busy and left their changes to the replica's next batch or the next table build; growing with the batches, the model's lock limits ingest.")
 	dScrape    = desc("scrape_errors_total", "Failed metrics scrapes.")
-	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dDeferred, dScrape}
+	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dAgain, dDeferred, dScrape}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -197,6 +205,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			n(dDeferred, r.KVEvents.DeferredCommits)
 			if r.KVEvents.EvictedResidencyS >= 0 {
 				g(dResidency, r.KVEvents.EvictedResidencyS)
+			}
+			if r.KVEvents.EvictedStoredAgain >= 0 {
+				g(dAgain, r.KVEvents.EvictedStoredAgain)
 			}
 		}
 	}

@@ -42,9 +42,11 @@ type rank struct {
 	everConnected, hasBatches bool
 	lastEvent                 time.Time // when the last batch arrived (live or replayed)
 	// ts is the timestamp of the batch being applied (the engine's clock, seconds);
-	// stay measures its GPU blocks' residency (residency.go).
-	ts   float64
-	stay residency
+	// stay measures its GPU blocks' residency (residency.go), again how many of the
+	// evicted ones come back (storedagain.go).
+	ts    float64
+	stay  residency
+	again storedAgain
 }
 
 // blockRef is the key of an engine block's last (our-size) block and its chain position,
@@ -243,6 +245,7 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 		}
 		*ref = blockRef{key: key, pos: uint32(pos - 1), copies: 1}
 		rk.stay.stored(h, rk.ts)
+		rk.again.stored(h, rk.ts)
 		if mult > 1 && len(ck) > 0 {
 			rk.multi.Set(h, append([]uint64(nil), ck...))
 		}
@@ -275,6 +278,7 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 			}
 			ix.unrefBlock(r, rk, h, *ref)
 			rk.stay.removed(h, rk.ts)
+			rk.again.removed(h, rk.ts)
 		}
 		rk.removed++
 	}
@@ -339,6 +343,7 @@ func (ix *Index) dropRank(r *replica, rk *rank) {
 	}
 	rk.blocks, rk.multi = keymap.Map[blockRef]{}, keymap.Map[[]uint64]{}
 	rk.stay.reset()
+	rk.again.reset()
 }
 
 func (r *replica) rank(n int) *rank {

@@ -253,6 +253,7 @@ func (ix *Index) clearReplica(r *replica) {
 	for _, rk := range r.ranks {
 		rk.blocks, rk.multi = keymap.Map[blockRef]{}, keymap.Map[[]uint64]{}
 		rk.stay.reset()
+		rk.again.reset()
 	}
 	r.evictDebt = 0
 }

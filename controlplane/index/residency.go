@@ -31,8 +31,8 @@ func followed(h uint64) bool { return h*0x9e3779b97f4a7c15 < 1<<64/residencyEver
 
 // stored notes that block h was stored at ts (0: the batch carried no timestamp).
 func (s *residency) stored(h uint64, ts float64) {
-	if !(ts > 0) || math.IsInf(ts, 1) || !followed(h) {
-		return // no usable timestamp (a hostile or broken publisher can send any float)
+	if !usableTS(ts) || !followed(h) {
+		return
 	}
 	if s.since == nil {
 		s.since = map[uint64]float64{}
