@@ -1,6 +1,7 @@
 package index
 
 import (
+	"encoding/json"
 	"math"
 	"testing"
 
@@ -64,4 +65,73 @@ func TestEvictedBlocksStoredAgainNeedTheEnginesClock(t *testing.T) {
 	if got := kvEventsOf(t, ix, "a").EvictedStoredAgain; got != 0 {
 		t.Fatalf("share %v, want 0: one eviction dated (at 140), and not back within its window", got)
 	}
+}
+
+// Whatever a publisher sends (blocks stored, stored again and evicted in any order,
+// clears, sequence gaps, timestamps missing, NaN, infinite or jumping back), both block
+// measures stay a number /debug/state can encode, within their range or -1.
+func FuzzEvictedBlockMeasures(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 5, 0, 10, 3, 0, 0, 5, 0, 40, 0, 0, 0, 5, 0, 80})
+	f.Add([]byte{0, 1, 0, 5, 1, 0, 3, 1, 0, 1, 0, 0, 2, 1, 0, 2, 0, 0, 4, 0, 0, 6, 0, 0})
+	f.Add([]byte{0, 2, 1, 6, 0, 1, 3, 2, 5, 7, 255, 255, 0, 2, 1, 4, 0, 2, 3, 2, 1, 5, 0, 3})
+	pool := followedHashes(8)
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		ix := fixture(t, Config{})
+		seq := map[string]uint64{}
+		prev := map[string]uint64{}
+		for ; len(ops) >= 6; ops = ops[6:] {
+			id := "a"
+			if ops[2]&1 != 0 {
+				id = "b"
+			}
+			h := uint64(ops[1]%16) + 1 // most small hashes are not followed
+			if ops[1]%16 < 8 {
+				h = pool[ops[1]%8]
+			}
+			var ts float64
+			switch v := float64(uint16(ops[4])<<8 | uint16(ops[5])); ops[3] % 8 {
+			case 1:
+				ts = math.NaN()
+			case 2:
+				ts = math.Inf(1)
+			case 3:
+				ts = math.Inf(-1)
+			case 4:
+				ts = -v
+			default:
+				if ops[3]%8 != 0 {
+					ts = v / 2
+				}
+			}
+			b := &kvevents.Batch{TS: ts}
+			switch ops[0] % 5 {
+			case 0, 1:
+				b.Events = append(b.Events, storedEv([]uint64{h}, nil, tokens(16, uint32(h)*16), 16))
+			case 2:
+				p := prev[id]
+				b.Events = append(b.Events, storedEv([]uint64{h}, &p, tokens(16, uint32(h)*32), 16))
+			case 3:
+				b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{h}, Medium: "GPU"})
+			case 4:
+				b.Events = append(b.Events, kvevents.Event{Kind: kvevents.AllBlocksCleared})
+			}
+			prev[id] = h
+			if ops[2]&4 != 0 {
+				seq[id]++ // a gap
+			}
+			ix.Events().Batch(kvevents.StreamID{Replica: id}, seq[id], b)
+			seq[id]++
+		}
+		for _, st := range ix.DebugState(t0) {
+			if r := st.KVEvents.EvictedResidencyS; r != -1 && !(r >= 0 && !math.IsInf(r, 0)) {
+				t.Fatalf("%s: residency %v", st.ID, r)
+			}
+			if s := st.KVEvents.EvictedStoredAgain; s != -1 && !(s >= 0 && s <= 1) {
+				t.Fatalf("%s: share stored again %v", st.ID, s)
+			}
+		}
+		if _, err := json.Marshal(ix.DebugState(t0)); err != nil {
+			t.Fatalf("/debug/state no longer encodes: %v", err)
+		}
+	})
 }
