@@ -155,8 +155,23 @@ func (ix *Index) sglangStored(r *replica, rk *rank, ev *kvevents.Event) {
 		sg.live++
 		parent, parentGen = id, e.gen
 		rk.stored++
+		pid := pageID(key, tail)
+		rk.stay.stored(pid, rk.ts)
+		rk.again.stored(pid, rk.ts)
 	}
 	sg.last, sg.lastGen = parent, parentGen
+}
+
+// pageID names a page for the block measures (residency.go, storedagain.go) by what it
+// holds, its chain up to its last token: our key after the last complete block, then the
+// tokens since. Not SGLang's hash, which until #13488 named the page's own tokens only,
+// so that a page stored after another prefix would have counted as the evicted one back.
+func pageID(key uint64, tail []uint32) uint64 {
+	id := key
+	for _, t := range tail {
+		id = (id ^ uint64(t)) * 0x100000001b3
+	}
+	return id
 }
 
 func (sg *sglangRank) alloc() int32 {
@@ -196,6 +211,9 @@ func (ix *Index) sglangRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 			sg.pages[h] = append(ids[:j:j], ids[j+1:]...)
 		}
 		e := &sg.slab[id]
+		pid := pageID(e.key, e.tail)
+		rk.stay.removed(pid, rk.ts)
+		rk.again.removed(pid, rk.ts)
 		tokens += int(e.tokens)
 		for _, k := range e.cks {
 			ix.tokRef(r, k, -1)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -53,6 +54,14 @@ type sgRemovedNode struct {
 // signed).
 func sgPayload(t *testing.T, rank int, evs ...any) []byte {
 	t.Helper()
+	return sgPayloadAt(t, 1.7e9, rank, evs...)
+}
+
+// sgPayloadAt is sgPayload with the batch's timestamp ts: SGLang's EventBatch starts with
+// ts (python/sglang/srt/disaggregation/kv_events.py @006d053f), which its scheduler sets
+// to time.time() when it publishes (_publish_kv_events).
+func sgPayloadAt(t *testing.T, ts float64, rank int, evs ...any) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
 	e.UseCompactInts(true)
@@ -62,7 +71,7 @@ func sgPayload(t *testing.T, rank int, evs ...any) []byte {
 		}
 	}
 	must(e.EncodeArrayLen(3))
-	must(e.EncodeFloat64(1.7e9))
+	must(e.EncodeFloat64(ts))
 	must(e.EncodeArrayLen(len(evs)))
 	for _, ev := range evs {
 		switch ev := ev.(type) {
@@ -387,5 +396,51 @@ func TestSGLangPagesCountInTheBudget(t *testing.T) {
 	sgFeed(t, ix, &seq, sgPayload(t, 0, sgChain(tokens(96, 901), 1, nil, pyHash)...))
 	if got := ix.BudgetState().Keys; got < 96 {
 		t.Fatalf("budget keys %d, want at least 96 (one per live page)", got)
+	}
+}
+
+// The block measures follow SGLang's pages by what they hold, their chain up to their
+// last token: a chain's pages stored, evicted 30 s later and stored again within 5
+// minutes give a residency of 30 s and a share stored again of 1; the same page tokens
+// stored after another prefix, which before #13488 carry the evicted pages' hashes
+// (content only), are not the evicted pages back.
+func TestSGLangPagesHaveBlockMeasures(t *testing.T) {
+	for _, ps := range []int{1, 16} {
+		toks := tokens(ps*1024, 7000) // about 16 pages followed
+		chain := sgChain(toks, ps, nil, pyHash)
+		evicted := func(ts float64) []byte {
+			var evs []any
+			for i := len(chain) - 1; i >= 0; i-- { // SGLang evicts leaves first
+				evs = append(evs, sgRemoved(chain[i].(sgPage).hash))
+			}
+			return sgPayloadAt(t, ts, 0, evs...)
+		}
+		// later is a batch storing an unrelated page at ts: the measures' clock moves.
+		later := func(ts float64) []byte {
+			return sgPayloadAt(t, ts, 0, sgChain(tokens(ps, uint32(ts)), ps, nil, pyHash)...)
+		}
+		t.Run(fmt.Sprintf("page=%d/back", ps), func(t *testing.T) {
+			ix, _ := sgFixture(t, Config{Stride: 1})
+			var seq uint64
+			sgFeed(t, ix, &seq, sgPayloadAt(t, 1000, 0, chain...), evicted(1030))
+			if got := kvEventsOf(t, ix, "s").EvictedResidencyS; got != 30 {
+				t.Fatalf("residency %v, want 30 s", got)
+			}
+			sgFeed(t, ix, &seq, sgPayloadAt(t, 1100, 0, chain...), later(1030+againWindow+1))
+			if got := kvEventsOf(t, ix, "s").EvictedStoredAgain; got != 1 {
+				t.Fatalf("share stored again %v, want 1", got)
+			}
+		})
+		t.Run(fmt.Sprintf("page=%d/another-prefix", ps), func(t *testing.T) {
+			ix, _ := sgFixture(t, Config{Stride: 1})
+			var seq uint64
+			// The same pages after another first page: the same hashes from the second on.
+			other := sgChain(append(tokens(ps, 1), toks[ps:]...), ps, nil, pyHash)
+			sgFeed(t, ix, &seq, sgPayloadAt(t, 1000, 0, chain...), evicted(1030),
+				sgPayloadAt(t, 1100, 0, other...), later(1030+againWindow+1))
+			if got := kvEventsOf(t, ix, "s").EvictedStoredAgain; got != 0 {
+				t.Fatalf("share stored again %v, want 0: another chain with the same page hashes", got)
+			}
+		})
 	}
 }
