@@ -26,7 +26,8 @@ const (
 )
 
 // followed picks a hash in residencyEvery by its mixed top bits, so a publisher's choice
-// of hash function (vLLM's builtin or sha256 hashes, SGLang's) does not bias the sample.
+// of hash function (vLLM's builtin or sha256 hashes; for SGLang, pageID) does not bias
+// the sample.
 func followed(h uint64) bool { return h*0x9e3779b97f4a7c15 < 1<<64/residencyEvery }
 
 // stored notes that block h was stored at ts (0: the batch carried no timestamp).
