@@ -117,8 +117,10 @@ func (c *controlPlane) scrapeAll(now time.Duration) {
 	}
 }
 
-// Events feeds replica i's KV event batch to the index, as the subscriber would.
-func (c *controlPlane) Events(i int, _ time.Duration, evs []kvevents.Event) {
+// Events feeds replica i's KV event batch, published at engine time now, to the index,
+// as the subscriber would: stamped with that time, as vLLM's scheduler stamps each batch
+// time.time() (KVEventBatch(ts=...), vllm/v1/core/sched/scheduler.py).
+func (c *controlPlane) Events(i int, now time.Duration, evs []kvevents.Event) {
 	if !c.listed[i] {
 		return
 	}
@@ -151,5 +153,6 @@ func (c *controlPlane) Events(i int, _ time.Duration, evs []kvevents.Event) {
 		return
 	}
 	c.seq[i]++
-	c.events.Batch(cpkv.StreamID{Replica: c.ids[i]}, c.seq[i], &cpkv.Batch{Events: c.evbuf})
+	ts := float64(at(now).UnixNano()) / 1e9
+	c.events.Batch(cpkv.StreamID{Replica: c.ids[i]}, c.seq[i], &cpkv.Batch{TS: ts, Events: c.evbuf})
 }

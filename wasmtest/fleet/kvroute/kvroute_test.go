@@ -97,6 +97,19 @@ func TestTokenKeysDoNotChangeTextRouting(t *testing.T) {
 	assert.Positive(t, tok, "with TokenKeys the index did build token-domain keys")
 }
 
+// The engines' KV-event batches reach the index stamped with the engine's time, as
+// vLLM's are, so the measures dated by it work: with blocks stored (TokenKeys) and a
+// workload that outgrows the pools, each replica has a block residency.
+func TestKVEventsCarryTheEnginesTime(t *testing.T) {
+	cfg := kvroute.DefaultConfig()
+	cfg.TokenKeys = true
+	res, kp := run(t, seedOf(t, 200, 2000, 1500, 30*time.Second), 3, cfg)
+	for _, r := range kp.Index().DebugState(kvroute.Epoch.Add(res.SimTime)) {
+		require.Positive(t, r.KVEvents.RemovedBlocks, "%s evicted blocks", r.ID)
+		assert.Positive(t, r.KVEvents.EvictedResidencyS, "%s's evicted blocks have a residency", r.ID)
+	}
+}
+
 func TestStaleTablesArriveLate(t *testing.T) {
 	w := tiny(t, 10*time.Second)
 	_, fresh := run(t, w, 3, kvroute.DefaultConfig())
