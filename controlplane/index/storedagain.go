@@ -1,6 +1,7 @@
-// How often a replica's evicted GPU blocks come back soon after: the share of its
-// evictions that a larger cache would have saved, the plainest sign that the fleet's
-// working set does not fit (docs/controlplane.md, "KV events: what each replica has cached").
+// How often a replica's evicted GPU blocks come back to it soon after: the share of its
+// evictions that a larger cache would have saved there. High, the working set does not
+// fit; low can also mean the router sends evicted prefixes elsewhere (docs/controlplane.md,
+// "KV events: what each replica has cached").
 
 package index
 

@@ -61,6 +61,8 @@ type Options struct {
 	ClassBudgets map[string]time.Duration
 	// Outcomes keeps every request's outcome in the results (sim.Config).
 	Outcomes bool
+	// Evictions measures the share of evicted blocks stored again (sim.Config).
+	Evictions bool
 }
 
 // DefaultOptions are docs/rule.md's fleet.
@@ -144,7 +146,7 @@ func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {
 		Replicas: replicas, Profile: o.Profile, Workload: w, Seed: o.Seed, Routers: o.Routers, PinTenants: o.PinTenants,
 		Stream: o.Stream, Faults: o.Faults, Warmup: o.Warmup, HotGroup: o.HotGroup, Phases: o.Phases,
 		CPUTierTokens: o.CPUTierTokens, CPULoadPerToken: o.CPULoadPerToken, ClassBudgets: o.ClassBudgets,
-		Outcomes: o.Outcomes,
+		Outcomes: o.Outcomes, Evictions: o.Evictions,
 	}
 }
 

@@ -44,14 +44,20 @@ func WriteTable(w io.Writer, results []*sim.Result) error {
 
 // WriteMemory writes how each policy leaves the replicas' KV memory (sim.FleetState):
 // where every replica's memory is held by running requests, prefixes have no room to
-// stay cached, and what a request was routed for can be evicted while it waits.
+// stay cached, and what a request was routed for can be evicted while it waits; and
+// how much of what the replicas evict is stored again soon after, on the replica (as
+// the control plane measures it) and anywhere in the fleet.
 func WriteMemory(w io.Writer, results []*sim.Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tcached\tKV usage\tfree blocks\trunning\twaiting\tlost waiting\tpreempt\t")
+	fmt.Fprintln(tw, "policy\tcached\tKV usage\tfree blocks\trunning\twaiting\tlost waiting\tevicted/s\tstored again\tin the fleet\tpreempt\t")
 	for _, r := range results {
 		m := r.Memory
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%d\t\n", r.Policy, pct(r.CachedTokenRate), pct(m.KVUsage),
-			pct(m.Free), m.Running, m.Waiting, pct(m.LostWaiting), r.Preemptions)
+		evicted := "-"
+		if !math.IsNaN(m.Evicted) {
+			evicted = fmt.Sprintf("%.0f", m.Evicted)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t%d\t\n", r.Policy, pct(r.CachedTokenRate), pct(m.KVUsage),
+			pct(m.Free), m.Running, m.Waiting, pct(m.LostWaiting), evicted, pct(m.StoredAgain), pct(m.StoredAgainFleet), r.Preemptions)
 	}
 	return tw.Flush()
 }
@@ -166,6 +172,12 @@ type JSONMemory struct {
 	Running     float64 `json:"running"`
 	Waiting     float64 `json:"waiting"`
 	LostWaiting float64 `json:"lost_waiting"`
+	// Evicted (blocks a replica evicted a second), StoredAgain and StoredAgainFleet (the
+	// shares of them stored again within 5 minutes on their replica and anywhere) are
+	// null when no eviction's window closed within the run.
+	Evicted          *float64 `json:"evicted_blocks_per_s"`
+	StoredAgain      *float64 `json:"stored_again"`
+	StoredAgainFleet *float64 `json:"stored_again_fleet"`
 }
 
 // JSONReport is the --json document.
@@ -247,6 +259,11 @@ func AddMemory(rep *JSONReport, results []*sim.Result) {
 		m := r.Memory
 		rep.Policies[i].Memory = &JSONMemory{KVUsage: round6(m.KVUsage), Free: round6(m.Free),
 			Running: round6(m.Running), Waiting: round6(m.Waiting), LostWaiting: round6(m.LostWaiting)}
+		if !math.IsNaN(m.StoredAgain) {
+			own, fleet, evicted := round6(m.StoredAgain), round6(m.StoredAgainFleet), round6(m.Evicted)
+			jm := rep.Policies[i].Memory
+			jm.StoredAgain, jm.StoredAgainFleet, jm.Evicted = &own, &fleet, &evicted
+		}
 	}
 }
 

@@ -202,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rate        = fs.Float64("rate", 0, "requests per second, where --find-rate starts (unset: the workload's: seed 40, gsp 8, multiturn and agent 10, burst --burst-rate x --burst-size; with --trace, the trace's timestamps are divided to give this rate, instead of --speedup)")
 		duration    = seed.Duration
 		hot         = fs.Bool("hot", false, "seed: one customer sends --hot-share of the traffic")
-		memory      = fs.Bool("memory", false, "also print how each policy leaves the replicas' KV memory: usage, free blocks, running and waiting requests, and the cached prefixes evicted while their requests waited (docs/performance.md)")
+		memory      = fs.Bool("memory", false, "also print how each policy leaves the replicas' KV memory: usage, free blocks, running and waiting requests, the cached prefixes evicted while their requests waited, and the evicted blocks stored again within 5 minutes (docs/performance.md)")
 		hotShare    = fs.Float64("hot-share", 0.10, "seed: the hot customer's share with --hot")
 		shared      = fs.Float64("shared-fraction", 0.75, "seed: the customer prefix's share of each prompt (docs/rule.md: 6,000 of 8,000 tokens)")
 		jsonPath    = fs.String("json", "", "also write the results as JSON to this file")
@@ -380,6 +380,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cli.Usagef("--seeds prints each seed's table and the yardstick: not with --find-replicas, --find-rate, --sweep-rate, --plot, --requests-csv or --memory")
 	}
 	o.Outcomes = *outcomes != ""
+	o.Evictions = *memory // the "stored again" column
 	var rates []float64
 	if *sweepRate != "" {
 		if rates, err = fleet.ParseSweep(*sweepRate); err != nil {

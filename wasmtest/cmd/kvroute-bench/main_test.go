@@ -187,15 +187,17 @@ func TestMemoryTable(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.NoError(t, run(append(tiny, "--memory", "--json", path, "--policies", "round-robin,kvroute"), &out, &errOut), errOut.String())
 	s := out.String()
-	assert.Regexp(t, `policy\s+cached\s+KV usage\s+free blocks\s+running\s+waiting\s+lost waiting\s+preempt`, s)
-	assert.Regexp(t, `kvroute\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d%\s+\d+`, s)
+	assert.Regexp(t, `policy\s+cached\s+KV usage\s+free blocks\s+running\s+waiting\s+lost waiting\s+evicted/s\s+stored again\s+in the fleet\s+preempt`, s)
+	// A run shorter than the 5 minutes an eviction waits to count has no share: "-".
+	assert.Regexp(t, `kvroute\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d%\s+-\s+-\s+-\s+\d+`, s)
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var doc struct {
 		Policies []struct {
 			Memory *struct {
-				KVUsage float64 `json:"kv_usage"`
-				Free    float64 `json:"free_blocks"`
+				KVUsage     float64  `json:"kv_usage"`
+				Free        float64  `json:"free_blocks"`
+				StoredAgain *float64 `json:"stored_again"`
 			} `json:"memory"`
 		} `json:"policies"`
 	}
@@ -205,6 +207,7 @@ func TestMemoryTable(t *testing.T) {
 		require.NotNil(t, p.Memory)
 		assert.Greater(t, p.Memory.KVUsage, 0.0)
 		assert.InDelta(t, 1, p.Memory.KVUsage+p.Memory.Free, 0.01)
+		assert.Nil(t, p.Memory.StoredAgain, "null: no eviction's window closed within the run")
 	}
 }
 

@@ -81,6 +81,13 @@ type FleetState struct {
 	// cached when the policy decided, and had evicted by the time the request was
 	// admitted, over all prompt tokens: the cache a queue costs while it waits.
 	LostWaiting float64
+	// StoredAgain is the share of the GPU blocks the replicas evicted that they stored
+	// again within 5 minutes, the control plane's measure counted from the engines;
+	// StoredAgainFleet the share stored again on any replica, what the fleet paid
+	// again; Evicted how many GPU blocks a replica evicted a second over the same span,
+	// the volume the shares are of (Config.Evictions: 0 without it, NaN when no
+	// eviction's window closed within the run).
+	StoredAgain, StoredAgainFleet, Evicted float64
 }
 
 // PhaseStats describes the measured requests that arrived within a phase.
@@ -210,6 +217,10 @@ func (r *runner) result() *Result {
 		res.CachedTokenRate = float64(cached) / float64(prompt)
 		res.CPUTokenRate = float64(loaded) / float64(prompt)
 		res.Memory.LostWaiting = float64(lost) / float64(prompt)
+	}
+	if r.ev != nil {
+		res.Memory.StoredAgain, res.Memory.StoredAgainFleet = r.ev.shares(r.now)
+		res.Memory.Evicted = r.ev.rate(r.now)
 	}
 	if r.samples > 0 {
 		n := float64(r.samples)

@@ -63,6 +63,9 @@ type Config struct {
 	ClassBudgets map[string]time.Duration
 	// Outcomes keeps every request's Outcome in Result.Outcomes.
 	Outcomes bool
+	// Evictions measures FleetState.StoredAgain from the engines' KV events (which the
+	// engines then build for every policy, not only those that read them).
+	Evictions bool
 }
 
 // Phase is a span of arrival times reported on its own.
@@ -152,6 +155,7 @@ type runner struct {
 	rng   *policy.Rand
 	inflt int
 	now   time.Duration
+	ev    *evictions // with Config.Evictions
 
 	// queue samples
 	sumMax, sumMean float64
@@ -211,12 +215,21 @@ func Run(cfg Config, mk NewPolicy) (*Result, error) {
 	if r.pol, err = mk(f, routerOf); err != nil {
 		return nil, err
 	}
+	if cfg.Evictions {
+		r.ev = newEvictions(cfg.Replicas, cfg.Warmup)
+	}
 	for i := range cfg.Replicas {
 		ec := sched.Config{Profile: cfg.Profile, OnFinish: r.onFinish,
 			CPUTierTokens: cfg.CPUTierTokens, CPULoadPerToken: cfg.CPULoadPerToken}
-		if r.pol.WantsEvents() {
+		if wants := r.pol.WantsEvents(); wants || r.ev != nil {
 			ec.OnEvents = func(at time.Duration, evs []kvevents.Event) {
-				if f.alive[i] {
+				if !f.alive[i] {
+					return
+				}
+				if r.ev != nil {
+					r.ev.note(i, at, evs)
+				}
+				if wants {
 					r.pol.Events(i, at, evs)
 				}
 			}

@@ -64,9 +64,15 @@ func TestSimulatedTTFT(t *testing.T) {
 }
 
 func tinySeed(t testing.TB, d time.Duration, output int) workload.Workload {
+	return seedOf(t, 20, 800, 600, output, d)
+}
+
+// seedOf is the seed workload at 20 req/s for d: customers, prompts of prompt tokens
+// with a prefix of prefix, output tokens each.
+func seedOf(t testing.TB, customers, prompt, prefix, output int, d time.Duration) workload.Workload {
 	c := workload.DefaultSeed()
-	c.Customers, c.Rate, c.Duration = 20, 20, d
-	c.PromptTokens, c.PrefixTokens, c.OutputTokens = 800, 600, output
+	c.Customers, c.Rate, c.Duration = customers, 20, d
+	c.PromptTokens, c.PrefixTokens, c.OutputTokens = prompt, prefix, output
 	w, err := workload.NewSeed(c)
 	require.NoError(t, err)
 	return w
