@@ -61,6 +61,11 @@ type KVEvents struct {
 	// 5 minutes after it; -1 before any. High, the cache is too small for what is asked
 	// of it.
 	EvictedStoredAgain float64 `json:"evicted_blocks_stored_again"`
+	// EvictedStoredAgainFleet is the share of the same evictions stored again on any
+	// replica of the model (the index's own block keys, alike on every replica): what
+	// the fleet paid again, which a router that moves evicted prefixes keeps off the
+	// replica's own share; -1 before any.
+	EvictedStoredAgainFleet float64 `json:"evicted_blocks_stored_again_fleet"`
 	// DeferredCommits counts the batches whose end found the model's lock busy (another
 	// replica of the model committing, or a table build) and left their changes for
 	// later. Growing with Batches, it says the model's lock is what limits ingest.
@@ -90,6 +95,10 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 		rs.KVEvents.Connected = len(r.ranks) > 0
 		rs.KVEvents.EvictedResidencyS = residencyOf(r.ranks)
 		rs.KVEvents.EvictedStoredAgain = storedAgainOf(r.ranks)
+		rs.KVEvents.EvictedStoredAgainFleet = -1
+		if r.fleetBack.n > 0 {
+			rs.KVEvents.EvictedStoredAgainFleet = r.fleetBack.share
+		}
 		for i, rk := range r.ranks { // ascending: the first is the lowest rank
 			switch age := now.Sub(rk.lastEvent).Milliseconds(); {
 			case rk.lastEvent.IsZero():
@@ -154,9 +163,10 @@ var (
 	dSkipped   = desc("kv_event_skipped_blocks_total", "Blocks skipped: other medium or KV group, unnamed LoRA, incompatible block size.")
 	dResidency = desc("kv_evicted_block_residency_seconds", "How long the replica's GPU blocks stayed cached before their eviction, on the engine's clock: the mean over its last few hundred measured evictions (one block in 64 followed). Absent before any; the whole stay, since engines do not publish hits.")
 	dAgain     = desc("kv_evicted_blocks_stored_again_ratio", "Share of the replica's evicted GPU blocks it stored again within 5 minutes of their eviction (prefilled again, or loaded back from a slower tier), over its last thousand or so followed evictions (one block in 64 followed), each counted 5 minutes after it. Absent before any; high, the cache is too small for what is asked of it.")
+	dAgainAll  = desc("kv_evicted_blocks_stored_again_fleet_ratio", "Share of the replica's evicted GPU blocks stored again within 5 minutes on any replica of its model, over its last thousand or so followed evictions, each counted 5 minutes after it: what the fleet paid again. Absent before any.")
 	dDeferred  = desc("kv_event_deferred_commits_total", "KV-event batches whose end found the model's lock busy and left their changes to the replica's next batch or the next table build; growing with the batches, the model's lock limits ingest.")
 	dScrape    = desc("scrape_errors_total", "Failed metrics scrapes.")
-	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dAgain, dDeferred, dScrape}
+	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dAgain, dAgainAll, dDeferred, dScrape}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -208,6 +218,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if r.KVEvents.EvictedStoredAgain >= 0 {
 				g(dAgain, r.KVEvents.EvictedStoredAgain)
+			}
+			if r.KVEvents.EvictedStoredAgainFleet >= 0 {
+				g(dAgainAll, r.KVEvents.EvictedStoredAgainFleet)
 			}
 		}
 	}

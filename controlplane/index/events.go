@@ -121,6 +121,8 @@ func (s *eventSink) Batch(id kvevents.StreamID, seq uint64, b *kvevents.Batch) {
 		}
 	}
 	clear(rk.gone)
+	rk.again.sweep(rk.ts)     // storedagain.go
+	r.m.again.sweep(r, rk.ts) // fleetagain.go
 }
 
 func (s *eventSink) Restart(id kvevents.StreamID) {
@@ -246,6 +248,7 @@ func (ix *Index) stored(r *replica, rk *rank, ev *kvevents.Event) {
 		*ref = blockRef{key: key, pos: uint32(pos - 1), copies: 1}
 		rk.stay.stored(h, rk.ts)
 		rk.again.stored(h, rk.ts)
+		r.m.again.stored(key, rk.ts)
 		if mult > 1 && len(ck) > 0 {
 			rk.multi.Set(h, append([]uint64(nil), ck...))
 		}
@@ -276,6 +279,7 @@ func (ix *Index) blocksRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 			if rk.tiered {
 				ix.keepGone(rk, h, *ref) // tiers.go: its CPU copy may be published after
 			}
+			r.m.again.evicted(r, ref.key, rk.ts)
 			ix.unrefBlock(r, rk, h, *ref)
 			rk.stay.removed(h, rk.ts)
 			rk.again.removed(h, rk.ts)

@@ -255,5 +255,6 @@ func (ix *Index) clearReplica(r *replica) {
 		rk.stay.reset()
 		rk.again.reset()
 	}
+	r.m.again.drop(r)
 	r.evictDebt = 0
 }

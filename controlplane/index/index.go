@@ -20,6 +20,7 @@
 //     gaps, restarts, clears, eviction pressure on reported keys.
 //   - residency.go: how long a replica's GPU blocks stay cached before eviction.
 //   - storedagain.go: how many of a replica's evicted GPU blocks it stores again soon after.
+//   - fleetagain.go: how many of them the model's fleet stores again, on any replica.
 //   - sglang.go: SGLang's KV events (pages instead of blocks).
 //   - tiers.go: blocks held in slower media (vLLM's CPU offloading, LMCache), per
 //     replica and medium.

@@ -19,6 +19,9 @@ type model struct {
 	// bits: read by the KV-event path, which does not hold Index.mu).
 	bpt    atomic.Uint64
 	bptPub float64
+	// again: the model's evicted blocks waiting to be stored again on any replica
+	// (fleetagain.go).
+	again fleetAgain
 	// uncached: mean uncached prompt tokens per request, learned from outcomes.
 	uncached  float64
 	uncachedN int
@@ -95,7 +98,11 @@ type replica struct {
 	keyed keyedShare
 
 	ranks []*rank // by DP rank, ascending (a few: a slice, walked on the KV-event path)
-	meter meter   // the byte budget's measurement (bytes.go)
+	// fleetBack is the share of this replica's evictions stored again on any replica of
+	// its model, counted by fleetAgain.sweep at fleetSwept (its engine's clock).
+	fleetBack  againShare
+	fleetSwept float64
+	meter      meter // the byte budget's measurement (bytes.go)
 
 	// scrape state
 	sample        scrape.Sample
@@ -181,6 +188,7 @@ func (ix *Index) removeReplica(r *replica) {
 	r.mu.Lock()
 	ix.dropHoldings(r, func(*holding) bool { return true })
 	r.dropTiers(nil)
+	r.m.again.drop(r)
 	r.gone = true
 	ix.unlockReplica(r)
 	m := r.m

@@ -30,9 +30,16 @@ const (
 // the sample.
 func followed(h uint64) bool { return h*0x9e3779b97f4a7c15 < 1<<64/residencyEvery }
 
-// stored notes that block h was stored at ts (0: the batch carried no timestamp).
+// stored notes that block h was stored at ts (0: the batch carried no timestamp). It
+// is called for every block, so the test of the sample inlines (the rest does not).
 func (s *residency) stored(h uint64, ts float64) {
-	if !usableTS(ts) || !followed(h) {
+	if followed(h) {
+		s.storedFollowed(h, ts)
+	}
+}
+
+func (s *residency) storedFollowed(h uint64, ts float64) {
+	if !usableTS(ts) {
 		return
 	}
 	if s.since == nil {
@@ -46,6 +53,12 @@ func (s *residency) stored(h uint64, ts float64) {
 
 // removed notes that the last copy of block h was evicted at ts.
 func (s *residency) removed(h uint64, ts float64) {
+	if followed(h) {
+		s.removedFollowed(h, ts)
+	}
+}
+
+func (s *residency) removedFollowed(h uint64, ts float64) {
 	at, ok := s.since[h]
 	if !ok {
 		return

@@ -158,6 +158,7 @@ func (ix *Index) sglangStored(r *replica, rk *rank, ev *kvevents.Event) {
 		pid := pageID(key, tail)
 		rk.stay.stored(pid, rk.ts)
 		rk.again.stored(pid, rk.ts)
+		r.m.again.stored(pid, rk.ts)
 	}
 	sg.last, sg.lastGen = parent, parentGen
 }
@@ -214,6 +215,7 @@ func (ix *Index) sglangRemoved(r *replica, rk *rank, ev *kvevents.Event) {
 		pid := pageID(e.key, e.tail)
 		rk.stay.removed(pid, rk.ts)
 		rk.again.removed(pid, rk.ts)
+		r.m.again.evicted(r, pid, rk.ts)
 		tokens += int(e.tokens)
 		for _, k := range e.cks {
 			ix.tokRef(r, k, -1)

@@ -1,7 +1,8 @@
 // How often a replica's evicted GPU blocks come back to it soon after: the share of its
 // evictions that a larger cache would have saved there. High, the working set does not
-// fit; low can also mean the router sends evicted prefixes elsewhere (docs/controlplane.md,
-// "KV events: what each replica has cached").
+// fit; low can also mean the router sends evicted prefixes elsewhere, which the fleet's
+// share (fleetagain.go) counts (docs/controlplane.md, "KV events: what each replica has
+// cached").
 
 package index
 
@@ -12,14 +13,19 @@ import "math"
 // of their eviction, on the engine's clock: prefilled again, or loaded back from a
 // slower tier. It follows the hashes residency follows, at most maxResidencyBlocks
 // evicted ones at a time, so memory stays bounded whatever the engine sends. Each
-// eviction's outcome is counted once its window has passed (swept every againSweep
-// seconds of the engine's clock), whether the block came back or not: counted when it
-// came back, the share would read 1 for the first window of every stream.
+// eviction's outcome is counted once its window has passed (swept at a batch's end, every
+// againSweep seconds of the engine's clock), whether the block came back or not: counted
+// when it came back, the share would read 1 for the first window of every stream.
 type storedAgain struct {
 	gone  map[uint64]evicted // followed evicted hash -> its eviction
-	share float64            // over about the last againOutcomes outcomes
-	n     uint64             // outcomes measured
-	swept float64            // the engine time of the last sweep
+	back  againShare
+	swept float64 // the engine time of the last sweep
+}
+
+// againShare is the share of outcomes that came back, over about the last againOutcomes.
+type againShare struct {
+	share float64
+	n     uint64 // outcomes measured
 }
 
 type evicted struct {
@@ -43,13 +49,16 @@ const (
 func usableTS(ts float64) bool { return ts > 0 && !math.IsInf(ts, 1) }
 
 // removed notes that the last copy of block h was evicted at ts. A block followed
-// already keeps its first eviction.
+// already keeps its first eviction. Like stored, called for every block: the test of
+// the sample inlines.
 func (s *storedAgain) removed(h uint64, ts float64) {
-	if !usableTS(ts) {
-		return
+	if followed(h) {
+		s.removedFollowed(h, ts)
 	}
-	s.sweep(ts)
-	if !followed(h) {
+}
+
+func (s *storedAgain) removedFollowed(h uint64, ts float64) {
+	if !usableTS(ts) {
 		return
 	}
 	if s.gone == nil {
@@ -63,12 +72,14 @@ func (s *storedAgain) removed(h uint64, ts float64) {
 
 // stored notes that block h was stored at ts.
 func (s *storedAgain) stored(h uint64, ts float64) {
+	if followed(h) {
+		s.storedFollowed(h, ts)
+	}
+}
+
+func (s *storedAgain) storedFollowed(h uint64, ts float64) {
 	if !usableTS(ts) {
 		return
-	}
-	s.sweep(ts)
-	if !followed(h) {
-		return // most blocks: no map lookup on the ingest path
 	}
 	if e, ok := s.gone[h]; ok && ts >= e.at && ts-e.at <= againWindow { // else the engine's clock went back, or too late
 		e.back = true
@@ -76,29 +87,30 @@ func (s *storedAgain) stored(h uint64, ts float64) {
 	}
 }
 
-// sweep counts the evictions whose window has passed, at most once in againSweep
-// seconds of the latest engine time seen, so that a publisher whose timestamps jump
-// back and forth does not make every batch walk the blocks followed.
+// sweep counts the evictions whose window has passed by ts, at the end of each batch
+// and at most once in againSweep seconds of the latest engine time seen, so that a
+// publisher whose timestamps jump back and forth does not make every batch walk the
+// blocks followed.
 func (s *storedAgain) sweep(ts float64) {
-	if ts < s.swept+againSweep {
+	if !usableTS(ts) || ts < s.swept+againSweep {
 		return
 	}
 	s.swept = ts
 	for h, e := range s.gone {
 		if ts-e.at > againWindow {
 			delete(s.gone, h)
-			s.note(e.back)
+			s.back.note(e.back)
 		}
 	}
 }
 
-func (s *storedAgain) note(again bool) {
+func (a *againShare) note(back bool) {
 	x := 0.0
-	if again {
+	if back {
 		x = 1
 	}
-	s.n++
-	s.share += (x - s.share) / float64(min(s.n, againOutcomes))
+	a.n++
+	a.share += (x - a.share) / float64(min(a.n, againOutcomes))
 }
 
 // reset forgets the evicted blocks (the engine's cache was cleared, events were lost,
@@ -110,8 +122,8 @@ func (s *storedAgain) reset() { clear(s.gone); s.swept = 0 }
 func storedAgainOf(ranks []*rank) float64 {
 	var sum, n float64
 	for _, rk := range ranks {
-		w := float64(min(rk.again.n, againOutcomes))
-		sum += rk.again.share * w
+		w := float64(min(rk.again.back.n, againOutcomes))
+		sum += rk.again.back.share * w
 		n += w
 	}
 	if n == 0 {

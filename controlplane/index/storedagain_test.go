@@ -129,6 +129,9 @@ func FuzzEvictedBlockMeasures(f *testing.F) {
 			if s := st.KVEvents.EvictedStoredAgain; s != -1 && !(s >= 0 && s <= 1) {
 				t.Fatalf("%s: share stored again %v", st.ID, s)
 			}
+			if s := st.KVEvents.EvictedStoredAgainFleet; s != -1 && !(s >= 0 && s <= 1) {
+				t.Fatalf("%s: share stored again in the fleet %v", st.ID, s)
+			}
 		}
 		if _, err := json.Marshal(ix.DebugState(t0)); err != nil {
 			t.Fatalf("/debug/state no longer encodes: %v", err)

@@ -634,7 +634,7 @@ func TestDebugStateFieldsAndReadiness(t *testing.T) {
 	if got := keys(rep); !slices.Equal(got, want) {
 		t.Fatalf("replica fields %v, want %v", got, want)
 	}
-	wantKV := []string{"batches", "clears", "connected", "decode_errors", "deferred_commits", "evicted_block_residency_s", "evicted_blocks_stored_again", "gaps", "last_event_age_ms", "last_seq", "removed_blocks", "stored_blocks"}
+	wantKV := []string{"batches", "clears", "connected", "decode_errors", "deferred_commits", "evicted_block_residency_s", "evicted_blocks_stored_again", "evicted_blocks_stored_again_fleet", "gaps", "last_event_age_ms", "last_seq", "removed_blocks", "stored_blocks"}
 	if got := keys(rep["kv_events"].(map[string]any)); !slices.Equal(got, wantKV) {
 		t.Fatalf("kv_events fields %v", got)
 	}
