@@ -29,8 +29,11 @@ type fleetEvicted struct {
 
 const maxFleetAgain = 4 * maxResidencyBlocks
 
-// evicted notes that r's engine evicted the block of key at ts. Like stored, called for
-// every block: the test of the sample inlines, the lock is for the followed ones.
+// evicted notes that r's engine evicted the block of key at ts; a block r evicted
+// already keeps its first eviction, so a key has at most one eviction waiting a replica
+// and a store walks at most the model's replicas, whatever an engine repeats. Like
+// stored, called for every block: the test of the sample inlines, the lock is for the
+// followed ones.
 func (f *fleetAgain) evicted(r *replica, key uint64, ts float64) {
 	if followed(key) {
 		f.evictedFollowed(r, key, ts)
@@ -48,6 +51,11 @@ func (f *fleetAgain) evictedFollowed(r *replica, key uint64, ts float64) {
 	}
 	if f.gone == nil {
 		f.gone = map[uint64][]fleetEvicted{}
+	}
+	for _, e := range f.gone[key] {
+		if e.by == r {
+			return
+		}
 	}
 	f.gone[key] = append(f.gone[key], fleetEvicted{by: r, at: ts})
 	f.n++

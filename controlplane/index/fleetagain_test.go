@@ -101,6 +101,26 @@ func TestEvictedBlocksInTheFleetBounded(t *testing.T) {
 	}
 }
 
+// An engine that stores and evicts the same block again and again leaves one eviction
+// of it waiting, however often it repeats: a store walks at most one a replica.
+func TestEvictedBlocksInTheFleetOneWaitingAReplica(t *testing.T) {
+	ix := fixture(t, Config{})
+	a := kvevents.StreamID{Replica: "a"}
+	roots := followedRoots(1)
+	for i := range 100 {
+		ts := float64(1 + i)
+		ix.Events().Batch(a, uint64(2*i), rootsAs(ts, from(7, 1), roots))
+		ix.Events().Batch(a, uint64(2*i+1), evictedAt(ts, from(7, 1)))
+	}
+	m := ix.replicas["a"].m
+	m.again.mu.Lock()
+	n := m.again.n
+	m.again.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d evictions of one block waiting, want 1", n)
+	}
+}
+
 // Two replicas' streams evict and store the same blocks at once (run under -race).
 func TestEvictedBlocksInTheFleetFromParallelStreams(t *testing.T) {
 	ix := fixture(t, Config{})
