@@ -95,10 +95,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 		rs.KVEvents.Connected = len(r.ranks) > 0
 		rs.KVEvents.EvictedResidencyS = residencyOf(r.ranks)
 		rs.KVEvents.EvictedStoredAgain = storedAgainOf(r.ranks)
-		rs.KVEvents.EvictedStoredAgainFleet = -1
-		if r.fleetBack.n > 0 {
-			rs.KVEvents.EvictedStoredAgainFleet = r.fleetBack.share
-		}
+		rs.KVEvents.EvictedStoredAgainFleet = r.fleetBack.or(-1)
 		for i, rk := range r.ranks { // ascending: the first is the lowest rank
 			switch age := now.Sub(rk.lastEvent).Milliseconds(); {
 			case rk.lastEvent.IsZero():

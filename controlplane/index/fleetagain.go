@@ -89,37 +89,30 @@ func (f *fleetAgain) sweep(r *replica, ts float64) {
 		return
 	}
 	r.fleetSwept = ts
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for key, es := range f.gone {
-		kept := es[:0]
-		for _, e := range es {
-			switch {
-			case e.by != r:
-				kept = append(kept, e)
-			case ts-e.at > againWindow:
-				r.fleetBack.note(e.back)
-				f.n--
-			default:
-				kept = append(kept, e)
-			}
+	f.remove(r, func(e fleetEvicted) bool {
+		if ts-e.at <= againWindow {
+			return false
 		}
-		if len(kept) == 0 {
-			delete(f.gone, key)
-		} else {
-			f.gone[key] = kept
-		}
-	}
+		r.fleetBack.addBack(e.back, againOutcomes)
+		return true
+	})
 }
 
-// drop forgets r's evictions waiting (r left, or its cache was cleared).
+// drop forgets r's evictions waiting (r left, or its cache was cleared). The caller
+// holds r.mu.
 func (f *fleetAgain) drop(r *replica) {
+	f.remove(r, func(fleetEvicted) bool { return true })
+	r.fleetSwept = 0
+}
+
+// remove takes out the evictions of r that done reports done with.
+func (f *fleetAgain) remove(r *replica, done func(fleetEvicted) bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for key, es := range f.gone {
 		kept := es[:0]
 		for _, e := range es {
-			if e.by != r {
+			if e.by != r || !done(e) {
 				kept = append(kept, e)
 			}
 		}
@@ -130,5 +123,4 @@ func (f *fleetAgain) drop(r *replica) {
 			f.gone[key] = kept
 		}
 	}
-	r.fleetSwept = 0
 }

@@ -40,6 +40,13 @@ func from(first uint64, n int) []uint64 {
 	return hs
 }
 
+// waitingIn is how many evictions wait in m's fleet map.
+func waitingIn(m *model) int {
+	m.again.mu.Lock()
+	defer m.again.mu.Unlock()
+	return m.again.n
+}
+
 // A block replica a evicted and replica b prefilled again within the window is back in
 // the fleet though not on a, whose own share reads 0: what a router that moves evicted
 // prefixes keeps off the replica's share. A store too late, or dated before the
@@ -73,12 +80,7 @@ func TestEvictedBlocksStoredAgainInTheFleet(t *testing.T) {
 func TestEvictedBlocksInTheFleetBounded(t *testing.T) {
 	ix := fixture(t, Config{})
 	a := kvevents.StreamID{Replica: "a"}
-	waiting := func() int {
-		m := ix.replicas["a"].m
-		m.again.mu.Lock()
-		defer m.again.mu.Unlock()
-		return m.again.n
-	}
+	waiting := func() int { return waitingIn(ix.replicas["a"].m) }
 	roots := followedRoots(maxFleetAgain + 10)
 	ix.Events().Batch(a, 0, rootsAs(1, from(1<<20, len(roots)), roots))
 	ix.Events().Batch(a, 1, evictedAt(2, from(1<<20, len(roots))))
@@ -93,10 +95,7 @@ func TestEvictedBlocksInTheFleetBounded(t *testing.T) {
 	ix.Events().Batch(a, 4, evictedAt(5, from(1<<21, 5)))
 	m := ix.replicas["a"].m
 	ix.SetReplicas([]Spec{{ID: "b", Model: "m", Addr: "10.0.0.2:8000", Events: true}}, t0)
-	m.again.mu.Lock()
-	n := m.again.n
-	m.again.mu.Unlock()
-	if n != 0 {
+	if n := waitingIn(m); n != 0 {
 		t.Fatalf("%d evictions waiting after a left, want 0", n)
 	}
 }
@@ -112,11 +111,7 @@ func TestEvictedBlocksInTheFleetOneWaitingAReplica(t *testing.T) {
 		ix.Events().Batch(a, uint64(2*i), rootsAs(ts, from(7, 1), roots))
 		ix.Events().Batch(a, uint64(2*i+1), evictedAt(ts, from(7, 1)))
 	}
-	m := ix.replicas["a"].m
-	m.again.mu.Lock()
-	n := m.again.n
-	m.again.mu.Unlock()
-	if n != 1 {
+	if n := waitingIn(ix.replicas["a"].m); n != 1 {
 		t.Fatalf("%d evictions of one block waiting, want 1", n)
 	}
 }

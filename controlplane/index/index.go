@@ -18,6 +18,7 @@
 //   - speculative.go: placements' speculative entries and their expiry.
 //   - events.go: KV events (kvevents.Handler): engine blocks to token-domain keys,
 //     gaps, restarts, clears, eviction pressure on reported keys.
+//   - recentmean.go: the windowed mean the block measures report.
 //   - residency.go: how long a replica's GPU blocks stay cached before eviction.
 //   - storedagain.go: how many of a replica's evicted GPU blocks it stores again soon after.
 //   - fleetagain.go: how many of them the model's fleet stores again, on any replica.

@@ -100,7 +100,7 @@ type replica struct {
 	ranks []*rank // by DP rank, ascending (a few: a slice, walked on the KV-event path)
 	// fleetBack is the share of this replica's evictions stored again on any replica of
 	// its model, counted by fleetAgain.sweep at fleetSwept (its engine's clock).
-	fleetBack  againShare
+	fleetBack  recentMean
 	fleetSwept float64
 	meter      meter // the byte budget's measurement (bytes.go)
 

@@ -15,8 +15,7 @@ import "math"
 // the engine sends.
 type residency struct {
 	since map[uint64]float64 // followed hash -> when it was stored (Batch.TS, seconds)
-	mean  float64            // seconds, over about the last residencyWindow evictions
-	n     uint64             // evictions measured
+	mean  recentMean         // seconds, over about the last residencyWindow evictions
 }
 
 const (
@@ -68,30 +67,14 @@ func (s *residency) removedFollowed(h uint64, ts float64) {
 	if !(d >= 0) || math.IsInf(d, 1) {
 		return // no timestamp, or the engine's clock went back
 	}
-	s.n++
-	w := 1 / float64(min(s.n, residencyWindow))
-	s.mean += w * (d - s.mean)
+	s.mean.add(d, residencyWindow)
 }
 
 // reset forgets the followed blocks (the engine's cache was cleared or events were
 // lost); the measured mean stays, as it describes the evictions already seen.
 func (s *residency) reset() { clear(s.since) }
 
-// seconds is the mean residency and how many evictions it was measured on.
-func (s *residency) seconds() (float64, uint64) { return s.mean, s.n }
-
-// residencyOf is a replica's mean residency over its ranks, weighted by the evictions
-// each measured; -1 before any.
+// residencyOf is a replica's mean residency over its ranks; -1 before any.
 func residencyOf(ranks []*rank) float64 {
-	var sum, n float64
-	for _, rk := range ranks {
-		m, k := rk.stay.seconds()
-		w := float64(min(k, residencyWindow))
-		sum += m * w
-		n += w
-	}
-	if n == 0 {
-		return -1
-	}
-	return sum / n
+	return meanOverRanks(ranks, residencyWindow, func(rk *rank) *recentMean { return &rk.stay.mean })
 }

@@ -18,14 +18,8 @@ import "math"
 // when it came back, the share would read 1 for the first window of every stream.
 type storedAgain struct {
 	gone  map[uint64]evicted // followed evicted hash -> its eviction
-	back  againShare
-	swept float64 // the engine time of the last sweep
-}
-
-// againShare is the share of outcomes that came back, over about the last againOutcomes.
-type againShare struct {
-	share float64
-	n     uint64 // outcomes measured
+	back  recentMean         // the share back, over about the last againOutcomes outcomes
+	swept float64            // the engine time of the last sweep
 }
 
 type evicted struct {
@@ -99,35 +93,16 @@ func (s *storedAgain) sweep(ts float64) {
 	for h, e := range s.gone {
 		if ts-e.at > againWindow {
 			delete(s.gone, h)
-			s.back.note(e.back)
+			s.back.addBack(e.back, againOutcomes)
 		}
 	}
-}
-
-func (a *againShare) note(back bool) {
-	x := 0.0
-	if back {
-		x = 1
-	}
-	a.n++
-	a.share += (x - a.share) / float64(min(a.n, againOutcomes))
 }
 
 // reset forgets the evicted blocks (the engine's cache was cleared, events were lost,
 // or its publisher restarted and may hash anew); the measured share stays.
 func (s *storedAgain) reset() { clear(s.gone); s.swept = 0 }
 
-// storedAgainOf is a replica's share over its ranks, weighted by the outcomes each
-// measured; -1 before any.
+// storedAgainOf is a replica's share over its ranks; -1 before any.
 func storedAgainOf(ranks []*rank) float64 {
-	var sum, n float64
-	for _, rk := range ranks {
-		w := float64(min(rk.again.back.n, againOutcomes))
-		sum += rk.again.back.share * w
-		n += w
-	}
-	if n == 0 {
-		return -1
-	}
-	return sum / n
+	return meanOverRanks(ranks, againOutcomes, func(rk *rank) *recentMean { return &rk.again.back })
 }
