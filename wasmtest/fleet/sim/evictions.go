@@ -110,23 +110,17 @@ func (e *evictions) sweep(now time.Duration) {
 	}
 }
 
-// shares are the shares of the evictions whose window passed by now (the run's end)
-// that were stored again on their replica and on any; NaN without any (a run shorter
-// than the window past its warm-up).
-func (e *evictions) shares(now time.Duration) (own, fleet float64) {
+// summary counts the evictions whose window passed by now (the run's end): the shares
+// stored again on their replica and on any, and the blocks a replica evicted a second
+// over the span they were evicted in (from the warm-up's end to the window before now).
+// All NaN without any (a run shorter than the window past its warm-up).
+func (e *evictions) summary(now time.Duration) (own, fleet, rate float64) {
 	e.sweep(now)
-	if e.total == 0 {
-		return math.NaN(), math.NaN()
-	}
-	return float64(e.back) / float64(e.total), float64(e.backFleet) / float64(e.total)
-}
-
-// rate is the blocks a replica evicted a second, over the span whose evictions counted
-// (from the warm-up's end to the window before now, the run's end); NaN without any.
-func (e *evictions) rate(now time.Duration) float64 {
 	span := now - storedAgainWindow - e.from
 	if e.total == 0 || span <= 0 {
-		return math.NaN()
+		return math.NaN(), math.NaN(), math.NaN()
 	}
-	return float64(e.total*evictionsEvery) / span.Seconds() / float64(len(e.replicas))
+	total := float64(e.total)
+	return float64(e.back) / total, float64(e.backFleet) / total,
+		total * evictionsEvery / span.Seconds() / float64(len(e.replicas))
 }

@@ -44,16 +44,16 @@ func TestEvictionsStoredAgain(t *testing.T) {
 	e.note(1, at(100), []kvevents.Event{gpu(kvevents.BlockStored, hs[3])})                              // cleared: not followed
 	e.note(1, at(200), []kvevents.Event{gpu(kvevents.BlockStored, hs[2])})                              // on another replica
 	e.note(0, at(20)+storedAgainWindow+time.Second, []kvevents.Event{gpu(kvevents.BlockStored, hs[1])}) // too late
-	own, fleet := e.shares(at(400))
+	own, fleet, rate := e.summary(at(400))
 	assert.InDelta(t, 1.0/3, own, 1e-12, "one of the three evicted on replica 0 after the warm-up, back there")
 	assert.InDelta(t, 2.0/3, fleet, 1e-12, "two of the three back anywhere (replica 1's eviction was cleared)")
 	span := at(400) - storedAgainWindow - at(10)
-	assert.InDelta(t, 3*evictionsEvery/span.Seconds()/2, e.rate(at(400)), 1e-12, "three followed blocks, each one in evictionsEvery")
+	assert.InDelta(t, 3*evictionsEvery/span.Seconds()/2, rate, 1e-12, "three followed blocks, each one in evictionsEvery")
 
 	short := newEvictions(1, 0)
 	short.note(0, at(1), []kvevents.Event{gpu(kvevents.BlockRemoved, hs[0])})
-	own, fleet = short.shares(at(60))
-	assert.True(t, math.IsNaN(own) && math.IsNaN(fleet), "no window closed within the run")
+	own, fleet, rate = short.summary(at(60))
+	assert.True(t, math.IsNaN(own) && math.IsNaN(fleet) && math.IsNaN(rate), "no window closed within the run")
 }
 
 // With Config.Evictions a run reports the share and the eviction rate of a workload that

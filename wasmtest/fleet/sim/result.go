@@ -219,8 +219,7 @@ func (r *runner) result() *Result {
 		res.Memory.LostWaiting = float64(lost) / float64(prompt)
 	}
 	if r.ev != nil {
-		res.Memory.StoredAgain, res.Memory.StoredAgainFleet = r.ev.shares(r.now)
-		res.Memory.Evicted = r.ev.rate(r.now)
+		res.Memory.StoredAgain, res.Memory.StoredAgainFleet, res.Memory.Evicted = r.ev.summary(r.now)
 	}
 	if r.samples > 0 {
 		n := float64(r.samples)
