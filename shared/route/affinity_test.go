@@ -75,7 +75,8 @@ func TestSessionPrefersItsReplicaWhileTheCostAllows(t *testing.T) {
 		d, _ := r.Route(tb, &Request{ID: id, Schema: prompt.Chat, Body: chatBody(system, fmt.Sprint("turn ", id)),
 			Session: session, SessionBlocks: len(system) / int(cfg.BlockBytes)}, 50*time.Millisecond, now)
 		r.Ledger.Done(id)
-		r.Local = NewLocal() // the table has not learned the session's prefix
+		// The table has not learned the session's prefix, nor has this proxy sent it.
+		r.Local, r.Homes = NewLocal(), NewHomes()
 		return d
 	}
 	m.Replicas[0].Queued, m.Replicas[1].Queued, m.Replicas[2].Queued = 3000, 2000, 0

@@ -116,6 +116,8 @@ type Router struct {
 	Ledger *Ledger
 	// Local is this proxy's own recent placements, matched with the table's entries.
 	Local *Local
+	// Homes is where this router last sent each prefix (homes.go); nil for none.
+	Homes *Homes
 	// Config is the filter's configuration as far as Route reads it: body limits,
 	// adapters, tenants. The zero value has no limits, adapters or isolated tenants.
 	Config api.Config
@@ -155,7 +157,7 @@ type Router struct {
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
 func NewRouter(p rule.Params, seed uint64) *Router {
-	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), Local: NewLocal()}
+	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), Local: NewLocal(), Homes: NewHomes()}
 }
 
 // Decide picks replicas of m for chain c. tableAge is how long ago the table was last
@@ -193,6 +195,7 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 		})
 	}
 	r.creditSession(m, c)
+	r.creditHome(m, c)
 	d := r.decision(m, r.pin(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order), r.aff.follow))
 	d.Blocks = len(c.Keys)
 	if len(d.Order) > 0 {

@@ -80,6 +80,9 @@ type Config struct {
 	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
 	// comparison with the behaviour before it.
 	NoLocal bool
+	// NoHomes turns off crediting the replica a prefix was last sent to (route.Homes),
+	// for comparison with the behaviour before it.
+	NoHomes bool
 	// AffinityPerProxy keeps each proxy's Responses affinity to itself (no affinity
 	// polls), for comparison with the map shared through the control plane.
 	AffinityPerProxy bool
@@ -314,6 +317,9 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 		r.affinity = policy.Timer{Next: r.poll.Next, Every: cfg.PollInterval}
 		if cfg.NoLocal {
 			r.rt.Local.MaxKeys = 0
+		}
+		if cfg.NoHomes {
+			r.rt.Homes = nil
 		}
 		r.responses = map[uint64]learned{}
 		r.rt.Follows = func(id []byte, tenant string) string {
