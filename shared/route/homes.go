@@ -9,15 +9,17 @@ import "github.com/kvroute/kvroute/shared/table"
 // request goes wherever the cost is lowest at that moment, so such prefixes wander from
 // replica to replica; sent back to the replica that last had it, each stays on one.
 //
-// So where the table (with this proxy's own recent placements, Local) lists none of a
-// request's prompt on the replica this router last sent its longest remembered prefix
-// to, the rule counts that replica as holding Credit of that prefix: enough to keep the
+// So, for a model without a slower tier, where the table (with this proxy's own recent
+// placements, Local) lists none of a request's prompt on the replica this router last
+// sent its longest remembered prefix to, the rule counts that replica as holding Credit
+// of that prefix: enough to keep the
 // prefix there over a somewhat shorter queue elsewhere, not enough to beat a replica the
 // table lists holding it (docs/rule.md, "Homes"; the figures in docs/performance.md).
 //
 // Keys are recorded every Stride blocks of the chains sent, at most MaxKeys of them in
-// two generations (a full current one becomes the old one, the old one is dropped), so
-// the most recent placements are remembered and memory is bounded. Hashes and replica
+// two generations (a full current one becomes the old one, and the old one's map,
+// emptied, the current one), so the most recent placements are remembered and memory is
+// bounded. Hashes and replica
 // addresses only. Not safe for concurrent use: each worker VM has its own.
 type Homes struct {
 	// Credit is the share of the remembered prefix the home is counted as holding; 0
@@ -34,7 +36,7 @@ type Homes struct {
 // Homes' defaults: 3/4 of the prefix and a key every 8 blocks (128 tokens of text at 16
 // tokens a block), as measured (docs/performance.md, "Homes"), and 262,144 keys, about
 // 5 MB: the trace at 4 replicas gave the same figures with them as with no bound, and
-// with a quarter of them lost most of the gain.
+// with a quarter of them lost about half the gain.
 const (
 	DefaultHomeCredit  = 0.75
 	DefaultHomeStride  = 8
@@ -70,7 +72,10 @@ func (h *Homes) Add(c *Chain, addr string) {
 	}
 	for j := 0; j < len(c.Keys); j += h.Stride {
 		if len(h.cur) >= h.MaxKeys/2 {
-			h.old, h.cur = h.cur, nil
+			// The old generation's map, emptied, becomes the current one: after the
+			// first two, the request path allocates nothing.
+			h.old, h.cur = h.cur, h.old
+			clear(h.cur)
 		}
 		if h.cur == nil {
 			h.cur = make(map[uint64]uint16, h.MaxKeys/2)
@@ -106,14 +111,26 @@ func (h *Homes) Len() int {
 }
 
 // creditHome counts the home of c's longest remembered prefix (r.cands, indexed like
-// m.Replicas) as holding Credit of it, where nothing of c is listed there in any tier.
-func (r *Router) creditHome(m *table.Model, c *Chain) {
+// m.Replicas) as holding Credit of it, where nothing of c is listed there in any tier,
+// and returns the home's index (-1 for none credited). The credit is a preference, not
+// a prediction: what the pick is expected to prefill (the ledger's tokens, the
+// placement report's predicted cached tokens) is what the table lists there.
+func (r *Router) creditHome(m *table.Model, c *Chain) int {
+	if r.tiers.on {
+		// A slower tier keeps what GPU memory evicts, and the table lists it there:
+		// its listings return prefixes already, and a prefix listed nowhere has left
+		// its home's tier too (docs/rule.md, "Homes").
+		return -1
+	}
 	addr, blocks := r.Homes.find(c)
 	i := replicaIndex(m, addr)
 	if i < 0 {
-		return
+		return -1
 	}
-	if cd := &r.cands[i]; cd.Cached <= 0 && cd.Offloaded <= 0 {
-		cd.Cached = min(c.Tokens(blocks), c.PromptTokens) * r.Homes.Credit
+	cd := &r.cands[i]
+	if cd.Cached > 0 || cd.Offloaded > 0 {
+		return -1
 	}
+	cd.Cached = min(c.Tokens(blocks), c.PromptTokens) * r.Homes.Credit
+	return i
 }

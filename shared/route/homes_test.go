@@ -12,18 +12,25 @@ import (
 
 // A prefix every cache has let go (the table lists it nowhere, and the proxy's own
 // placement has settled) goes back to the replica it was last sent to over a somewhat
-// shorter queue elsewhere. Without homes it is placed as new, on the shorter queue.
+// shorter queue elsewhere. Without homes it is placed as new, on the shorter queue, and
+// so it is where the model has a slower tier, whose listings keep prefixes themselves.
 func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 	system := strings.Repeat("A long conversation that left every cache. ", 600)
-	for _, homes := range []bool{true, false} {
-		t.Run(fmt.Sprint("homes=", homes), func(t *testing.T) {
+	for _, tc := range []struct {
+		homes, tier bool
+	}{{true, false}, {false, false}, {true, true}} {
+		homes := tc.homes && !tc.tier
+		t.Run(fmt.Sprintf("homes=%v,tier=%v", tc.homes, tc.tier), func(t *testing.T) {
 			m := model(t, 4)
+			if tc.tier {
+				require.NoError(t, m.SetTiers([]string{"CPU"}))
+			}
 			for i := range m.Replicas {
 				m.Replicas[i].Queued = uint64(1000 * (i + 1))
 			}
 			tb := tableOf(m)
 			r := exactRouter()
-			if !homes {
+			if !tc.homes {
 				r.Homes = nil
 			}
 			now := time.Now()
@@ -38,11 +45,14 @@ func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 			next, _ := routeBody(t, r, tb, 2, chatBody(system, "Turn 2."), 50*time.Millisecond, now)
 			if homes {
 				assert.Equal(t, "10.0.0.0:8000", next.Addrs[0], "back where it was")
-				assert.InDelta(t, DefaultHomeCredit*float64(len(system))/4, next.PredictedCached, 128)
 			} else {
 				assert.Equal(t, "10.0.0.1:8000", next.Addrs[0], "placed as new")
-				assert.Zero(t, next.PredictedCached)
 			}
+			// Either way nothing is predicted cached, and the ledger counts the whole
+			// prompt as queued there: the credit is a preference, not a prediction.
+			assert.Zero(t, next.PredictedCached)
+			_, pending := r.Ledger.Sums(next.Addrs[0], now.Add(-time.Second))
+			assert.InDelta(t, float64(len(chatBody(system, "Turn 2.")))/4, pending, 64)
 		})
 	}
 }
@@ -130,4 +140,29 @@ func TestHomesBounded(t *testing.T) {
 	h.Credit = 0
 	addr, _ = h.find(chain(maxHomeAddrs))
 	assert.Empty(t, addr, "off")
+}
+
+// Once both generations exist, recording a placement allocates nothing: the request path
+// of the filter's VMs stays allocation-free (wasmtest/host's
+// TestKvrouteRequestPathAllocatesNothing).
+func TestHomesAddAllocatesNothingOnceFull(t *testing.T) {
+	h := NewHomes()
+	h.MaxKeys = 1000
+	chains := make([]Chain, 100)
+	for i := range chains {
+		chains[i] = Chain{Keys: localKeys(i*400, 400), BlockSize: 64, BytesPerToken: 4, PromptTokens: 6400}
+	}
+	i := 0
+	add := func() {
+		h.Add(&chains[i%len(chains)], "10.0.0.1:8000")
+		i++
+	}
+	for range 40 { // 2,000 keys: both generations made
+		add()
+	}
+	assert.Zero(t, testing.AllocsPerRun(20, func() {
+		for range 20 { // 1,000 keys: two generations turn over
+			add()
+		}
+	}))
 }

@@ -195,11 +195,14 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 		})
 	}
 	r.creditSession(m, c)
-	r.creditHome(m, c)
+	home := r.creditHome(m, c)
 	d := r.decision(m, r.pin(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order), r.aff.follow))
 	d.Blocks = len(c.Keys)
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
+		if d.Order[0] == home {
+			pick.Cached = 0 // listed nowhere there: the credit was a preference (homes.go)
+		}
 		d.PredictedCached = pick.Cached
 		d.Uncached = rule.Uncached(c.PromptTokens, pick)
 	}
