@@ -267,7 +267,9 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	known := min(r.inTable[d.Order[0]]/stride, len(res.Placement.Keys))
 	res.LocalKeys = res.Placement.Keys[known:]
 	r.Local.Add(m.Name, res.LocalKeys, d.Addrs[0], now)
-	r.Homes.Add(&chain, d.Addrs[0])
+	if len(m.Tiers) == 0 { // a model with a slower tier credits no home (homes.go)
+		r.Homes.Add(&chain, d.Addrs[0])
+	}
 	return d, res
 }
 
