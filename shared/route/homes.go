@@ -113,8 +113,9 @@ func (h *Homes) Len() int {
 // creditHome counts the home of c's longest remembered prefix (r.cands, indexed like
 // m.Replicas) as holding Credit of it, where nothing of c is listed there in any tier,
 // and returns the home's index (-1 for none credited). The credit is a preference, not
-// a prediction: what the pick is expected to prefill (the ledger's tokens, the
-// placement report's predicted cached tokens) is what the table lists there.
+// a prediction: Decide puts the listed value back once the rule has picked, so what the
+// decision predicts and queues (the ledger's tokens, the placement report's predicted
+// cached tokens) and whether it spilled are what the table lists.
 func (r *Router) creditHome(m *table.Model, c *Chain) int {
 	if r.tiers.on {
 		// A slower tier keeps what GPU memory evicts, and the table lists it there:

@@ -55,8 +55,19 @@ func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 				assert.Zero(t, r.Homes.Len())
 			}
 			assert.Zero(t, next.PredictedCached)
+			assert.False(t, next.Spill, "nothing is listed anywhere")
+			assert.Zero(t, next.BestCached)
 			_, pending := r.Ledger.Sums(next.Addrs[0], now.Add(-time.Second))
 			assert.InDelta(t, float64(len(chatBody(system, "Turn 2.")))/4, pending, 64)
+			// Minutes later again: a home whose queue outweighs the credit loses the
+			// request, which is no spill either: the home holds nothing listed.
+			r.Ledger.Done(2)
+			now = now.Add(3 * time.Minute)
+			r.Local.Prune(now, now)
+			m.Replicas[0].Queued = 200000
+			far, _ := routeBody(t, r, tb, 3, chatBody(system, "Turn 3."), 50*time.Millisecond, now)
+			assert.NotEqual(t, "10.0.0.0:8000", far.Addrs[0])
+			assert.False(t, far.Spill)
 		})
 	}
 }

@@ -196,13 +196,17 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 	}
 	r.creditSession(m, c)
 	home := r.creditHome(m, c)
-	d := r.decision(m, r.pin(m, r.Picker.Pick(c.PromptTokens, r.cands, r.order), r.aff.follow))
+	rd := r.Picker.Pick(c.PromptTokens, r.cands, r.order)
+	if home >= 0 {
+		// The credit was a preference (homes.go): the decision reports, predicts and
+		// queues what the table lists, which is nothing there.
+		r.cands[home].Cached = 0
+		rd.Holdings(r.cands)
+	}
+	d := r.decision(m, r.pin(m, rd, r.aff.follow))
 	d.Blocks = len(c.Keys)
 	if len(d.Order) > 0 {
 		pick := r.cands[d.Order[0]]
-		if d.Order[0] == home {
-			pick.Cached = 0 // listed nowhere there: the credit was a preference (homes.go)
-		}
 		d.PredictedCached = pick.Cached
 		d.Uncached = rule.Uncached(c.PromptTokens, pick)
 	}

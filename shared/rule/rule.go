@@ -345,10 +345,6 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) 
 		max = 3
 	}
 	d := Decision{Order: order[:0]}
-	for i := range replicas {
-		d.BestCached = math.Max(d.BestCached, replicas[i].Cached)
-	}
-
 	switch pk.regime(replicas) {
 	case stale:
 		return pk.pickStale(promptTokens, replicas, d, max)
@@ -521,10 +517,21 @@ func (pk *Picker) finish(replicas []Candidate, d Decision, max int) Decision {
 		}
 		d.Order = append(d.Order, s.idx)
 	}
-	pick := &replicas[d.Order[0]]
 	d.Cost = pk.scored[0].cost
-	d.Spill = pick.Cached < d.BestCached
+	d.Holdings(replicas)
 	return d
+}
+
+// Holdings sets d's BestCached, the longest cached prefix among replicas, and Spill,
+// whether its pick holds less: what Pick and LeastQueued report, and what a caller that
+// raised a candidate's Cached for the choice alone (shared/route's homes) reports once
+// it has put the listed value back.
+func (d *Decision) Holdings(replicas []Candidate) {
+	d.BestCached = 0
+	for i := range replicas {
+		d.BestCached = math.Max(d.BestCached, replicas[i].Cached)
+	}
+	d.Spill = len(d.Order) > 0 && replicas[d.Order[0]].Cached < d.BestCached
 }
 
 // sortByCost sorts candidates by cost, stably, as slices.SortStableFunc with cmp.Compare
@@ -555,9 +562,6 @@ func (pk *Picker) LeastQueued(replicas []Candidate, order []int) Decision {
 		max = 3
 	}
 	d := Decision{Order: order[:0]}
-	for i := range replicas {
-		d.BestCached = math.Max(d.BestCached, replicas[i].Cached)
-	}
 	d.Fallback = true
 	pk.scored = pk.scored[:0]
 	for i := range replicas {
@@ -580,8 +584,6 @@ func (pk *Picker) LeastQueued(replicas []Candidate, order []int) Decision {
 		}
 		d.Order = append(d.Order, s.idx)
 	}
-	if len(d.Order) > 0 {
-		d.Spill = replicas[d.Order[0]].Cached < d.BestCached
-	}
+	d.Holdings(replicas)
 	return d
 }
