@@ -39,3 +39,31 @@ func TestOneReplicaThatKeepsEverythingReachesTheCeiling(t *testing.T) {
 	assert.Positive(t, ceiling.Rate)
 	assert.InDelta(t, ceiling.Rate, res[0].CachedTokenRate, 1e-12)
 }
+
+// TestOneReplicaCachesAtMostThePooledLRU: one replica serving one request at a time is
+// the pooled LRU with less room (its outputs' blocks take some, and block 0 is vLLM's
+// null block), so whatever its pool it caches no more than the pooled LRU of its usable
+// blocks, and with room for everything both reach the ceiling.
+func TestOneReplicaCachesAtMostThePooledLRU(t *testing.T) {
+	load, _ := tinyGSPLoad(t)
+	w, err := load.At(2) // a request every half second: each is done before the next
+	require.NoError(t, err)
+	o := tinyOptions()
+	o.Replicas = 1
+	ceiling := workload.ReuseCeiling(w, o.Profile.BlockSize, 0)
+	for _, blocks := range []int{12, 20, 30, 4096} {
+		o.Profile.PoolTokens = blocks * o.Profile.BlockSize
+		res, err := Compare(w, []string{"round-robin"}, o)
+		require.NoError(t, err)
+		pooled := workload.PooledLRU(w, o.Profile.BlockSize, 0, blocks-1)
+		assert.LessOrEqual(t, res[0].CachedTokenRate, pooled.Rate+1e-12, "%d blocks", blocks)
+		if blocks == 12 {
+			assert.Less(t, pooled.Rate, ceiling.Rate, "12 blocks do not hold every group's prompt")
+			assert.Positive(t, pooled.Rate)
+		}
+		if blocks == 4096 {
+			assert.Equal(t, ceiling, pooled)
+			assert.InDelta(t, ceiling.Rate, res[0].CachedTokenRate, 1e-12)
+		}
+	}
+}

@@ -187,8 +187,11 @@ type JSONReport struct {
 	// Seed is the run's seed in --seeds' document (WriteSeedsJSON).
 	Seed uint64 `json:"seed,omitempty"`
 	// ReuseCeiling is the workload's workload.Ceiling rate (absent when not computed).
-	ReuseCeiling *float64     `json:"reuse_ceiling,omitempty"`
-	Policies     []JSONPolicy `json:"policies"`
+	ReuseCeiling *float64 `json:"reuse_ceiling,omitempty"`
+	// PooledLRU is workload.PooledLRU's rate over the fleet's KV memory (absent when not
+	// computed).
+	PooledLRU *float64     `json:"pooled_lru,omitempty"`
+	Policies  []JSONPolicy `json:"policies"`
 	// AgainstBest is kvroute's yardstick (yardstick.go), when kvroute and a peer ran.
 	AgainstBest []JSONFigure `json:"against_best,omitempty"`
 }
@@ -327,6 +330,17 @@ can beat it.`
 // CeilingNote says what the reuse ceiling (workload.Ceiling) is.
 const CeilingNote = `the cached rate of one infinite prefix cache every request reaches
 (each prompt's longest block-aligned prefix that an earlier request sent, up to prompt-1 tokens)`
+
+// PooledNote says what the pooled LRU (workload.PooledLRU) is.
+const PooledNote = `the cached rate of one LRU prefix cache as large as the fleet's KV memory that
+every request reaches in arrival order: what perfect affinity keeps where the cache binds. Not a
+bound: engines also cache their outputs and keep what running requests hold`
+
+// WritePooled writes the pooled LRU's rate c over tokens of KV memory.
+func WritePooled(w io.Writer, c workload.Ceiling, tokens int64) error {
+	_, err := fmt.Fprintf(w, "pooled LRU %s over %d KV tokens: %s.\n", pct(c.Rate), tokens, PooledNote)
+	return err
+}
 
 // WriteNotes writes what the numbers are measured against: the workload's reuse
 // ceiling (nil: the table has a ceiling column, which the note explains) and, when the

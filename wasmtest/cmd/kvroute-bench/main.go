@@ -72,7 +72,12 @@ in-process.`,
 
 Every table is printed with the workload's reuse ceiling: the cached rate of one
 infinite prefix cache every request reaches (each prompt's longest block-aligned prefix
-that an earlier request sent, up to prompt-1 tokens), whatever the routing.
+that an earlier request sent, up to prompt-1 tokens), whatever the routing. A
+comparison also prints the pooled LRU: the cached rate of one LRU prefix cache as large
+as the fleet's KV memory (GPU pools and CPU tiers), every request reaching it in arrival
+order. Where the cache binds it is what perfect affinity keeps, and a policy far below
+it copies prefixes or evicts the ones that come back; it is not a bound (engines also
+cache outputs and keep what running requests hold).
 
 oracle is kvroute's own rule fed every engine's exact GPU prefix cache, queued
 prefill tokens and load (busy fraction, running requests) at the moment of each decision. kvroute's distance from it measures
@@ -505,6 +510,15 @@ func (b *bench) ceiling() workload.Ceiling {
 	return workload.ReuseCeiling(b.w, b.o.Profile.BlockSize, b.o.Warmup)
 }
 
+// pooled is the pooled LRU over the fleet's KV memory: every replica's GPU pool and,
+// with --cpu-tier-tokens, its CPU tier. It also returns that memory in tokens.
+func (b *bench) pooled() (workload.Ceiling, int64) {
+	p := b.o.Profile
+	perReplica := p.NumGPUBlocks() + b.o.CPUTierTokens/p.BlockSize
+	blocks := b.o.Replicas * perReplica
+	return workload.PooledLRU(b.w, p.BlockSize, b.o.Warmup, blocks), int64(blocks) * int64(p.BlockSize)
+}
+
 func (b *bench) compare(phases bool) error {
 	o, stdout := b.o, b.stdout
 	fmt.Fprintf(stdout, "replicas  %d (%d GPUs)\n\n", o.Replicas, o.Replicas*o.Profile.GPUs)
@@ -561,6 +575,10 @@ func (b *bench) compare(phases bool) error {
 	if err := fleet.WriteNotes(stdout, b.names, &ceiling); err != nil {
 		return err
 	}
+	pooled, kvTokens := b.pooled()
+	if err := fleet.WritePooled(stdout, pooled, kvTokens); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "wall %.1f s (%d simulations, %d at a time)\n", time.Since(b.start).Seconds(), len(results), o.Parallel)
 	if b.plotPath != "" {
 		title := fmt.Sprintf("TTFT per policy at %d replicas (%d GPUs)\n%s", o.Replicas, o.Replicas*o.Profile.GPUs, b.w.Describe())
@@ -578,6 +596,8 @@ func (b *bench) compare(phases bool) error {
 		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
 		v := math.Round(ceiling.Rate*1e6) / 1e6
 		rep.ReuseCeiling = &v
+		p := math.Round(pooled.Rate*1e6) / 1e6
+		rep.PooledLRU = &p
 		if b.memory {
 			fleet.AddMemory(&rep, results)
 		}

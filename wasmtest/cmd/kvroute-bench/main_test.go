@@ -55,6 +55,8 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Contains(t, s, "oracle: kvroute's own rule", "the oracle is said for what it is")
 	assert.Contains(t, s, "not an upper bound on routing")
 	assert.Contains(t, string(b), `"reuse_ceiling": 0.`)
+	assert.Regexp(t, `pooled LRU \d+\.\d% over \d+ KV tokens`, s)
+	assert.Contains(t, string(b), `"pooled_lru": 0.`)
 	assert.NotContains(t, string(b), `"memory"`, "the fleet's memory only when asked for")
 	assert.NotContains(t, s, "lost waiting")
 	assert.Regexp(t, `kvroute over the best other policy on each figure[^\n]*\n.*\ncached \d\.\d{3}\*? \(round-robin\), `+

@@ -227,18 +227,6 @@ func TestScorersPicks(t *testing.T) {
 	assert.NotEqual(t, warm, p.Route(chat(2, sys, "q2", 10), 0).Order[0])
 }
 
-func TestScorersLRUForgets(t *testing.T) {
-	l := newBlockLRU(2)
-	_, ev := l.add(1)
-	assert.False(t, ev)
-	l.add(2)
-	assert.True(t, l.touch(1))
-	h, ev := l.add(3)
-	assert.True(t, ev)
-	assert.Equal(t, uint64(2), h, "least recently used goes first")
-	assert.False(t, l.touch(2))
-}
-
 func TestOracleRule(t *testing.T) {
 	f := newFake(3)
 	p := NewOracle(f, rule.DefaultParams(), 1)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvroute/kvroute/wasmtest/fleet/blocklru"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
@@ -43,7 +44,7 @@ type Scorers struct {
 	waiting []float64
 	kv      []float64
 	index   map[uint64][]int32
-	lru     []*blockLRU
+	lru     []*blocklru.LRU
 
 	hashes []uint64
 	count  []int
@@ -61,7 +62,7 @@ func NewScorers(f Fleet, cfg ScorersConfig, seed uint64) *Scorers {
 	p.scrape.Next = time.Duration(p.rng.Uint64() % uint64(cfg.Scrape))
 	for i := range n {
 		// Auto-tuned: one LRU entry per engine block, num_gpu_blocks of them.
-		p.lru = append(p.lru, newBlockLRU(f.CapacityTokens(i)/f.BlockSize()))
+		p.lru = append(p.lru, blocklru.New(f.CapacityTokens(i)/f.BlockSize()))
 	}
 	return p
 }
@@ -139,10 +140,10 @@ func (p *Scorers) Route(r *workload.Request, _ time.Duration) Choice {
 func (p *Scorers) Sent(_ *workload.Request, i int, _ time.Duration) {
 	l := p.lru[i]
 	for _, h := range p.last {
-		if l.touch(h) {
+		if l.Touch(h) {
 			continue
 		}
-		if ev, ok := l.add(h); ok {
+		if ev, ok := l.Add(h); ok {
 			p.drop(ev, i)
 		}
 		p.index[h] = append(p.index[h], int32(i))
@@ -162,77 +163,4 @@ func (p *Scorers) drop(h uint64, i int) {
 	} else {
 		p.index[h] = pods
 	}
-}
-
-// blockLRU is a fixed-capacity LRU set of block hashes.
-type blockLRU struct {
-	cap        int
-	pos        map[uint64]int32
-	ents       []lruEnt
-	head, tail int32
-}
-
-type lruEnt struct {
-	h          uint64
-	prev, next int32
-}
-
-func newBlockLRU(capacity int) *blockLRU {
-	return &blockLRU{cap: max(capacity, 1), pos: map[uint64]int32{}, head: -1, tail: -1}
-}
-
-func (l *blockLRU) unlink(i int32) {
-	e := &l.ents[i]
-	if e.prev >= 0 {
-		l.ents[e.prev].next = e.next
-	} else {
-		l.head = e.next
-	}
-	if e.next >= 0 {
-		l.ents[e.next].prev = e.prev
-	} else {
-		l.tail = e.prev
-	}
-}
-
-func (l *blockLRU) pushFront(i int32) {
-	e := &l.ents[i]
-	e.prev, e.next = -1, l.head
-	if l.head >= 0 {
-		l.ents[l.head].prev = i
-	}
-	l.head = i
-	if l.tail < 0 {
-		l.tail = i
-	}
-}
-
-// touch moves h to the front; false when absent.
-func (l *blockLRU) touch(h uint64) bool {
-	i, ok := l.pos[h]
-	if !ok {
-		return false
-	}
-	l.unlink(i)
-	l.pushFront(i)
-	return true
-}
-
-// add inserts an absent h; when full it evicts the least recently used hash and
-// returns it.
-func (l *blockLRU) add(h uint64) (evicted uint64, ok bool) {
-	var i int32
-	if len(l.ents) < l.cap {
-		i = int32(len(l.ents))
-		l.ents = append(l.ents, lruEnt{h: h})
-	} else {
-		i = l.tail
-		evicted, ok = l.ents[i].h, true
-		delete(l.pos, evicted)
-		l.unlink(i)
-		l.ents[i].h = h
-	}
-	l.pos[h] = i
-	l.pushFront(i)
-	return evicted, ok
 }
