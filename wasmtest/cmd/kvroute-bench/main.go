@@ -510,13 +510,14 @@ func (b *bench) ceiling() workload.Ceiling {
 	return workload.ReuseCeiling(b.w, b.o.Profile.BlockSize, b.o.Warmup)
 }
 
-// pooled is the pooled LRU over the fleet's KV memory: every replica's GPU pool and,
-// with --cpu-tier-tokens, its CPU tier. It also returns that memory in tokens.
-func (b *bench) pooled() (workload.Ceiling, int64) {
+// ceilings is the reuse ceiling and the pooled LRU over the fleet's KV memory (every
+// replica's GPU pool and, with --cpu-tier-tokens, its CPU tier), in one walk of the
+// arrivals; kvTokens is that memory in tokens.
+func (b *bench) ceilings() (reuse, pooled workload.Ceiling, kvTokens int64) {
 	p := b.o.Profile
-	perReplica := p.NumGPUBlocks() + b.o.CPUTierTokens/p.BlockSize
-	blocks := b.o.Replicas * perReplica
-	return workload.PooledLRU(b.w, p.BlockSize, b.o.Warmup, blocks), int64(blocks) * int64(p.BlockSize)
+	blocks := b.o.Replicas * (p.NumGPUBlocks() + b.o.CPUTierTokens/p.BlockSize)
+	reuse, pooled = workload.Ceilings(b.w, p.BlockSize, b.o.Warmup, blocks)
+	return reuse, pooled, int64(blocks) * int64(p.BlockSize)
 }
 
 func (b *bench) compare(phases bool) error {
@@ -569,13 +570,12 @@ func (b *bench) compare(phases bool) error {
 			return err
 		}
 	}
-	ceiling := b.ceiling()
+	ceiling, pooled, kvTokens := b.ceilings()
 	fmt.Fprintf(stdout, "\ncached: cached prompt tokens / prompt tokens; max/mean Q: time-averaged max over mean queued prefill tokens;\n")
 	fmt.Fprintf(stdout, "spill: requests not sent to a replica holding the longest cached prefix (engines' real caches).\n")
 	if err := fleet.WriteNotes(stdout, b.names, &ceiling); err != nil {
 		return err
 	}
-	pooled, kvTokens := b.pooled()
 	if err := fleet.WritePooled(stdout, pooled, kvTokens); err != nil {
 		return err
 	}

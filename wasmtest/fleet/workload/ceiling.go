@@ -28,15 +28,25 @@ func ReuseCeiling(w Workload, blockSize int, from time.Duration) Ceiling {
 	var c Ceiling
 	walkReuse(w, false, func(i int, r *Request, known, _ int) {
 		if at, _ := w.Arrival(i); at >= from {
-			c.Cacheable += int64(usable(r, known, blockSize))
-			c.Prompt += int64(len(r.Tokens))
-			c.Requests++
+			c.count(r, known, blockSize)
 		}
 	})
+	c.finish()
+	return c
+}
+
+// count adds a measured request that finds its first known blocks cached.
+func (c *Ceiling) count(r *Request, known, blockSize int) {
+	c.Cacheable += int64(usable(r, known, blockSize))
+	c.Prompt += int64(len(r.Tokens))
+	c.Requests++
+}
+
+// finish sets Rate from the counts.
+func (c *Ceiling) finish() {
 	if c.Prompt > 0 {
 		c.Rate = float64(c.Cacheable) / float64(c.Prompt)
 	}
-	return c
 }
 
 // Reuse is what one request could take from the requests before it.

@@ -19,32 +19,64 @@ import (
 // prefixes over the replicas can keep, for some arrivals, more than one LRU would.
 // Where the fleet holds every prefix it equals the reuse ceiling.
 func PooledLRU(w Workload, blockSize int, from time.Duration, capacity int) Ceiling {
-	var c Ceiling
-	var lru *blocklru.LRU
-	if capacity > 0 {
-		lru = blocklru.New(capacity)
-	}
+	p := newPooled(capacity)
 	src := w.NewSource()
 	for i := range w.Len() {
-		r := src.Request(i)
-		hashes := r.Chain.Hashes
-		known := 0
-		for lru != nil && known < len(hashes) && lru.Has(hashes[known]) {
+		at, _ := w.Arrival(i)
+		p.add(src.Request(i), blockSize, at >= from)
+	}
+	p.c.finish()
+	return p.c
+}
+
+// Ceilings is ReuseCeiling and PooledLRU in one walk of w's requests: building each
+// request (its text, tokens and chain) is most of the cost of either.
+func Ceilings(w Workload, blockSize int, from time.Duration, capacity int) (reuse, pooled Ceiling) {
+	p := newPooled(capacity)
+	walkReuse(w, false, func(i int, r *Request, known, _ int) {
+		at, _ := w.Arrival(i)
+		if at >= from {
+			reuse.count(r, known, blockSize)
+		}
+		p.add(r, blockSize, at >= from)
+	})
+	reuse.finish()
+	p.c.finish()
+	return reuse, p.c
+}
+
+// pooledLRU is PooledLRU's cache and counts.
+type pooledLRU struct {
+	lru *blocklru.LRU // nil: no room
+	c   Ceiling
+}
+
+func newPooled(capacity int) *pooledLRU {
+	p := &pooledLRU{}
+	if capacity > 0 {
+		p.lru = blocklru.New(capacity)
+	}
+	return p
+}
+
+// add counts r's hit when measured, then caches its prompt's blocks.
+func (p *pooledLRU) add(r *Request, blockSize int, measured bool) {
+	hashes := r.Chain.Hashes
+	known := 0
+	if p.lru != nil {
+		for known < len(hashes) && p.lru.Has(hashes[known]) {
 			known++
 		}
-		if at, _ := w.Arrival(i); at >= from {
-			c.Cacheable += int64(usable(r, known, blockSize))
-			c.Prompt += int64(len(r.Tokens))
-			c.Requests++
-		}
-		for j := len(hashes) - 1; lru != nil && j >= 0; j-- {
-			if !lru.Touch(hashes[j]) {
-				lru.Add(hashes[j])
-			}
+	}
+	if measured {
+		p.c.count(r, known, blockSize)
+	}
+	if p.lru == nil {
+		return
+	}
+	for j := len(hashes) - 1; j >= 0; j-- {
+		if !p.lru.Touch(hashes[j]) {
+			p.lru.Add(hashes[j])
 		}
 	}
-	if c.Prompt > 0 {
-		c.Rate = float64(c.Cacheable) / float64(c.Prompt)
-	}
-	return c
 }

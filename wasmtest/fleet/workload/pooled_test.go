@@ -60,3 +60,19 @@ func TestPooledLRUWithRoomIsTheReuseCeiling(t *testing.T) {
 	assert.Less(t, tight.Cacheable, roomy.Cacheable)
 	assert.Equal(t, roomy.Prompt, tight.Prompt)
 }
+
+// TestCeilingsIsBothInOneWalk: Ceilings gives what ReuseCeiling and PooledLRU give
+// apart, with the warm-up left out of both, with room and without.
+func TestCeilingsIsBothInOneWalk(t *testing.T) {
+	c := DefaultGSP()
+	c.Groups, c.PromptsPerGroup, c.SystemTokens, c.QuestionTokens = 5, 7, 256, 40
+	gsp, err := NewGSP(c)
+	require.NoError(t, err)
+	from, _ := gsp.Arrival(3)
+	for _, capacity := range []int{0, 256/16 + 3, 1 << 20} {
+		reuse, pooled := Ceilings(gsp, 16, from, capacity)
+		assert.Equal(t, ReuseCeiling(gsp, 16, from), reuse, "capacity %d", capacity)
+		assert.Equal(t, PooledLRU(gsp, 16, from, capacity), pooled, "capacity %d", capacity)
+		assert.Less(t, pooled.Requests, gsp.Len(), "the warm-up is not measured")
+	}
+}
