@@ -28,11 +28,7 @@ func TestNoPolicyBeatsTheReuseCeiling(t *testing.T) {
 }
 
 func TestOneReplicaThatKeepsEverythingReachesTheCeiling(t *testing.T) {
-	load, _ := tinyGSPLoad(t)
-	w, err := load.At(2) // a request every half second: each is done before the next
-	require.NoError(t, err)
-	o := tinyOptions()
-	o.Replicas = 1
+	w, o := oneAtATime(t)
 	res, err := Compare(w, []string{"round-robin"}, o)
 	require.NoError(t, err)
 	ceiling := workload.ReuseCeiling(w, o.Profile.BlockSize, 0)
@@ -45,11 +41,7 @@ func TestOneReplicaThatKeepsEverythingReachesTheCeiling(t *testing.T) {
 // null block), so whatever its pool it caches no more than the pooled LRU of its usable
 // blocks, and with room for everything both reach the ceiling.
 func TestOneReplicaCachesAtMostThePooledLRU(t *testing.T) {
-	load, _ := tinyGSPLoad(t)
-	w, err := load.At(2) // a request every half second: each is done before the next
-	require.NoError(t, err)
-	o := tinyOptions()
-	o.Replicas = 1
+	w, o := oneAtATime(t)
 	ceiling := workload.ReuseCeiling(w, o.Profile.BlockSize, 0)
 	for _, blocks := range []int{12, 20, 30, 4096} {
 		o.Profile.PoolTokens = blocks * o.Profile.BlockSize
@@ -66,4 +58,15 @@ func TestOneReplicaCachesAtMostThePooledLRU(t *testing.T) {
 			assert.InDelta(t, ceiling.Rate, res[0].CachedTokenRate, 1e-12)
 		}
 	}
+}
+
+// oneAtATime is the tiny GSP workload at a request every half second, each done before
+// the next, for one replica.
+func oneAtATime(t *testing.T) (workload.Workload, Options) {
+	load, _ := tinyGSPLoad(t)
+	w, err := load.At(2)
+	require.NoError(t, err)
+	o := tinyOptions()
+	o.Replicas = 1
+	return w, o
 }
