@@ -19,8 +19,10 @@ func Diff(old, next *Table) *Frame {
 		if !ok || !om.Config.SameGeometry(nm.Config) {
 			mc.Reset = true
 			nm.Each(func(k uint64, s []uint32) bool { mc.Upserts.Add(k, s...); return true })
+			nm.EachHome(func(k uint64, s uint32) bool { mc.Homes.Add(k, s); return true })
 		} else {
 			diffEntries(om, nm, &mc)
+			diffHomes(om, nm, &mc)
 		}
 		f.Models = append(f.Models, mc)
 	}
@@ -60,6 +62,21 @@ func diffEntries(om, nm *Model, mc *ModelChange) {
 			j++
 		}
 	}
+}
+
+func diffHomes(om, nm *Model, mc *ModelChange) {
+	nm.EachHome(func(k uint64, s uint32) bool {
+		if o, ok := om.HomeOf(k); !ok || o != s {
+			mc.Homes.Add(k, s)
+		}
+		return true
+	})
+	om.EachHome(func(k uint64, _ uint32) bool {
+		if _, ok := nm.HomeOf(k); !ok {
+			mc.Homes.Removes = append(mc.Homes.Removes, k)
+		}
+		return true
+	})
 }
 
 // Apply decodes b and applies it to t: a full frame replaces t, a delta must have t's
@@ -118,6 +135,9 @@ func (t *Table) ApplyFrame(f *Frame) error {
 				}
 			}
 		}
+		if err := mc.Homes.check(mc.Reset); err != nil {
+			return fmt.Errorf("%w: model %q: %v", ErrCorrupt, mc.Name, err)
+		}
 		staged[i] = m
 	}
 	models := t.Models
@@ -132,6 +152,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 		case mc.Reset:
 			m := staged[i]
 			m.entries.loadSorted(&mc.Upserts)
+			mc.Homes.apply(m, true)
 			m.touch()
 			models[mc.Name] = m
 		default:
@@ -146,6 +167,7 @@ func (t *Table) ApplyFrame(f *Frame) error {
 			for _, k := range mc.Removes {
 				m.entries.remove(k)
 			}
+			mc.Homes.apply(m, false)
 			m.touch()
 		}
 	}

@@ -10,15 +10,15 @@ import (
 
 // Wire format (all integers little-endian; "uv" is an unsigned varint):
 //
-//	header   "KVRT" | u8 format (1, 2 or 3) | u8 kind (1 full, 2 delta) | u16 reserved (0)
+//	header   "KVRT" | u8 format (1 to 4) | u8 kind (1 full, 2 delta) | u16 reserved (0)
 //	         u64 version | u64 base version (delta only, else 0) | i64 generated Unix ms
 //	         u32 payload length
 //	payload  uv model count, then per model:
 //	           str name | u8 flags (1 removed, 2 reset: entries start empty,
-//	                                4 replicas patched: format 2 and 3 deltas, not with reset)
+//	                                4 replicas patched: format 2 on, deltas, not with reset)
 //	           unless removed:
 //	             uv block_bytes | uv block_tokens | uv stride | uv bytes_per_token x1000
-//	             format 2 and 3: uv tier count (<= 8), then per tier: str medium name
+//	             format 2 on: uv tier count (<= 8), then per tier: str medium name
 //	             uv replica count, then per replica:
 //	               uv slot | str id | str addr | uv speed | uv queued | uv kv_usage x10000
 //	               uv state_age_ms | u8 flags (1 healthy)
@@ -33,8 +33,12 @@ import (
 //	               uv dropped count, then slots (uv, strictly increasing)
 //	             uv upsert count, then per upsert (keys strictly increasing):
 //	               u64 key | uv slot count (>= 1) | slots (uv, strictly increasing)
-//	               (format 2 and 3: each is a holder, tier << 16 | slot, tier <= tier count)
+//	               (format 2 on: each is a holder, tier << 16 | slot, tier <= tier count)
 //	             uv remove count, then u64 keys strictly increasing (0 when reset)
+//	             format 4: uv home count, then per home (keys strictly increasing):
+//	               u64 key | uv slot
+//	             format 4: uv home remove count, then u64 keys strictly increasing
+//	               (0 when reset)
 //	trailer  u32 CRC-32C of header and payload
 //	str = uv length | bytes
 //
@@ -44,11 +48,13 @@ import (
 // advanced by the time between the two versions).
 //
 // Format 2 adds the slower KV tiers (offloaded blocks, see Holder), format 3 each
-// replica's load (Replica.Running, Busy, MeanUncached): a filter says in its poll which
+// replica's load (Replica.Running, Busy, MeanUncached), format 4 the homes (homes.go):
+// a filter says in its poll which
 // formats it reads (api.TableFormatsHeader) and gets the newest it listed. A format-1
 // frame of a table with tiers carries its GPU holders only, and is byte for byte the
 // frame a control plane without tiers sends for the same GPU holdings; a format-2 frame
-// is the format-3 frame without the load values.
+// is the format-3 frame without the load values, and a format-3 frame the format-4
+// frame without the homes.
 
 const (
 	magic = "KVRT"
@@ -57,13 +63,15 @@ const (
 	// FormatTiers is format 2: format 1 plus slower tiers.
 	FormatTiers = 2
 	// FormatLoad is format 3: format 2 plus each replica's load.
-	FormatLoad  = 3
+	FormatLoad = 3
+	// FormatHomes is format 4: format 3 plus each model's homes.
+	FormatHomes = 4
 	headerSize  = 36
 	trailerSize = 4
 
 	flagRemoved = 1
 	flagReset   = 2
-	flagPatched = 4 // format 2 and 3
+	flagPatched = 4 // format 2 on
 )
 
 // Kind says whether a frame is a full snapshot or a delta.
@@ -119,7 +127,9 @@ type ModelChange struct {
 	Tiers   []string
 	Upserts Entries
 	Removes []uint64
-	// Patched (format-2 and 3 deltas only, see PatchReplicas): Replicas lists only the
+	// Homes (format 4): keys listed nowhere, with the slot that held each last (homes.go).
+	Homes HomeChanges
+	// Patched (deltas of format 2 on only, see PatchReplicas): Replicas lists only the
 	// replicas that changed since the base, ReplicaFields[i] which of Replicas[i]'s
 	// values the frame carries (the others stay the base's), and Dropped the slots that
 	// left; every other replica of the base stays, its state age advanced.
@@ -130,8 +140,7 @@ type ModelChange struct {
 
 // Frame is a decoded frame: a full snapshot (every model Reset) or a delta.
 type Frame struct {
-	// Format is the wire format (FormatVersion, FormatTiers or FormatLoad; 0 means
-	// FormatVersion).
+	// Format is the wire format (FormatVersion to FormatHomes; 0 means FormatVersion).
 	Format      uint8
 	Kind        Kind
 	Version     uint64
@@ -176,21 +185,32 @@ func EncodeFullFormat(t *Table, format uint8) []byte {
 			})
 		}
 		w.uv(0)
+		if hasHomes(format) {
+			w.uv(uint64(m.HomesLen()))
+			m.EachHome(func(k uint64, slot uint32) bool {
+				w.home(k, slot)
+				return true
+			})
+			w.uv(0)
+		}
 	}
 	return w.finish()
 }
 
 func normFormat(f uint8) uint8 {
-	if f == FormatTiers || f == FormatLoad {
+	if f >= FormatTiers && f <= FormatHomes {
 		return f
 	}
 	return FormatVersion
 }
 
-// hasTiers reports whether format carries slower tiers (2 and 3).
+// hasHomes reports whether format carries homes (4).
+func hasHomes(format uint8) bool { return format >= FormatHomes }
+
+// hasTiers reports whether format carries slower tiers (2 and later).
 func hasTiers(format uint8) bool { return format >= FormatTiers }
 
-// hasLoad reports whether format carries the replicas' load (3).
+// hasLoad reports whether format carries the replicas' load (3 and later).
 func hasLoad(format uint8) bool { return format >= FormatLoad }
 
 // Encode writes f in f.Format. In format 1 an upserted set keeps its GPU holders only,
@@ -212,7 +232,7 @@ func Encode(f *Frame) []byte {
 		}
 		if mc.Patched {
 			if !hasTiers(format) || mc.Reset || f.Kind != Delta {
-				panic(fmt.Sprintf("table: model %q: replica patches exist only in format-2 and 3 delta sections", mc.Name))
+				panic(fmt.Sprintf("table: model %q: replica patches exist only in delta sections of format 2 on", mc.Name))
 			}
 			w.patchedHead(mc)
 		} else {
@@ -229,6 +249,17 @@ func Encode(f *Frame) []byte {
 		w.uv(uint64(len(rems)))
 		for _, k := range rems {
 			w.b = binary.LittleEndian.AppendUint64(w.b, k)
+		}
+		if hasHomes(format) {
+			h := &mc.Homes
+			w.uv(uint64(len(h.Keys)))
+			for j, k := range h.Keys {
+				w.home(k, h.Slots[j])
+			}
+			w.uv(uint64(len(h.Removes)))
+			for _, k := range h.Removes {
+				w.b = binary.LittleEndian.AppendUint64(w.b, k)
+			}
 		}
 	}
 	return w.finish()
@@ -266,8 +297,8 @@ func Decode(b []byte) (*Frame, error) {
 	if string(b[:4]) != magic {
 		return nil, fmt.Errorf("%w: bad magic %q", ErrCorrupt, b[:4])
 	}
-	if b[4] != FormatVersion && b[4] != FormatTiers && b[4] != FormatLoad {
-		return nil, fmt.Errorf("%w: format %d, this build reads %d to %d", ErrCorrupt, b[4], FormatVersion, FormatLoad)
+	if b[4] < FormatVersion || b[4] > FormatHomes {
+		return nil, fmt.Errorf("%w: format %d, this build reads %d to %d", ErrCorrupt, b[4], FormatVersion, FormatHomes)
 	}
 	kind := Kind(b[5])
 	if kind != Full && kind != Delta {

@@ -5,6 +5,7 @@ package table
 
 import (
 	"encoding/binary"
+	"maps"
 	"math/bits"
 	"slices"
 
@@ -30,6 +31,21 @@ const tombstone = ^uint32(0)
 func (e *entries) reset() {
 	e.keys, e.sets, e.over, e.live, e.index = nil, nil, keymap.Map[uint32]{}, 0, nil
 	e.pool = setPool{}
+}
+
+// capShared makes e, a copy of another model's entries, safe to change while the
+// other is read: the overlay and the pool's index are copied, and the shared slices
+// capped, so an append never writes into memory the original still reads. The sorted
+// base arrays are only ever replaced (compact), never written, so they stay shared.
+func (e *entries) capShared() {
+	e.keys = e.keys[:len(e.keys):len(e.keys)]
+	e.sets = e.sets[:len(e.sets):len(e.sets)]
+	e.over = e.over.Clone()
+	e.pool = setPool{
+		data: e.pool.data[:len(e.pool.data):len(e.pool.data)],
+		off:  e.pool.off[:len(e.pool.off):len(e.pool.off)],
+		ids:  maps.Clone(e.pool.ids),
+	}
 }
 
 // indexKeysPerBucket sizes the index: about four keys a bucket (32 bytes, a cache line),
@@ -113,6 +129,44 @@ func (e *entries) remove(key uint64) {
 		e.over.Delete(key)
 	}
 	e.maybeCompact()
+}
+
+// each calls fn for every key in increasing key order with its set, until fn returns
+// false; it only reads e.
+func (e *entries) each(fn func(key uint64, slots []uint32) bool) {
+	if e.over.Len() == 0 {
+		for i, k := range e.keys {
+			if !fn(k, e.pool.get(e.sets[i])) {
+				return
+			}
+		}
+		return
+	}
+	ov := make([]uint64, 0, e.over.Len())
+	for k := range e.over.All() {
+		ov = append(ov, k)
+	}
+	slices.Sort(ov)
+	i, j := 0, 0
+	for i < len(e.keys) || j < len(ov) {
+		var k uint64
+		var id uint32
+		switch {
+		case j == len(ov) || (i < len(e.keys) && e.keys[i] < ov[j]):
+			k, id = e.keys[i], e.sets[i]
+			i++
+		default:
+			k = ov[j]
+			id, _ = e.over.Get(k)
+			if i < len(e.keys) && e.keys[i] == k {
+				i++
+			}
+			j++
+		}
+		if id != tombstone && !fn(k, e.pool.get(id)) {
+			return
+		}
+	}
 }
 
 // maybeCompact merges the overlay once it is a quarter of the base: lookups stay one

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// Replica patches (format 2 and 3 deltas): a delta's model section may list only the replicas
+// Replica patches (deltas of format 2 on): a delta's model section may list only the replicas
 // whose state changed since the base version, and of each only the values that changed,
 // instead of every replica's whole state. A fleet's replica list is most of a delta (about
 // 27 bytes a replica, 5.4 KB at 200 replicas, every version) while few replicas change
@@ -19,7 +19,7 @@ import (
 // filter's computation gives exactly the value it holds, so a filter's table stays the
 // control plane's, value for value.
 
-// Which values a patched replica carries (the replica flags byte of format 2 and 3
+// Which values a patched replica carries (the replica flags byte of format 2 on
 // patches: bit 1 is the health flag, carried always).
 const (
 	patchHealthy  = 1
@@ -48,7 +48,7 @@ func ageAfter(age uint32, fromMs, toMs int64) uint32 {
 // PatchReplicas turns mc's replica list (whole, for a frame generated at genMs) into a
 // patch from base, the model's replicas in the frame's base version (generated at
 // baseGenMs): the replicas that changed, with the values that changed, and the slots
-// that left, as a format-3 frame carries them. Only format-2 and 3 deltas carry patches;
+// that left, as a format-3 frame carries them. Only deltas of format 2 on carry patches;
 // a reset or removed section is left whole. mc.Replicas is replaced, not modified.
 func (mc *ModelChange) PatchReplicas(base []Replica, baseGenMs, genMs int64) {
 	mc.PatchReplicasFormat(base, baseGenMs, genMs, FormatLoad)

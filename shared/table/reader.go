@@ -211,7 +211,44 @@ func (r *reader) model() ModelChange {
 			r.fail("model %q: key %#x both upserted and removed", mc.Name, a)
 		}
 	}
+	if hasHomes(r.format) {
+		r.homes(&mc)
+	}
 	return mc
+}
+
+// homes reads a section's homes (format 4): keys set with their slots, keys removed.
+func (r *reader) homes(mc *ModelChange) {
+	h := &mc.Homes
+	n := r.count(9) // key and slot
+	for i := 0; i < n && r.err == nil; i++ {
+		k := r.u64()
+		if i > 0 && k <= h.Keys[i-1] {
+			r.fail("model %q: home keys not increasing", mc.Name)
+		}
+		h.Add(k, uint32(r.uvMax(MaxSlot, "home slot")))
+	}
+	nd := r.count(8)
+	if mc.Reset && nd != 0 {
+		r.fail("model %q: reset section removes homes", mc.Name)
+	}
+	for i := 0; i < nd && r.err == nil; i++ {
+		k := r.u64()
+		if i > 0 && k <= h.Removes[i-1] {
+			r.fail("model %q: removed homes not increasing", mc.Name)
+		}
+		h.Removes = append(h.Removes, k)
+	}
+	for i, j := 0, 0; i < len(h.Keys) && j < len(h.Removes) && r.err == nil; {
+		switch a, b := h.Keys[i], h.Removes[j]; {
+		case a < b:
+			i++
+		case b < a:
+			j++
+		default:
+			r.fail("model %q: home %#x both set and removed", mc.Name, a)
+		}
+	}
 }
 
 // patch reads a patched section's replicas and dropped slots (format 2 deltas).

@@ -7,9 +7,10 @@
 // that absorbs deltas until it is merged back.
 //
 // Files: table.go (the model), entries.go (its entries in memory), match.go (a chain
-// against them), codec.go (frames: full, delta, format 1 and 2), writer.go and reader.go
-// (their bytes), patch.go (format-2 replica patches), apply.go (a frame onto a table, and
-// the diff of two tables).
+// against them), homes.go (keys listed nowhere and the replica that held each last),
+// codec.go (frames: full, delta, formats 1 to 4), writer.go and reader.go (their bytes),
+// patch.go (replica patches), apply.go (a frame onto a table, and the diff of two
+// tables).
 package table
 
 import (
@@ -105,7 +106,8 @@ type Model struct {
 	Tiers   []string
 	slotIdx []int32 // slot -> index in Replicas, -1 when unused
 	entries entries
-	gen     uint64 // Gen
+	homes   entries // homes.go: keys listed nowhere, with their last holder's slot
+	gen     uint64  // Gen
 }
 
 // generations numbers the states of every model in the process (Model.Gen).
@@ -141,6 +143,7 @@ func NewModel(name string, cfg ModelConfig, replicas []Replica) (*Model, error) 
 		return nil, err
 	}
 	m.entries.reset()
+	m.homes.reset()
 	m.touch()
 	return m, nil
 }
@@ -260,42 +263,7 @@ func (m *Model) Lookup(key uint64) []uint32 {
 // Each calls fn for every key in increasing key order with the slots holding it, until
 // fn returns false. It only reads m, so several may run at once (nothing may change m
 // meanwhile).
-func (m *Model) Each(fn func(key uint64, slots []uint32) bool) {
-	e := &m.entries
-	if e.over.Len() == 0 {
-		for i, k := range e.keys {
-			if !fn(k, e.pool.get(e.sets[i])) {
-				return
-			}
-		}
-		return
-	}
-	ov := make([]uint64, 0, e.over.Len())
-	for k := range e.over.All() {
-		ov = append(ov, k)
-	}
-	slices.Sort(ov)
-	i, j := 0, 0
-	for i < len(e.keys) || j < len(ov) {
-		var k uint64
-		var id uint32
-		switch {
-		case j == len(ov) || (i < len(e.keys) && e.keys[i] < ov[j]):
-			k, id = e.keys[i], e.sets[i]
-			i++
-		default:
-			k = ov[j]
-			id, _ = e.over.Get(k)
-			if i < len(e.keys) && e.keys[i] == k {
-				i++
-			}
-			j++
-		}
-		if id != tombstone && !fn(k, e.pool.get(id)) {
-			return
-		}
-	}
-}
+func (m *Model) Each(fn func(key uint64, slots []uint32) bool) { m.entries.each(fn) }
 
 // SameGeometry reports whether keys computed under c and d are the same keys: block
 // sizes and stride agree (the bytes-per-token estimate may differ).
@@ -333,15 +301,8 @@ func (m *Model) clone() *Model {
 	c.touch()
 	c.Replicas = slices.Clone(m.Replicas)
 	c.slotIdx = slices.Clone(m.slotIdx)
-	e := &c.entries
-	e.keys = e.keys[:len(e.keys):len(e.keys)]
-	e.sets = e.sets[:len(e.sets):len(e.sets)]
-	e.over = e.over.Clone()
-	e.pool = setPool{
-		data: e.pool.data[:len(e.pool.data):len(e.pool.data)],
-		off:  e.pool.off[:len(e.pool.off):len(e.pool.off)],
-		ids:  maps.Clone(e.pool.ids),
-	}
+	c.entries.capShared()
+	c.homes.capShared()
 	return &c
 }
 

@@ -51,7 +51,12 @@ func contents(t *Table) map[string]any {
 			es = append(es, fmt.Sprintf("%#x:%v", k, s))
 			return true
 		})
-		out[name] = map[string]any{"config": m.Config, "replicas": m.Replicas, "entries": es}
+		var hs []string
+		m.EachHome(func(k uint64, s uint32) bool {
+			hs = append(hs, fmt.Sprintf("%#x:%d", k, s))
+			return true
+		})
+		out[name] = map[string]any{"config": m.Config, "replicas": m.Replicas, "entries": es, "homes": hs}
 	}
 	return out
 }
@@ -318,6 +323,7 @@ func FuzzDecode(f *testing.F) {
 	_ = next.Models["llama"].Set(77, 1)
 	f.Add(Encode(Diff(tb, next)))
 	f.Add(EncodeFullFormat(loadedTable(f), FormatLoad))
+	f.Add(EncodeFullFormat(homedTable(f), FormatHomes))
 	f.Add([]byte("KVRT"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// Random bytes almost never pass the checksum; fix it up so the structural

@@ -73,7 +73,7 @@ func (w *writer) config(name string, flags byte, c ModelConfig, tiers []string) 
 	}
 }
 
-// patchedHead is modelHead for a patched section (formats 2 and 3; format 2 leaves the
+// patchedHead is modelHead for a patched section (formats 2 on; format 2 leaves the
 // load out).
 func (w *writer) patchedHead(mc *ModelChange) {
 	w.config(mc.Name, flagPatched, mc.Config, mc.Tiers)
@@ -115,6 +115,12 @@ func (w *writer) entry(k uint64, slots []uint32) {
 	for _, s := range slots {
 		w.uv(uint64(s))
 	}
+}
+
+// home writes one home: its key and slot.
+func (w *writer) home(k uint64, slot uint32) {
+	w.b = binary.LittleEndian.AppendUint64(w.b, k)
+	w.uv(uint64(slot))
 }
 
 func (w *writer) finish() []byte {
