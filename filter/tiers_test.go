@@ -15,8 +15,8 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// The leader asks for table formats up to 3; a control plane that knows them sends the
-// slower tiers and the replicas' load, one that does not ignores the header.
+// The leader asks for table formats up to 4; a control plane that knows them sends the
+// slower tiers, the replicas' load and the homes, one that does not ignores the header.
 func TestPollListsTheTableFormatsItReads(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
 		h := start(t, vm, testConfig)
@@ -24,7 +24,7 @@ func TestPollListsTheTableFormatsItReads(t *testing.T) {
 		poll, ok := h.lastCallout(api.TablePath)
 		require.True(t, ok)
 		v, _ := header(poll.Headers, api.TableFormatsHeader)
-		assert.Equal(t, "1,2,3", v)
+		assert.Equal(t, "1,2,3,4", v)
 	})
 }
 

@@ -104,10 +104,22 @@ func TestBudgetMaxReplicas(t *testing.T) {
 	}
 }
 
+// floodPlacements places 200,000 distinct keys on replica addr at now, in 40 batches.
+func floodPlacements(ix *Index, addr string, now time.Time) {
+	for i := range 40 {
+		b := &api.ReportBatch{}
+		for j := range 5 {
+			b.Reports = append(b.Reports, placement(addr, seqHashes(1000, uint64(i*100000+j*1000+1))))
+		}
+		ix.ApplyReports(b, now, nil)
+	}
+}
+
 // After a flood of speculative entries expires, Reclaim gives the memory back (Go maps
-// never shrink by themselves), and the LRU survives the slab's renumbering.
+// never shrink by themselves), and the LRU survives the slab's renumbering. (The keys
+// let go would become homes, bounded apart: TestHomesAreBounded.)
 func TestReclaimAfterExpiry(t *testing.T) {
-	ix := fixture(t, Config{SpecTTL: time.Second})
+	ix := fixture(t, Config{SpecTTL: time.Second, MaxHomes: -1})
 	w := newView()
 	w.apply(t, ix.Flush(t0, true), t0)
 	// A confirmed chain in the LRU, then the flood.
@@ -121,13 +133,7 @@ func TestReclaimAfterExpiry(t *testing.T) {
 		return ms.HeapInuse
 	}
 	before := heap()
-	for i := range 40 {
-		b := &api.ReportBatch{}
-		for j := range 5 {
-			b.Reports = append(b.Reports, placement("10.0.0.2:8000", seqHashes(1000, uint64(i*100000+j*1000+1))))
-		}
-		ix.ApplyReports(b, t0, nil)
-	}
+	floodPlacements(ix, "10.0.0.2:8000", t0)
 	w.apply(t, ix.Flush(t0, false), t0)
 	ix.Reclaim(t0)
 	keys := ix.BudgetState().Keys

@@ -20,6 +20,9 @@ type ModelUpdate struct {
 	Tiers   []string
 	Upserts table.Entries
 	Removes []uint64
+	// Homes are the keys the table stopped listing, with the replica that held each
+	// last, and those forgotten (homes.go).
+	Homes table.HomeChanges
 }
 
 // Flush expires speculative entries and returns the next version's content, or nil
@@ -101,8 +104,10 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 				}
 				continue
 			}
+			m.homes.listed(k) // homes.go
 			u.Upserts.Add(k, slots...)
 		}
+		u.Homes = m.homes.build(m.created, m.slots, func(k uint64) bool { return len(m.holders(k, slots[:0])) == 0 })
 		m.keys.built()
 		m.mu.Unlock()
 		m.created, m.members = false, false

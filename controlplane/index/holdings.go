@@ -29,6 +29,9 @@ type holding struct {
 const (
 	inLRU    = 1
 	lruToken = 2 // the LRU entry is token domain (no KV events for this replica)
+	// wasPlaced: a proxy placed a request with this key on the replica (place), so the
+	// key is one the filters route by, and worth a home when it goes (homes.go).
+	wasPlaced = 4
 )
 
 func (h *holding) held() bool { return h.tokRefs > 0 || h.flags&inLRU != 0 || h.specUntil != 0 }
@@ -56,6 +59,7 @@ func (h *holding) place(now stamp) {
 		h.inFlight++
 	}
 	h.placed = now
+	h.flags |= wasPlaced
 }
 
 // answered notes an outcome of the key's chain on the replica.
@@ -65,10 +69,12 @@ func (h *holding) answered() {
 	}
 }
 
-// flip is a change of whether a replica holds a key.
+// flip is a change of whether a replica holds a key; placed, for a key let go, that a
+// proxy placed it there (wasPlaced).
 type flip struct {
-	key uint64
-	on  bool
+	key    uint64
+	on     bool
+	placed bool
 }
 
 func (r *replica) ensure(k uint64) int32 {
@@ -94,7 +100,7 @@ func (ix *Index) settle(r *replica, i int32, was bool) {
 	h := &r.slab[i]
 	now := h.held()
 	if now != was {
-		r.flips = append(r.flips, flip{h.key, now}) // unlockReplica commits them
+		r.flips = append(r.flips, flip{h.key, now, !now && h.flags&wasPlaced != 0}) // unlockReplica commits them
 	}
 	if !now {
 		r.hold.Delete(h.key)

@@ -28,7 +28,7 @@ func TestSetSlotLists(t *testing.T) {
 		if want[k][uint16(slot)] != on {
 			changed[k] = true
 		}
-		m.setSlot(k, slot, on)
+		m.setSlot(k, slot, on, false)
 		if on {
 			want[k][uint16(slot)] = true
 		} else {

@@ -15,6 +15,8 @@
 //     since the last table build.
 //   - holdings.go: which keys a replica holds (holdings, the LRU of reported keys,
 //     capacity and eviction of reported keys), and the slot changes they publish.
+//   - homes.go: the keys the table stopped listing, with the replica that held each
+//     last (table format 4).
 //   - speculative.go: placements' speculative entries and their expiry.
 //   - events.go: KV events (kvevents.Handler): engine blocks to token-domain keys,
 //     gaps, restarts, clears, eviction pressure on reported keys.
@@ -84,6 +86,9 @@ type Config struct {
 	// MaxKeysPerReplica caps the reported (LRU) keys of one replica whatever its
 	// capacity, so a misbehaving reporter cannot grow memory without bound.
 	MaxKeysPerReplica int
+	// MaxHomes bounds each model's homes (homes.go): 0 takes DefaultMaxHomes, a
+	// negative value keeps none.
+	MaxHomes int
 	// RefreshInterval: while scrapes succeed, a version is published at least this
 	// often even when no value changed, so the state age filters see stays small.
 	RefreshInterval time.Duration
@@ -102,6 +107,9 @@ func (c Config) withDefaults() Config {
 	def(&c.Stride, 4)
 	def(&c.UnhealthyAfter, 3)
 	def(&c.MaxKeysPerReplica, 1<<20)
+	if c.MaxHomes == 0 {
+		c.MaxHomes = DefaultMaxHomes
+	}
 	if c.DefaultBytesPerToken <= 0 {
 		c.DefaultBytesPerToken = 4
 	}
@@ -247,7 +255,7 @@ func (r *replica) hasFlips() bool { return len(r.flips) > 0 || len(r.tierFlips) 
 // commit applies r's pending slot changes to m. Caller holds r.mu and m.mu.
 func (m *model) commit(r *replica) {
 	for _, f := range r.flips {
-		m.setSlot(f.key, r.slot, f.on)
+		m.setSlot(f.key, r.slot, f.on, f.placed)
 	}
 	for _, f := range r.tierFlips {
 		m.setTier(f.key, f.tier, r.slot, f.on)

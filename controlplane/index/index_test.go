@@ -43,9 +43,10 @@ func (w *view) apply(t *testing.T, ups []ModelUpdate, now time.Time) {
 	if ups == nil {
 		return
 	}
-	f := &table.Frame{Kind: table.Delta, Version: w.v + 1, Base: w.v, GeneratedMs: now.UnixMilli()}
+	f := &table.Frame{Format: table.FormatHomes, Kind: table.Delta, Version: w.v + 1, Base: w.v, GeneratedMs: now.UnixMilli()}
 	for _, u := range ups {
-		f.Models = append(f.Models, table.ModelChange{Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config, Replicas: u.Replicas, Upserts: u.Upserts, Removes: u.Removes})
+		f.Models = append(f.Models, table.ModelChange{Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config, Replicas: u.Replicas,
+			Tiers: u.Tiers, Upserts: u.Upserts, Removes: u.Removes, Homes: u.Homes})
 	}
 	// Through the wire format, as a filter gets it.
 	if _, err := w.t.Apply(table.Encode(f)); err != nil {

@@ -157,8 +157,9 @@ func (mk *modelKeys) shrink() {
 	}
 }
 
-// setSlot changes whether slot holds k on its GPU. Caller holds m.mu.
-func (m *model) setSlot(k uint64, slot uint32, on bool) {
+// setSlot changes whether slot holds k on its GPU; placed, when slot lets k go, says a
+// proxy placed it there (a home if slot was its last holder). Caller holds m.mu.
+func (m *model) setSlot(k uint64, slot uint32, on, placed bool) {
 	sh := m.keys.shard(k)
 	var st *keyState
 	if on {
@@ -183,6 +184,9 @@ func (m *model) setSlot(k uint64, slot uint32, on bool) {
 		copy(next[j+1:], s[j:])
 	case len(s) == 1:
 		next = nil
+		if placed {
+			m.homes.lastLeft(k, slot) // homes.go: a home if no tier lists it at the build
+		}
 	case len(s) == 2 && s[1-j] < uint16(len(oneHolder)):
 		o := s[1-j]
 		next = oneHolder[o : o+1 : o+1]

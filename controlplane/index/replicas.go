@@ -37,6 +37,7 @@ type model struct {
 	free      []uint32   // reusable slots
 	freeNext  []uint32   // freed since the last Flush: reusable once it is published
 	keys      modelKeys  // modelkeys.go
+	homes     modelHomes // homes.go
 	lists     int        // holder lists in keys that have their own array (not oneHolder's)
 	// tiers names the slower media seen (table tier i is tiers[i-1], append-only);
 	// tierKeys holds, per key, the holders (table.Holder) in those tiers (tiers.go).
@@ -162,6 +163,7 @@ func (ix *Index) addReplica(s Spec, now time.Time) {
 	if m == nil {
 		m = &model{
 			name: s.Model, created: true, bptPub: ix.cfg.DefaultBytesPerToken,
+			homes: modelHomes{max: ix.cfg.MaxHomes},
 		}
 		m.setBytesPerToken(ix.cfg.DefaultBytesPerToken)
 		ix.models[s.Model] = m
@@ -193,6 +195,9 @@ func (ix *Index) removeReplica(r *replica) {
 	ix.unlockReplica(r)
 	m := r.m
 	m.slots[r.slot] = nil
+	m.mu.Lock()
+	m.homes.dropSlot(r.slot)
+	m.mu.Unlock()
 	// The slot is reused only after a version without it is published, so no delta
 	// ever shows a new replica in a slot whose old entries a filter still holds.
 	m.freeNext = append(m.freeNext, r.slot)

@@ -1,5 +1,5 @@
 // Deltas for pollers more than one version behind: composed from the versions between,
-// with format 2 and 3's replica patches and format 1's GPU-only view.
+// with the replica patches of format 2 on and format 1's GPU-only view.
 
 package publish
 
@@ -9,7 +9,7 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// patched is f (a delta from base, whole replica lists) in format, 2 or 3, with the
+// patched is f (a delta from base, whole replica lists) in format, 2 to 4, with the
 // replica list of every model base has patched: only what changed since base, as that
 // format carries it.
 func patched(f *table.Frame, base *table.Table, format uint8) *table.Frame {
@@ -30,7 +30,7 @@ func patched(f *table.Frame, base *table.Table, format uint8) *table.Frame {
 func (p *Publisher) compose(have uint64, model string, format uint8) *table.Frame {
 	type acc struct {
 		reset, removed bool
-		keys           []uint64
+		keys, homes    []uint64
 	}
 	accs := map[string]*acc{}
 	var names []string
@@ -59,6 +59,10 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 			default:
 				a.keys = append(a.keys, ch.view(format)...)
 			}
+			if format >= table.FormatHomes {
+				a.homes = append(a.homes, ch.homes...)
+				total += len(ch.homes)
+			}
 			total += len(ch.view(format))
 			if total > p.maxKeys {
 				return nil
@@ -67,7 +71,7 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 	}
 	slices.Sort(names)
 	f := &table.Frame{Format: format, Kind: table.Delta, Version: p.t.Version, Base: have, GeneratedMs: p.t.GeneratedMs}
-	// Formats 2 and 3 carry only the replicas that changed since have, when have is
+	// Formats 2 on carry only the replicas that changed since have, when have is
 	// recent enough for its replicas to be known.
 	var baseRec *version
 	if i := have - p.hist[0].v; format >= table.FormatTiers && have >= p.hist[0].v && i < uint64(len(p.hist)) &&
@@ -98,6 +102,14 @@ func (p *Publisher) compose(have uint64, model string, format uint8) *table.Fram
 				mc.Upserts.Add(k, s...)
 			} else if !a.reset {
 				mc.Removes = append(mc.Removes, k)
+			}
+		}
+		slices.Sort(a.homes)
+		for _, k := range slices.Compact(a.homes) {
+			if s, ok := m.HomeOf(k); ok {
+				mc.Homes.Add(k, s)
+			} else if !a.reset {
+				mc.Homes.Removes = append(mc.Homes.Removes, k)
 			}
 		}
 		f.Models = append(f.Models, mc)

@@ -71,7 +71,7 @@ type frame struct {
 func (v version) keys() int {
 	n := 0
 	for _, ch := range v.models {
-		n += len(ch.keys) + len(ch.gpuKeys)
+		n += len(ch.keys) + len(ch.gpuKeys) + len(ch.homes)
 	}
 	return n
 }
@@ -83,6 +83,8 @@ type change struct {
 	// are keys (no slower tier touched this version): a slower tier's churn costs an
 	// older filter nothing.
 	gpuKeys []uint64
+	// homes are the keys whose home changed (format 4), sorted.
+	homes []uint64
 }
 
 // view is keys as format seen: format 1 sees only changes of GPU holders.
@@ -155,7 +157,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	if cur.Version == 0 {
 		next = p.first
 	}
-	f := &table.Frame{Format: table.FormatLoad, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
+	f := &table.Frame{Format: table.FormatHomes, Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: now.UnixMilli()}
 	// f1 is the same version as a format-1 filter sees it (GPU holders only).
 	f1 := &table.Frame{Kind: table.Delta, Version: next, Base: cur.Version, GeneratedMs: f.GeneratedMs}
 	rec := version{v: f.Version, base: f.Base, gen: f.GeneratedMs, models: make(map[string]*change, len(ups))}
@@ -164,6 +166,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		mc := table.ModelChange{
 			Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config,
 			Replicas: u.Replicas, Tiers: u.Tiers, Upserts: u.Upserts, Removes: u.Removes,
+			Homes: u.Homes,
 		}
 		f.Models = append(f.Models, mc)
 		keys := make([]uint64, 0, u.Upserts.Len()+len(u.Removes))
@@ -171,6 +174,10 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		keys = append(keys, u.Removes...)
 		slices.Sort(keys)
 		ch := &change{reset: u.Reset, removed: u.Removed, keys: keys}
+		if !u.Homes.Empty() {
+			ch.homes = append(slices.Clone(u.Homes.Keys), u.Homes.Removes...)
+			slices.Sort(ch.homes)
+		}
 		mc1 := gpuChange(cur.Models[u.Name], &mc, ch)
 		f1.Models = append(f1.Models, mc1)
 		rec.models[u.Name] = ch
@@ -186,9 +193,10 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		rec.replicas[name] = m.Replicas // replaced by later versions, never changed
 	}
 	// The frame just applied is the delta from the previous version for all models,
-	// the one most pollers want, in every format; formats 2 and 3 carry only the
-	// replicas that changed. Encoded before the swap, so polls never wait for it and the
-	// first ones after the swap find it.
+	// the one most pollers want, in every format; formats 2 on carry only the
+	// replicas that changed, and format 3 and older no homes. Encoded before the swap, so
+	// polls never wait for it and the first ones after the swap find it.
+	enc4 := table.Encode(patched(f, cur, table.FormatHomes))
 	enc3 := table.Encode(patched(f, cur, table.FormatLoad))
 	enc2 := table.Encode(patched(f, cur, table.FormatTiers))
 	enc1 := table.Encode(f1)
@@ -219,7 +227,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 	for _, e := range []struct {
 		format uint8
 		body   []byte
-	}{{table.FormatLoad, enc3}, {table.FormatTiers, enc2}, {table.FormatVersion, enc1}} {
+	}{{table.FormatHomes, enc4}, {table.FormatLoad, enc3}, {table.FormatTiers, enc2}, {table.FormatVersion, enc1}} {
 		if f.Base == 0 {
 			break // the first version: no filter has a version to take a delta from
 		}
@@ -228,7 +236,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		p.frames[frameKey{base: f.Base, format: e.format}] = &frame{done: done,
 			res: Result{Version: f.Version, GeneratedMs: f.GeneratedMs, Kind: table.Delta, Body: e.body}}
 	}
-	p.encodes += 3
+	p.encodes += 4
 	p.cacheMu.Unlock()
 	p.mu.Unlock()
 
@@ -281,10 +289,10 @@ func (p *Publisher) Frame(have uint64, hasHave bool, model string) Result {
 }
 
 // FrameFormat is Frame in the given table format (table.FormatVersion, FormatTiers or
-// FormatLoad). Polls asking for the same frame of the same version share one encoding
-// of it.
+// FormatLoad or FormatHomes). Polls asking for the same frame of the same version share
+// one encoding of it.
 func (p *Publisher) FrameFormat(have uint64, hasHave bool, model string, format uint8) Result {
-	if format != table.FormatTiers && format != table.FormatLoad {
+	if format < table.FormatTiers || format > table.FormatHomes {
 		format = table.FormatVersion
 	}
 	p.mu.RLock()

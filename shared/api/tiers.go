@@ -6,12 +6,12 @@ import (
 )
 
 // TableFormatsHeader on a table poll lists the frame formats the filter reads, e.g.
-// "1,2,3"; the control plane answers in the newest it can write, format 1 without it
+// "1,2,3,4"; the control plane answers in the newest it can write, format 1 without it
 // (docs/table.md, "Version skew").
 const TableFormatsHeader = "X-Kvroute-Table-Formats"
 
 // TableFormats is the value this build's filter sends in TableFormatsHeader.
-const TableFormats = "1,2,3"
+const TableFormats = "1,2,3,4"
 
 // DefaultCPULoadCost is guards.offload_cost's default for the "CPU" medium: loading a
 // token of Llama 3.3 70B's KV (BF16, TP=2: 163,840 bytes a GPU) over PCIe Gen5 at 50 GB/s

@@ -105,6 +105,7 @@ func run(args []string) error {
 	fs.IntVar(&ic.Budget.MaxKeys, "max-keys", 0, "memory budget in entries: keys the replicas hold plus KV-event blocks tracked, over all replicas; inputs beyond it are dropped and counted (default: none, only --max-index-bytes' 256 MiB); each model's share is its replicas' part, borrowable while other models are idle")
 	fs.Int64Var(&ic.Budget.MaxBytes, "max-index-bytes", 0, "memory budget in bytes of the index's own structures, priced per kind of entry (docs/controlplane.md lists what a key held from reports and from KV events costs); inputs beyond it are dropped and counted; with --max-keys too, whichever binds first; 0: 256 MiB unless --max-keys is given (then none); Go's heap runs to about twice it")
 	fs.Int64Var(&ic.Budget.DefaultCapacityTokens, "default-capacity-tokens", index.DefaultCapacityTokens, "a replica's KV capacity in tokens until vllm:cache_config_info gives num_gpu_blocks x block_size; a replica holds at most 4 x capacity / (stride x block-tokens) keys")
+	maxHomes := fs.Int("max-homes", index.DefaultMaxHomes, "keys the table lists nowhere that each model remembers with the replica that held each last, served to filters as homes (table format 4; about 40 bytes a key here, 12 in each filter); 0: none")
 	fs.IntVar(&ic.Budget.MaxReplicas, "max-replicas", index.DefaultMaxReplicas, "replicas discovery may list; the rest are dropped and counted")
 	fs.DurationVar(&ic.RefreshInterval, "refresh-interval", 100*time.Millisecond, "while scrapes succeed, publish a version at least this often so state age stays fresh")
 	fs.DurationVar(&o.PublishInterval, "publish-interval", 50*time.Millisecond, "at most one table version per interval")
@@ -136,6 +137,14 @@ func run(args []string) error {
 		return cli.Usagef("--kv-bind-allow: %w", err)
 	}
 	o.KVBindAllow = allow
+	switch {
+	case *maxHomes < 0:
+		return cli.Usagef("--max-homes %d: want 0 or more", *maxHomes)
+	case *maxHomes == 0:
+		ic.MaxHomes = -1 // index.Config: negative keeps none, 0 the default
+	default:
+		ic.MaxHomes = *maxHomes
+	}
 	o.Index = ic
 
 	o.Token = *token

@@ -1,0 +1,138 @@
+package index
+
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/internal/keymap"
+	"github.com/kvroute/kvroute/shared/table"
+)
+
+// modelHomes are a model's homes (table format 4, shared/table/homes.go): checkpoint
+// keys the table stopped listing, each with the slot of the replica whose GPU held it
+// last. Where the fleet's caches cannot hold the working set, a prefix is often evicted
+// everywhere between two of its requests; the filters send it back to its home, so each
+// returning prefix stays on one replica (docs/rule.md, "Homes"). The control plane sees
+// every proxy's placements and every engine's evictions, so every proxy and worker VM
+// shares one memory.
+//
+// At most max keys, first in, first out: the newest departures are remembered. A key
+// the table lists again is no home. Guarded by the model's mu.
+type modelHomes struct {
+	max  int
+	at   keymap.Map[homeAt]
+	ring []uint64 // the keys in the order they became homes, up to max; next is the oldest
+	next int
+	// left: keys whose last GPU holder let them go since the last build, with its slot
+	// (setSlot); at the build, those still listed nowhere become homes.
+	left []leftKey
+	// changed: keys whose home changed since the last build (repeats allowed).
+	changed []uint64
+}
+
+type homeAt struct {
+	pos  uint32 // in ring
+	slot uint16
+}
+
+type leftKey struct {
+	key  uint64
+	slot uint16
+}
+
+// DefaultMaxHomes bounds a model's homes: 131,072 checkpoint keys (a key every 4 blocks
+// of 16 tokens: 8 M tokens of prefixes), 5 MB here (TestHomesAreBounded) and 1.6 MB in
+// every filter's table. On the Mooncake trace at 4 replicas a proxy's own memory of
+// 65,536 keys a stride of 8 blocks apart did about as well as an unbounded one
+// (docs/performance.md, "Homes").
+const DefaultMaxHomes = 1 << 17
+
+// lastLeft notes that slot, the last replica whose GPU held k, let it go.
+func (h *modelHomes) lastLeft(k uint64, slot uint32) {
+	if h.max > 0 {
+		h.left = append(h.left, leftKey{k, uint16(slot)})
+	}
+}
+
+// listed: the table lists k again, so it is no home.
+func (h *modelHomes) listed(k uint64) {
+	if h.at.Len() > 0 {
+		if _, ok := h.at.Get(k); ok {
+			h.at.Delete(k)
+			h.changed = append(h.changed, k)
+		}
+	}
+}
+
+// put makes k a home on slot, in place of the oldest home when there are max.
+func (h *modelHomes) put(k uint64, slot uint16) {
+	if len(h.ring) < h.max {
+		h.next = len(h.ring)
+		h.ring = append(h.ring, k)
+	} else {
+		old := h.ring[h.next]
+		if at, ok := h.at.Get(old); ok && int(at.pos) == h.next {
+			h.at.Delete(old)
+			h.changed = append(h.changed, old)
+		}
+		h.ring[h.next] = k
+	}
+	h.at.Set(k, homeAt{pos: uint32(h.next), slot: slot})
+	h.changed = append(h.changed, k)
+	h.next = (h.next + 1) % h.max
+}
+
+// dropSlot forgets the homes of a replica that left (its slot will be reused).
+func (h *modelHomes) dropSlot(slot uint32) {
+	var gone []uint64
+	for k, at := range h.at.All() {
+		if uint32(at.slot) == slot {
+			gone = append(gone, k)
+		}
+	}
+	for _, k := range gone {
+		h.at.Delete(k)
+	}
+	h.changed = append(h.changed, gone...)
+	h.left = slices.DeleteFunc(h.left, func(l leftKey) bool { return uint32(l.slot) == slot })
+}
+
+// build makes homes of the keys let go since the last build that unlisted says the
+// table lists nowhere now, whose replica is still the model's (slots), and returns what
+// changed since the last build (every home when reset).
+func (h *modelHomes) build(reset bool, slots []*replica, unlisted func(uint64) bool) table.HomeChanges {
+	for _, l := range h.left {
+		if int(l.slot) < len(slots) && slots[l.slot] != nil && unlisted(l.key) {
+			h.put(l.key, l.slot)
+		}
+	}
+	var out table.HomeChanges
+	keys := h.changed
+	if reset {
+		keys = keys[:0]
+		for k := range h.at.All() {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		if at, ok := h.at.Get(k); ok {
+			out.Add(k, uint32(at.slot))
+		} else if !reset {
+			out.Removes = append(out.Removes, k)
+		}
+	}
+	h.left, h.changed = reuse(h.left), reuse(keys)
+	return out
+}
+
+// reuse empties a list for the next interval, keeping its array unless it is large and
+// was mostly unused (one flood's worth of keys should not stay allocated).
+func reuse[T any](s []T) []T {
+	if c := cap(s); c >= reclaimMin && c > 4*len(s) {
+		return nil
+	}
+	return s[:0]
+}
+
+// len is the number of homes.
+func (h *modelHomes) len() int { return h.at.Len() }
