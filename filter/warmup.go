@@ -37,7 +37,6 @@ func warmUp(cfg api.Config) {
 	r := route.NewRouter(cfg.RuleParams(), 1)
 	r.Config = cfg
 	r.Reuse = true
-	r.Homes.MaxKeys = 64 // the code path, not the request path's few megabytes
 	system := strings.Repeat("Warm-up system prompt line, escaped \\\"quotes\\\" and a newline.\\n", 64)
 	chat := func(q string) []byte {
 		return []byte(`{"model":"` + model + `","stream":true,"messages":[{"role":"system","content":"` +

@@ -76,7 +76,7 @@ func TestSessionPrefersItsReplicaWhileTheCostAllows(t *testing.T) {
 			Session: session, SessionBlocks: len(system) / int(cfg.BlockBytes)}, 50*time.Millisecond, now)
 		r.Ledger.Done(id)
 		// The table has not learned the session's prefix, nor has this proxy sent it.
-		r.Local, r.Homes = NewLocal(), NewHomes()
+		r.Local, r.HomeCredit = NewLocal(), DefaultHomeCredit
 		return d
 	}
 	m.Replicas[0].Queued, m.Replicas[1].Queued, m.Replicas[2].Queued = 3000, 2000, 0

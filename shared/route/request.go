@@ -267,9 +267,6 @@ func (r *Router) Route(t *table.Table, req *Request, tableAge time.Duration, now
 	known := min(r.inTable[d.Order[0]]/stride, len(res.Placement.Keys))
 	res.LocalKeys = res.Placement.Keys[known:]
 	r.Local.Add(m.Name, res.LocalKeys, d.Addrs[0], now)
-	if !r.tiers.on { // a model with a slower tier credits no home (creditHome)
-		r.Homes.Add(&chain, d.Addrs[0])
-	}
 	return d, res
 }
 

@@ -116,8 +116,9 @@ type Router struct {
 	Ledger *Ledger
 	// Local is this proxy's own recent placements, matched with the table's entries.
 	Local *Local
-	// Homes is where this router last sent each prefix (homes.go); nil for none.
-	Homes *Homes
+	// HomeCredit is the share of a prefix the table lists nowhere that its home is
+	// counted as holding (homes.go); 0 credits no home.
+	HomeCredit float64
 	// Config is the filter's configuration as far as Route reads it: body limits,
 	// adapters, tenants. The zero value has no limits, adapters or isolated tenants.
 	Config api.Config
@@ -157,7 +158,7 @@ type Router struct {
 
 // NewRouter returns a router with the given rule parameters and tie-breaking seed.
 func NewRouter(p rule.Params, seed uint64) *Router {
-	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), Local: NewLocal(), Homes: NewHomes()}
+	return &Router{Picker: rule.NewPicker(p, seed), Ledger: NewLedger(), Local: NewLocal(), HomeCredit: DefaultHomeCredit}
 }
 
 // Decide picks replicas of m for chain c. tableAge is how long ago the table was last

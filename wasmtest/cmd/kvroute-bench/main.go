@@ -279,7 +279,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&cpuLoad, time.Microsecond}, "cpu-load-per-token", "with --cpu-tier-tokens: what loading a token back costs (us or a duration; 3.28 us: docs/rule.md)")
 	fs.BoolVar(&o.KVRoute.LedgerStarts, "ledger-starts", true, "kvroute: the proxy records each request's first response byte as its start and takes its tokens off a queue snapshot measured before it (false: drops the ledger entry there)")
 	fs.BoolVar(&noLocal, "no-local-placements", false, "kvroute: do not match the proxy's own recent placements")
-	fs.BoolVar(&o.KVRoute.NoHomes, "no-homes", false, "kvroute: do not credit the replica a prefix was last sent to where the table lists none of it (route.Homes)")
+	fs.BoolVar(&o.KVRoute.NoHomes, "no-homes", false, "kvroute: do not credit a prefix's home, the replica that held it last, where the table lists none of it (table format 4)")
 	fs.BoolVar(&o.PinTenants, "pin-tenants", false, "with --routers: each tenant's requests reach one proxy (its own ingress) instead of any")
 	fs.BoolVar(&o.KVRoute.SharesPerProxy, "shares-per-proxy", false, "kvroute with --classes: each proxy holds tenants to their shares of its own admitted prefill (no shares exchanged through the control plane)")
 	fs.BoolVar(&o.KVRoute.AffinityPerProxy, "affinity-per-proxy", false, "kvroute: each proxy follows only the Responses answers it forwarded itself (no affinity shared through the control plane)")

@@ -80,8 +80,8 @@ type Config struct {
 	// NoLocal turns off matching the proxies' own recent placements (route.Local), for
 	// comparison with the behaviour before it.
 	NoLocal bool
-	// NoHomes turns off crediting the replica a prefix was last sent to (route.Homes),
-	// for comparison with the behaviour before it.
+	// NoHomes turns off crediting a prefix's home, the replica that held it last, where
+	// the table lists none of it (route.Router.HomeCredit 0), for comparison.
 	NoHomes bool
 	// AffinityPerProxy keeps each proxy's Responses affinity to itself (no affinity
 	// polls), for comparison with the map shared through the control plane.
@@ -319,7 +319,7 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 			r.rt.Local.MaxKeys = 0
 		}
 		if cfg.NoHomes {
-			r.rt.Homes = nil
+			r.rt.HomeCredit = 0
 		}
 		r.responses = map[uint64]learned{}
 		r.rt.Follows = func(id []byte, tenant string) string {
@@ -400,6 +400,7 @@ func (p *Policy) publishVersion(now time.Duration, ups []index.ModelUpdate) {
 		f.Models = append(f.Models, table.ModelChange{
 			Name: u.Name, Removed: u.Removed, Reset: u.Reset, Config: u.Config,
 			Replicas: u.Replicas, Tiers: u.Tiers, Upserts: u.Upserts, Removes: u.Removes,
+			Homes: u.Homes,
 		})
 	}
 	if p.cfg.GPUOnly {
