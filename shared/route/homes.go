@@ -1,6 +1,9 @@
 package route
 
-import "github.com/kvroute/kvroute/shared/table"
+import (
+	"github.com/kvroute/kvroute/shared/rule"
+	"github.com/kvroute/kvroute/shared/table"
+)
 
 // Homes: where the fleet's KV caches cannot hold its working set (the usual case in
 // production), a conversation's or a document's prefix is often evicted everywhere
@@ -12,8 +15,9 @@ import "github.com/kvroute/kvroute/shared/table"
 // The control plane remembers, for the keys the table stopped listing, the replica that
 // held each last, and serves them in the table (format 4, shared/table/homes.go): one
 // memory for every proxy and worker VM, since the control plane sees all their
-// placements. So, for a model without a slower tier, where the table (with this proxy's
-// own recent placements, Local) lists none of a request's prompt on the home of its
+// placements. So, while the fleet is past capacity (its replicas' mean busy fraction,
+// rule.PastCapacity), for a model without a slower tier, where the table (with this
+// proxy's own recent placements, Local) lists none of a request's prompt on the home of its
 // longest prefix with one, the rule counts that replica as holding HomeCredit of that
 // prefix: enough to keep the prefix there over a somewhat shorter queue elsewhere, not
 // enough to beat a replica the table lists holding it (docs/rule.md, "Homes").
@@ -29,7 +33,10 @@ const DefaultHomeCredit = 0.75
 // decision predicts and queues (the ledger's tokens, the placement report's predicted
 // cached tokens) and whether it spilled are what the table lists.
 func (r *Router) creditHome(m *table.Model, c *Chain) int {
-	if r.HomeCredit <= 0 {
+	if r.HomeCredit <= 0 || !rule.PastCapacity(meanBusy(r.cands)) {
+		// Going home costs queue. Below capacity that is latency every request pays,
+		// and what stickiness gives the fleet's caches does not make up for it
+		// (docs/rule.md, "Homes").
 		return -1
 	}
 	if r.tiers.on {
@@ -48,4 +55,23 @@ func (r *Router) creditHome(m *table.Model, c *Chain) int {
 	}
 	cd.Cached = min(c.Tokens(blocks), c.PromptTokens) * r.HomeCredit
 	return i
+}
+
+// meanBusy is the healthy candidates' mean busy fraction (rule.Candidate.Busy), 0 when
+// none is healthy or the table carries no load.
+func meanBusy(cands []rule.Candidate) float64 {
+	var sum float64
+	n := 0
+	for _, c := range cands {
+		if c.Healthy {
+			if c.Busy > 0 { // NaN compares false
+				sum += min(c.Busy, 1)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }

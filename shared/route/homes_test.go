@@ -2,11 +2,13 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/prefix"
+	"github.com/kvroute/kvroute/shared/rule"
 	"github.com/kvroute/kvroute/shared/table"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,24 +22,35 @@ func homeAt(t *testing.T, m *table.Model, c Chain, slot uint32) {
 	}
 }
 
+// pastCapacity sets every replica of m busy 90% of the time: the fleet is past
+// capacity, where homes are credited.
+func pastCapacity(m *table.Model) {
+	for i := range m.Replicas {
+		m.Replicas[i].Busy = 0.9
+	}
+}
+
 // A prefix every cache has let go (the table lists it nowhere but remembers its home,
 // and the proxy's own placement has settled) goes back to the replica it was last on
-// over a somewhat shorter queue elsewhere. Without homes it is placed as new, on the
-// shorter queue, and so it is where the model has a slower tier, whose listings keep
-// prefixes themselves.
+// over a somewhat shorter queue elsewhere, while the fleet is past capacity. Without
+// homes it is placed as new, on the shorter queue, and so it is where the model has a
+// slower tier, whose listings keep prefixes themselves, and below capacity (replicas
+// busy 70% of the time), where going home would cost every request queue.
 func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 	system := strings.Repeat("A long conversation that left every cache. ", 600)
 	for _, tc := range []struct {
 		homes, tier bool
-	}{{true, false}, {false, false}, {true, true}} {
-		homes := tc.homes && !tc.tier
-		t.Run(fmt.Sprintf("homes=%v,tier=%v", tc.homes, tc.tier), func(t *testing.T) {
+		busy        float64
+	}{{true, false, 0.9}, {false, false, 0.9}, {true, true, 0.9}, {true, false, 0.7}} {
+		homes := tc.homes && !tc.tier && tc.busy >= 0.8
+		t.Run(fmt.Sprintf("homes=%v,tier=%v,busy=%v", tc.homes, tc.tier, tc.busy), func(t *testing.T) {
 			m := model(t, 4)
 			if tc.tier {
 				require.NoError(t, m.SetTiers([]string{"CPU"}))
 			}
 			for i := range m.Replicas {
 				m.Replicas[i].Queued = uint64(1000 * (i + 1))
+				m.Replicas[i].Busy = tc.busy
 			}
 			tb := tableOf(m)
 			r := exactRouter()
@@ -96,11 +109,13 @@ func TestHomeYieldsToWhatTheTableLists(t *testing.T) {
 	now := time.Now()
 
 	m := model(t, 4)
+	pastCapacity(m)
 	hold(t, m, c, 2)
 	r, ch := newRouter(t, m, 0)
 	assert.Equal(t, "10.0.0.2:8000", r.Decide(m, ch, 50*time.Millisecond, now).Addrs[0], "the holder")
 
 	m = model(t, 4)
+	pastCapacity(m)
 	half := *ch
 	half.Keys = ch.Keys[:len(ch.Keys)/2]
 	hold(t, m, half, 0)
@@ -110,6 +125,7 @@ func TestHomeYieldsToWhatTheTableLists(t *testing.T) {
 	assert.Less(t, d.PredictedCached, 0.6*float64(len(system))/4, "what the table lists, not the credit")
 
 	m = model(t, 4)
+	pastCapacity(m)
 	for i := range m.Replicas {
 		m.Replicas[i].Queued = uint64(1000 * (4 - i))
 	}
@@ -117,4 +133,15 @@ func TestHomeYieldsToWhatTheTableLists(t *testing.T) {
 	d = r.Decide(m, ch, 50*time.Millisecond, now)
 	assert.Equal(t, "10.0.0.3:8000", d.Addrs[0], "least queued")
 	assert.Zero(t, d.PredictedCached)
+}
+
+// The fleet's busy fraction is its healthy replicas' mean: an unhealthy replica (whose
+// numbers are stale) does not count, a missing or NaN value counts as idle, and a value
+// above 1 as 1.
+func TestMeanBusy(t *testing.T) {
+	c := func(busy float64, healthy bool) rule.Candidate { return rule.Candidate{Busy: busy, Healthy: healthy} }
+	assert.InDelta(t, 0.6, meanBusy([]rule.Candidate{c(0.9, true), c(0.9, true), c(math.NaN(), true), c(0, false)}), 1e-9)
+	assert.InDelta(t, 1.0, meanBusy([]rule.Candidate{c(3, true), c(0.2, false)}), 1e-9)
+	assert.Zero(t, meanBusy([]rule.Candidate{c(0.9, false)}))
+	assert.Zero(t, meanBusy(nil))
 }
