@@ -10,19 +10,21 @@ import (
 
 // ReplicaState is one replica in GET /debug/state. It holds hashes' counts only.
 type ReplicaState struct {
-	ID             string   `json:"id"`
-	Model          string   `json:"model"`
-	Address        string   `json:"address"`
-	Healthy        bool     `json:"healthy"`
-	StateAgeMs     int64    `json:"state_age_ms"`
-	QueueTokens    float64  `json:"queue_tokens"` // Q(r) as the table carries it
-	Running        float64  `json:"running"`
-	Waiting        float64  `json:"waiting"`
-	KVUsage        float64  `json:"kv_usage"`
-	CapacityTokens int64    `json:"capacity_tokens"`
-	TextKeys       int      `json:"text_keys"`
-	TokenKeys      int      `json:"token_keys"`
-	KVEvents       KVEvents `json:"kv_events"`
+	ID             string  `json:"id"`
+	Model          string  `json:"model"`
+	Address        string  `json:"address"`
+	Healthy        bool    `json:"healthy"`
+	StateAgeMs     int64   `json:"state_age_ms"`
+	QueueTokens    float64 `json:"queue_tokens"` // Q(r) as the table carries it
+	Running        float64 `json:"running"`
+	Waiting        float64 `json:"waiting"`
+	KVUsage        float64 `json:"kv_usage"`
+	CapacityTokens int64   `json:"capacity_tokens"`
+	TextKeys       int     `json:"text_keys"`
+	TokenKeys      int     `json:"token_keys"`
+	// Homes are the keys the table lists nowhere whose home is this replica (homes.go).
+	Homes    int      `json:"homes"`
+	KVEvents KVEvents `json:"kv_events"`
 	// Budget (budget.go): keys held (all sources), the replica's limit, speculative ones.
 	Keys            int `json:"keys"`
 	KeyLimit        int `json:"key_limit"`
@@ -86,6 +88,7 @@ func (ix *Index) DebugState(now time.Time) []ReplicaState {
 			Running: r.sample.Running, Waiting: r.sample.Waiting, KVUsage: r.sample.KVUsage,
 			CapacityTokens: r.sample.CapacityTokens,
 			TextKeys:       r.lruText, TokenKeys: r.tokenKeys + r.lruTok,
+			Homes:      r.m.homesOf(r.slot),
 			KVEvents:   KVEvents{LastSeq: -1, LastEventAgeMs: -1, DeferredCommits: r.deferred},
 			spec:       r.specN,
 			scrapeErrs: r.scrapeErrs,
@@ -163,7 +166,8 @@ var (
 	dAgainAll  = desc("kv_evicted_blocks_stored_again_fleet_ratio", "Share of the replica's evicted GPU blocks stored again within 5 minutes on any replica of its model, over its last thousand or so followed evictions, each counted 5 minutes after it: what the fleet paid again. Absent before any.")
 	dDeferred  = desc("kv_event_deferred_commits_total", "KV-event batches whose end found the model's lock busy and left their changes to the replica's next batch or the next table build; growing with the batches, the model's lock limits ingest.")
 	dScrape    = desc("scrape_errors_total", "Failed metrics scrapes.")
-	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dAgain, dAgainAll, dDeferred, dScrape}
+	dHomes     = desc("homes", "Keys the table lists nowhere whose home is the replica, the last that held them (table format 4): where their prefixes are sent back when they return while the fleet is past capacity.")
+	allDescs   = []*prometheus.Desc{dQueue, dKV, dHealthy, dAge, dCap, dText, dToken, dSpec, dHomes, dConn, dEventAge, dBatches, dStored, dRemoved, dClears, dGaps, dDecode, dRestarts, dOrphans, dSkipped, dResidency, dAgain, dAgainAll, dDeferred, dScrape}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -194,6 +198,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		g(dText, float64(r.TextKeys))
 		g(dToken, float64(r.TokenKeys))
 		g(dSpec, float64(r.spec))
+		g(dHomes, float64(r.Homes))
 		n(dScrape, r.scrapeErrs)
 		if r.hasEvents {
 			g(dConn, b2f(r.KVEvents.Connected))

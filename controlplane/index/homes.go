@@ -27,6 +27,8 @@ type modelHomes struct {
 	left []leftKey
 	// changed: keys whose home changed since the last build (repeats allowed).
 	changed []uint64
+	// bySlot counts the homes of each slot (debug.go).
+	bySlot []int
 }
 
 type homeAt struct {
@@ -56,9 +58,8 @@ func (h *modelHomes) lastLeft(k uint64, slot uint32) {
 // listed: the table lists k again, so it is no home.
 func (h *modelHomes) listed(k uint64) {
 	if h.at.Len() > 0 {
-		if _, ok := h.at.Get(k); ok {
-			h.at.Delete(k)
-			h.changed = append(h.changed, k)
+		if at, ok := h.at.Get(k); ok {
+			h.forget(k, at)
 		}
 	}
 }
@@ -71,14 +72,35 @@ func (h *modelHomes) put(k uint64, slot uint16) {
 	} else {
 		old := h.ring[h.next]
 		if at, ok := h.at.Get(old); ok && int(at.pos) == h.next {
-			h.at.Delete(old)
-			h.changed = append(h.changed, old)
+			h.forget(old, at)
 		}
 		h.ring[h.next] = k
 	}
+	if at, ok := h.at.Get(k); ok {
+		h.bySlot[at.slot]--
+	}
 	h.at.Set(k, homeAt{pos: uint32(h.next), slot: slot})
+	if int(slot) >= len(h.bySlot) {
+		h.bySlot = append(h.bySlot, make([]int, int(slot)+1-len(h.bySlot))...)
+	}
+	h.bySlot[slot]++
 	h.changed = append(h.changed, k)
 	h.next = (h.next + 1) % h.max
+}
+
+// forget drops home k (at is its value).
+func (h *modelHomes) forget(k uint64, at homeAt) {
+	h.at.Delete(k)
+	h.bySlot[at.slot]--
+	h.changed = append(h.changed, k)
+}
+
+// count is the number of homes on slot.
+func (h *modelHomes) count(slot uint32) int {
+	if int(slot) < len(h.bySlot) {
+		return h.bySlot[slot]
+	}
+	return 0
 }
 
 // dropSlot forgets the homes of a replica that left (its slot will be reused).
@@ -90,9 +112,8 @@ func (h *modelHomes) dropSlot(slot uint32) {
 		}
 	}
 	for _, k := range gone {
-		h.at.Delete(k)
+		h.forget(k, homeAt{slot: uint16(slot)})
 	}
-	h.changed = append(h.changed, gone...)
 	h.left = slices.DeleteFunc(h.left, func(l leftKey) bool { return uint32(l.slot) == slot })
 }
 
@@ -132,6 +153,13 @@ func reuse[T any](s []T) []T {
 		return nil
 	}
 	return s[:0]
+}
+
+// homesOf is the number of m's homes on slot (takes m.mu).
+func (m *model) homesOf(slot uint32) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.homes.count(slot)
 }
 
 // len is the number of homes.

@@ -48,12 +48,18 @@ func TestHomesAreKeysListedNowhere(t *testing.T) {
 	if got := w.homes("m"); len(got) != 3 || got[100] != 1 || got[101] != 0 {
 		t.Fatalf("let go by b: homes %v", got)
 	}
+	if st := ix.DebugState(t2); st[0].Homes != 2 || st[1].Homes != 1 {
+		t.Fatalf("debug state: a %d homes, b %d", st[0].Homes, st[1].Homes)
+	}
 
 	// A replica that leaves takes its homes with it (its slot will be reused).
 	ix.SetReplicas([]Spec{{ID: "a", Model: "m", Addr: "10.0.0.1:8000", Events: true}}, t2)
 	w.apply(t, ix.Flush(t2, false), t2)
 	if got := w.homes("m"); len(got) != 2 || got[101] != 0 {
 		t.Fatalf("after b left: homes %v", got)
+	}
+	if st := ix.DebugState(t2); len(st) != 1 || st[0].Homes != 2 {
+		t.Fatalf("debug state after b left: %+v", st)
 	}
 }
 
@@ -88,6 +94,9 @@ func TestHomesAreBounded(t *testing.T) {
 	got := w.homes("m")
 	if len(got) != 3 || got[200] != 1 || got[201] != 1 {
 		t.Fatalf("homes %v: want the newest three", got)
+	}
+	if st := ix.DebugState(t2); st[0].Homes != 1 || st[1].Homes != 2 {
+		t.Fatalf("debug state: a %d homes, b %d", st[0].Homes, st[1].Homes)
 	}
 
 	big := fixture(t, Config{SpecTTL: time.Second})

@@ -630,7 +630,7 @@ func TestDebugStateFieldsAndReadiness(t *testing.T) {
 	}
 	reps := st["replicas"].([]any)
 	rep := reps[0].(map[string]any)
-	want := []string{"address", "capacity_tokens", "healthy", "id", "key_limit", "keys", "kv_events", "kv_usage", "model", "queue_tokens", "running", "speculative_keys", "state_age_ms", "text_keys", "token_keys", "waiting"}
+	want := []string{"address", "capacity_tokens", "healthy", "homes", "id", "key_limit", "keys", "kv_events", "kv_usage", "model", "queue_tokens", "running", "speculative_keys", "state_age_ms", "text_keys", "token_keys", "waiting"}
 	if got := keys(rep); !slices.Equal(got, want) {
 		t.Fatalf("replica fields %v, want %v", got, want)
 	}
