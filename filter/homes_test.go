@@ -13,14 +13,14 @@ import (
 	"github.com/kvroute/kvroute/shared/table"
 )
 
-// homedFleet is fleet past capacity (every replica busy 90% of the time) with nothing
+// homedFleet is fleet past capacity (every replica busy 95% of the time) with nothing
 // listed, slot 0 the home of earlier's prefix and 3,000 tokens queued there, the others
 // without a queue.
 func homedFleet(t *testing.T, earlier string) *table.Table {
 	tb := fleet(t, 5, 3, []uint64{3000, 0, 0}, nil)
 	m := tb.Models["llama"]
 	for i := range m.Replicas {
-		m.Replicas[i].Busy = 0.9
+		m.Replicas[i].Busy = 0.95
 	}
 	for _, k := range checkpointsOf(t, m.Config, earlier, "") {
 		require.NoError(t, m.SetHome(k, 0))

@@ -22,11 +22,11 @@ func homeAt(t *testing.T, m *table.Model, c Chain, slot uint32) {
 	}
 }
 
-// pastCapacity sets every replica of m busy 90% of the time: the fleet is past
+// pastCapacity sets every replica of m busy 95% of the time: the fleet is past
 // capacity, where homes are credited.
 func pastCapacity(m *table.Model) {
 	for i := range m.Replicas {
-		m.Replicas[i].Busy = 0.9
+		m.Replicas[i].Busy = 0.95
 	}
 }
 
@@ -35,14 +35,14 @@ func pastCapacity(m *table.Model) {
 // over a somewhat shorter queue elsewhere, while the fleet is past capacity. Without
 // homes it is placed as new, on the shorter queue, and so it is where the model has a
 // slower tier, whose listings keep prefixes themselves, and below capacity (replicas
-// busy 70% of the time), where going home would cost every request queue.
+// busy 85% of the time), where going home would cost every request queue.
 func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 	system := strings.Repeat("A long conversation that left every cache. ", 600)
 	for _, tc := range []struct {
 		homes, tier bool
 		busy        float64
-	}{{true, false, 0.9}, {false, false, 0.9}, {true, true, 0.9}, {true, false, 0.7}} {
-		homes := tc.homes && !tc.tier && tc.busy >= 0.8
+	}{{true, false, 0.95}, {false, false, 0.95}, {true, true, 0.95}, {true, false, 0.85}} {
+		homes := tc.homes && !tc.tier && tc.busy >= homesBusy
 		t.Run(fmt.Sprintf("homes=%v,tier=%v,busy=%v", tc.homes, tc.tier, tc.busy), func(t *testing.T) {
 			m := model(t, 4)
 			if tc.tier {

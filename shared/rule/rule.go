@@ -255,10 +255,6 @@ func evictCost(r *Candidate) float64 {
 // lost its cache (docs/performance.md, "Past capacity: the later arrivals' cap").
 const maxBusy = 0.8
 
-// PastCapacity says whether a busy fraction (a replica's, or a fleet's mean) is past
-// capacity as the rule takes it: at least maxBusy.
-func PastCapacity(busy float64) bool { return busy >= maxBusy }
-
 // others is N + B/2 for a placement of u tokens on r: how many other requests each of
 // its tokens delays, a later arrival's first token counting twice a running request's
 // next one (see the package doc). 0 without load values.
