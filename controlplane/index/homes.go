@@ -146,15 +146,6 @@ func (h *modelHomes) build(reset bool, slots []*replica, unlisted func(uint64) b
 	return out
 }
 
-// reuse empties a list for the next interval, keeping its array unless it is large and
-// was mostly unused (one flood's worth of keys should not stay allocated).
-func reuse[T any](s []T) []T {
-	if c := cap(s); c >= reclaimMin && c > 4*len(s) {
-		return nil
-	}
-	return s[:0]
-}
-
 // homesOf is the number of m's homes on slot (takes m.mu).
 func (m *model) homesOf(slot uint32) int {
 	m.mu.Lock()

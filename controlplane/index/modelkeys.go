@@ -105,9 +105,7 @@ func (mk *modelKeys) touch(k uint64) {
 }
 
 // built forgets the changed set once a build has published it: entries without
-// holders go. The list's array is kept for the next interval while this one used a
-// quarter of it or more (a steady stream of changes reuses it), and given back when
-// it is larger than that (it would keep one flood's worth of changes allocated).
+// holders go, and the list's array is kept or given back (reuse).
 func (mk *modelKeys) built() {
 	for _, k := range mk.dirty {
 		sh := mk.shard(k)
@@ -118,11 +116,7 @@ func (mk *modelKeys) built() {
 			}
 		}
 	}
-	if c := cap(mk.dirty); c >= reclaimMin && c > 4*len(mk.dirty) {
-		mk.dirty = nil
-		return
-	}
-	mk.dirty = mk.dirty[:0]
+	mk.dirty = reuse(mk.dirty)
 }
 
 // Bytes prices the key set once fresh keys more are added: the shards' arrays, each

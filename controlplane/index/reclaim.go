@@ -13,6 +13,16 @@ import (
 
 const reclaimMin = 4096 // structures smaller than this are left alone
 
+// reuse empties a list for the next interval, keeping its array while this one used a
+// quarter of it or more (a steady stream reuses it) and giving it back when it is large
+// and was mostly unused (one flood's worth should not stay allocated).
+func reuse[T any](s []T) []T {
+	if c := cap(s); c >= reclaimMin && c > 4*len(s) {
+		return nil
+	}
+	return s[:0]
+}
+
 // hwmKey names one structure whose high-water mark is tracked.
 type hwmKey struct {
 	r    *replica

@@ -175,7 +175,7 @@ func (p *Publisher) Publish(ups []index.ModelUpdate, now time.Time) (uint64, err
 		slices.Sort(keys)
 		ch := &change{reset: u.Reset, removed: u.Removed, keys: keys}
 		if !u.Homes.Empty() {
-			ch.homes = append(slices.Clone(u.Homes.Keys), u.Homes.Removes...)
+			ch.homes = slices.Concat(u.Homes.Keys, u.Homes.Removes)
 			slices.Sort(ch.homes)
 		}
 		mc1 := gpuChange(cur.Models[u.Name], &mc, ch)

@@ -193,23 +193,10 @@ func (r *reader) model() ModelChange {
 	if mc.Reset && nd != 0 {
 		r.fail("model %q: reset section removes keys", mc.Name)
 	}
-	for i := 0; i < nd && r.err == nil; i++ {
-		k := r.u64()
-		if i > 0 && k <= mc.Removes[i-1] {
-			r.fail("model %q: removed keys not increasing", mc.Name)
-		}
-		mc.Removes = append(mc.Removes, k)
-	}
+	mc.Removes = r.increasing(nd, mc.Removes, "model %q: removed keys not increasing", mc.Name)
 	// A key both upserted and removed in one section has no single meaning.
-	for i, j := 0, 0; i < len(mc.Upserts.Keys) && j < len(mc.Removes) && r.err == nil; {
-		switch a, b := mc.Upserts.Keys[i], mc.Removes[j]; {
-		case a < b:
-			i++
-		case b < a:
-			j++
-		default:
-			r.fail("model %q: key %#x both upserted and removed", mc.Name, a)
-		}
+	if k, ok := common(mc.Upserts.Keys, mc.Removes); ok {
+		r.fail("model %q: key %#x both upserted and removed", mc.Name, k)
 	}
 	if hasHomes(r.format) {
 		r.homes(&mc)
@@ -232,23 +219,38 @@ func (r *reader) homes(mc *ModelChange) {
 	if mc.Reset && nd != 0 {
 		r.fail("model %q: reset section removes homes", mc.Name)
 	}
-	for i := 0; i < nd && r.err == nil; i++ {
-		k := r.u64()
-		if i > 0 && k <= h.Removes[i-1] {
-			r.fail("model %q: removed homes not increasing", mc.Name)
-		}
-		h.Removes = append(h.Removes, k)
+	h.Removes = r.increasing(nd, h.Removes, "model %q: removed homes not increasing", mc.Name)
+	if k, ok := common(h.Keys, h.Removes); ok {
+		r.fail("model %q: home %#x both set and removed", mc.Name, k)
 	}
-	for i, j := 0, 0; i < len(h.Keys) && j < len(h.Removes) && r.err == nil; {
-		switch a, b := h.Keys[i], h.Removes[j]; {
-		case a < b:
+}
+
+// increasing appends n u64 keys to keys, failing with the message format and args
+// unless each is above the one before.
+func (r *reader) increasing(n int, keys []uint64, format string, args ...any) []uint64 {
+	for i := 0; i < n && r.err == nil; i++ {
+		k := r.u64()
+		if i > 0 && k <= keys[len(keys)-1] {
+			r.fail(format, args...)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// common is the first key two increasing lists share, if any.
+func common(a, b []uint64) (uint64, bool) {
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		switch {
+		case a[i] < b[j]:
 			i++
-		case b < a:
+		case b[j] < a[i]:
 			j++
 		default:
-			r.fail("model %q: home %#x both set and removed", mc.Name, a)
+			return a[i], true
 		}
 	}
+	return 0, false
 }
 
 // patch reads a patched section's replicas and dropped slots (format 2 deltas).
