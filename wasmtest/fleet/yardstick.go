@@ -78,35 +78,55 @@ func (a *Against) OffCount() int {
 // AgainstBest is subject's yardstick in results; false when subject or every peer
 // did not run.
 func AgainstBest(results []*sim.Result, subject string) (Against, bool) {
-	var me *sim.Result
-	var peers []*sim.Result
+	var me *PolicyFigures
+	var peers []PolicyFigures
 	for _, r := range results {
 		switch {
 		case r.Policy == subject:
-			me = r
+			me = &PolicyFigures{r.Policy, figuresOf(r)}
 		case slices.Contains(Peers, r.Policy):
-			peers = append(peers, r)
+			peers = append(peers, PolicyFigures{r.Policy, figuresOf(r)})
 		}
 	}
 	if me == nil || len(peers) == 0 {
 		return Against{}, false
 	}
+	return against(*me, peers), true
+}
+
+// PolicyFigures is a policy's value on each Figure: one run's, or a geometric mean over
+// runs (overseeds.go).
+type PolicyFigures struct {
+	Policy string
+	Values []float64 // indexed like Figures; seconds for the latencies
+}
+
+func figuresOf(r *sim.Result) []float64 {
+	v := make([]float64, len(Figures))
+	for i, f := range Figures {
+		v[i] = f.of(r)
+	}
+	return v
+}
+
+// against is me's yardstick against the best of others on each figure.
+func against(me PolicyFigures, others []PolicyFigures) Against {
 	a := Against{Ratio: make([]float64, len(Figures)), Best: make([]string, len(Figures)), Off: make([]bool, len(Figures))}
 	for i, f := range Figures {
-		best := peers[0]
-		for _, p := range peers[1:] {
-			if v, b := f.of(p), f.of(best); (f.Higher && v > b) || (!f.Higher && v < b) {
+		best := others[0]
+		for _, p := range others[1:] {
+			if v, b := p.Values[i], best.Values[i]; (f.Higher && v > b) || (!f.Higher && v < b) {
 				best = p
 			}
 		}
-		ratio := f.of(me) / f.of(best)
-		if math.IsInf(f.of(best), 0) && math.IsInf(f.of(me), 0) {
+		ratio := me.Values[i] / best.Values[i]
+		if math.IsInf(best.Values[i], 0) && math.IsInf(me.Values[i], 0) {
 			ratio = math.NaN()
 		}
 		a.Ratio[i], a.Best[i] = ratio, best.Policy
 		a.Off[i] = !math.IsNaN(ratio) && f.off(ratio)
 	}
-	return a, true
+	return a
 }
 
 // YardstickNote says what the yardstick's line is and its bounds.
@@ -155,10 +175,22 @@ func WriteAgainst(w io.Writer, a *Against) error {
 	return err
 }
 
-// SeedRun is one seed's yardstick.
+// SeedRun is one seed's yardstick and the comparison it was measured on.
 type SeedRun struct {
 	Seed    uint64
 	Against Against
+	// Policies are every policy's figures on the seed (AllFigures), for the figures
+	// over the seeds (overseeds.go); nil leaves those out.
+	Policies []PolicyFigures
+}
+
+// AllFigures is each result's figures, in results' order.
+func AllFigures(results []*sim.Result) []PolicyFigures {
+	out := make([]PolicyFigures, len(results))
+	for i, r := range results {
+		out[i] = PolicyFigures{r.Policy, figuresOf(r)}
+	}
+	return out
 }
 
 // BoundsMet is how many figures of runs are within their bounds, of how many.
@@ -189,8 +221,9 @@ func Geomeans(runs []SeedRun) []float64 {
 	return out
 }
 
-// WriteSeeds writes the yardstick of every seed, then the geometric mean of each figure
-// and how many figures of all the runs are within their bounds.
+// WriteSeeds writes the yardstick of every seed, then the geometric mean of each figure,
+// how many figures of all the runs are within their bounds, and the figures over the
+// seeds (overseeds.go).
 func WriteSeeds(w io.Writer, runs []SeedRun) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "seed\t")
@@ -218,12 +251,14 @@ func WriteSeeds(w io.Writer, runs []SeedRun) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "bounds met: %d of %d\n", met, total)
-	return err
+	if _, err := fmt.Fprintf(w, "bounds met: %d of %d\n", met, total); err != nil {
+		return err
+	}
+	return writeOverSeeds(w, runs)
 }
 
-// WriteSeedsJSON writes --seeds' document: each seed's comparison (with its yardstick)
-// and each figure's geometric mean ratio over the runs.
+// WriteSeedsJSON writes --seeds' document: each seed's comparison (with its yardstick),
+// each figure's geometric mean ratio over the runs and the figures over the seeds.
 func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 	type geomean struct {
 		Figure string   `json:"figure"`
@@ -234,6 +269,10 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 		Geomeans  []geomean    `json:"geomeans,omitempty"`
 		BoundsMet int          `json:"bounds_met"`
 		Figures   int          `json:"figures"`
+		// The figures over the seeds (overseeds.go).
+		PolicyGeomeans       []JSONGeomean `json:"policy_geomeans,omitempty"`
+		AgainstBestOverSeeds []JSONFigure  `json:"against_best_over_seeds,omitempty"`
+		Held                 []Held        `json:"held,omitempty"`
 	}{Runs: reports}
 	if len(runs) > 0 {
 		for i, g := range Geomeans(runs) {
@@ -246,5 +285,6 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 		}
 	}
 	doc.BoundsMet, doc.Figures = BoundsMet(runs)
+	doc.PolicyGeomeans, doc.AgainstBestOverSeeds, doc.Held = jsonOverSeeds(runs)
 	return writeJSON(w, doc)
 }

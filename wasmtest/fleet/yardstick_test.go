@@ -108,4 +108,5 @@ func TestWriteSeedsSumsTheRuns(t *testing.T) {
 	assert.Regexp(t, `(?m)^\s+1\s+1\.000\s+1\.000\s+2\.000\*\s+1\.000\s+1\.000\s+1$`, out.String())
 	assert.Regexp(t, `(?m)^\s+geomean\s+1\.000\s+1\.000\s+1\.000\s+1\.000\s+1\.000\s+1$`, out.String())
 	assert.Contains(t, out.String(), "bounds met: 9 of 10")
+	assert.NotContains(t, out.String(), "over the seeds", "runs without their policies' figures")
 }

@@ -634,7 +634,7 @@ func (b *bench) seeds(seeds []uint64, build func(fleet.Options) (workload.Worklo
 		rep.Seed = s
 		reports = append(reports, rep)
 		if a, ok := fleet.AgainstBest(results, "kvroute"); ok {
-			runs = append(runs, fleet.SeedRun{Seed: s, Against: a})
+			runs = append(runs, fleet.SeedRun{Seed: s, Against: a, Policies: fleet.AllFigures(results)})
 		}
 	}
 	if len(runs) > 0 {

@@ -92,9 +92,19 @@ func TestSeeds(t *testing.T) {
 				CachedTokenRate float64 `json:"cached_token_rate"`
 			} `json:"policies"`
 		} `json:"runs"`
-		Geomeans  []struct{ Figure string } `json:"geomeans"`
-		BoundsMet int                       `json:"bounds_met"`
-		Figures   int                       `json:"figures"`
+		Geomeans       []struct{ Figure string } `json:"geomeans"`
+		BoundsMet      int                       `json:"bounds_met"`
+		Figures        int                       `json:"figures"`
+		PolicyGeomeans []struct {
+			Policy          string  `json:"policy"`
+			CachedTokenRate float64 `json:"cached_token_rate"`
+		} `json:"policy_geomeans"`
+		AgainstBestOverSeeds []struct{ Figure string } `json:"against_best_over_seeds"`
+		Held                 []struct {
+			Policy  string `json:"policy"`
+			Off     int    `json:"off"`
+			Figures int    `json:"figures"`
+		} `json:"held"`
 	}
 	require.NoError(t, json.Unmarshal(b, &doc))
 	require.Len(t, doc.Runs, 3)
@@ -112,6 +122,18 @@ func TestSeeds(t *testing.T) {
 	assert.Equal(t, 15-off, doc.BoundsMet)
 	assert.Regexp(t, fmt.Sprintf(`bounds met: %d of 15`, doc.BoundsMet), s)
 	assert.Len(t, doc.Geomeans, 5)
+	// over the seeds: each policy's geometric means, kvroute against them, and each
+	// held to the per-seed count (kvroute's is the bounds missed)
+	require.Len(t, doc.PolicyGeomeans, 2)
+	assert.Equal(t, "round-robin", doc.PolicyGeomeans[0].Policy)
+	assert.Positive(t, doc.PolicyGeomeans[1].CachedTokenRate)
+	assert.Len(t, doc.AgainstBestOverSeeds, 5)
+	require.Len(t, doc.Held, 2)
+	assert.Equal(t, "kvroute", doc.Held[0].Policy)
+	assert.Equal(t, off, doc.Held[0].Off)
+	assert.Equal(t, 15, doc.Held[1].Figures)
+	assert.Contains(t, s, "kvroute over the best other policy over the seeds: cached ")
+	assert.Regexp(t, `figures off: kvroute \d+ of 15, round-robin \d+ of 15\n`, s)
 	assert.NotEqual(t, doc.Runs[0].Policies[1].CachedTokenRate, doc.Runs[2].Policies[1].CachedTokenRate,
 		"each seed runs its own arrivals")
 }
