@@ -27,10 +27,10 @@ import (
 const DefaultHomeCredit = 0.75
 
 // homesBusy is the healthy replicas' mean busy fraction (rule.Candidate.Busy) from which
-// homes are credited: a fleet past capacity. Measured, as the credit is: at 0.7, 0.8 and
-// 0.9, 50, 40 and 31 figures off the bounds on the Mooncake trace at 4 replicas over
-// seeds 1-24; the GPU-only workload holds 22.19, 23.44 and 23.44 req/s at a 1 s TTFT p95
-// (docs/performance.md, "Homes").
+// homes are credited: a fleet past capacity. Measured, as the credit is: from 0.7 to
+// 0.95 the best of the values tried on the Mooncake trace at 4 replicas over 48 seeds,
+// and the GPU-only workload's rate at a 1 s TTFT p95 is as without homes from 0.8
+// (docs/rule.md and docs/performance.md, "Homes").
 const homesBusy = 0.9
 
 // creditHome counts the home of c's longest prefix with one (r.cands, indexed like

@@ -51,20 +51,7 @@ func PolicyGeomeans(runs []SeedRun) []PolicyFigures {
 // AgainstBestOverSeeds is subject's yardstick on the figures' geometric means over runs:
 // subject's against each peer's; false when subject or every peer did not run.
 func AgainstBestOverSeeds(runs []SeedRun, subject string) (Against, bool) {
-	var me *PolicyFigures
-	var peers []PolicyFigures
-	for _, g := range PolicyGeomeans(runs) {
-		switch {
-		case g.Policy == subject:
-			me = &g
-		case slices.Contains(Peers, g.Policy):
-			peers = append(peers, g)
-		}
-	}
-	if me == nil || len(peers) == 0 {
-		return Against{}, false
-	}
-	return against(*me, peers), true
+	return againstPeers(PolicyGeomeans(runs), subject)
 }
 
 // Held is one policy held to the yardstick seed by seed: how many of its figures over

@@ -78,14 +78,20 @@ func (a *Against) OffCount() int {
 // AgainstBest is subject's yardstick in results; false when subject or every peer
 // did not run.
 func AgainstBest(results []*sim.Result, subject string) (Against, bool) {
+	return againstPeers(AllFigures(results), subject)
+}
+
+// againstPeers is subject's yardstick against the Peers among policies; false when
+// subject or every peer is missing.
+func againstPeers(policies []PolicyFigures, subject string) (Against, bool) {
 	var me *PolicyFigures
 	var peers []PolicyFigures
-	for _, r := range results {
+	for i, p := range policies {
 		switch {
-		case r.Policy == subject:
-			me = &PolicyFigures{r.Policy, figuresOf(r)}
-		case slices.Contains(Peers, r.Policy):
-			peers = append(peers, PolicyFigures{r.Policy, figuresOf(r)})
+		case p.Policy == subject:
+			me = &policies[i]
+		case slices.Contains(Peers, p.Policy):
+			peers = append(peers, p)
 		}
 	}
 	if me == nil || len(peers) == 0 {
