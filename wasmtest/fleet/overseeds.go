@@ -19,8 +19,8 @@ import (
 // each peer seed by seed against the best of the others, kvroute among them. The
 // per-seed count stays what docs/performance.md reports first.
 
-// PolicyGeomeans is each policy's geometric mean of each figure over runs, in
-// the order the first run lists them. A run that gave up makes its figure infinite.
+// PolicyGeomeans is each policy's geometric mean of each figure over runs, in the
+// order the first run lists them. A run that gave up makes its figure infinite.
 func PolicyGeomeans(runs []SeedRun) []PolicyFigures {
 	var names []string
 	logs := map[string][]float64{}
@@ -64,7 +64,7 @@ type Held struct {
 
 // HeldToTheYardstick holds subject and each peer that ran to the yardstick, seed by seed,
 // against the best of the others among them (the oracle and kvroute's variants are not
-// among them). Subject's count is BoundsMet's.
+// among them). Subject's Off is the figures BoundsMet finds off its bounds.
 func HeldToTheYardstick(runs []SeedRun, subject string) []Held {
 	var held []Held
 	index := map[string]int{}
