@@ -54,6 +54,34 @@ func AgainstBestOverSeeds(runs []SeedRun, subject string) (Against, bool) {
 	return againstPeers(PolicyGeomeans(runs), subject)
 }
 
+// minHalfSeeds is the fewest runs AgainstBestOverHalves splits.
+const minHalfSeeds = 4
+
+// Half is subject's yardstick over the figures' geometric means of part of the runs.
+type Half struct {
+	First, Last uint64 // the seeds of its first and last run
+	Against     Against
+}
+
+// AgainstBestOverHalves is subject's yardstick over the first half of runs and over the
+// rest, each as AgainstBestOverSeeds; nil with fewer than minHalfSeeds runs or without
+// subject and a peer. Where both halves agree with the whole, the seeds were enough to
+// say it; where they disagree, more seeds are needed.
+func AgainstBestOverHalves(runs []SeedRun, subject string) []Half {
+	if len(runs) < minHalfSeeds {
+		return nil
+	}
+	var out []Half
+	for _, part := range [][]SeedRun{runs[:len(runs)/2], runs[len(runs)/2:]} {
+		a, ok := AgainstBestOverSeeds(part, subject)
+		if !ok {
+			return nil
+		}
+		out = append(out, Half{First: part[0].Seed, Last: part[len(part)-1].Seed, Against: a})
+	}
+	return out
+}
+
 // Held is one policy held to the yardstick seed by seed: how many of its figures over
 // the runs are off their bounds against the best of the others on each.
 type Held struct {
@@ -133,6 +161,14 @@ func writeOverSeeds(w io.Writer, runs []SeedRun) error {
 		fmt.Fprintf(w, "kvroute over the best other policy over the seeds: %s: %d of %d off\n",
 			strings.Join(parts, ", "), a.OffCount(), len(Figures))
 	}
+	if halves := AgainstBestOverHalves(runs, "kvroute"); halves != nil {
+		var parts []string
+		for i, f := range Figures {
+			parts = append(parts, fmt.Sprintf("%s %s / %s", f.Name, ratioText(&halves[0].Against, i), ratioText(&halves[1].Against, i)))
+		}
+		fmt.Fprintf(w, "and over each half of the seeds (%d-%d / %d-%d): %s\n", halves[0].First, halves[0].Last,
+			halves[1].First, halves[1].Last, strings.Join(parts, ", "))
+	}
 	if held := HeldToTheYardstick(runs, "kvroute"); len(held) > 1 {
 		var parts []string
 		for _, h := range held {
@@ -166,8 +202,15 @@ type JSONGeomean struct {
 	E2Ep50          *float64 `json:"e2e_p50_s"`
 }
 
+// JSONHalf is one half of the seeds' yardstick (AgainstBestOverHalves).
+type JSONHalf struct {
+	FirstSeed uint64       `json:"first_seed"`
+	LastSeed  uint64       `json:"last_seed"`
+	Figures   []JSONFigure `json:"figures"`
+}
+
 // jsonOverSeeds fills --seeds' document with the figures over the seeds.
-func jsonOverSeeds(runs []SeedRun) (gs []JSONGeomean, over []JSONFigure, held []Held) {
+func jsonOverSeeds(runs []SeedRun) (gs []JSONGeomean, over []JSONFigure, halves []JSONHalf, held []Held) {
 	num := func(v float64) *float64 {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil
@@ -183,5 +226,8 @@ func jsonOverSeeds(runs []SeedRun) (gs []JSONGeomean, over []JSONFigure, held []
 	if a, ok := AgainstBestOverSeeds(runs, "kvroute"); ok {
 		over = JSONAgainst(&a)
 	}
-	return gs, over, HeldToTheYardstick(runs, "kvroute")
+	for _, h := range AgainstBestOverHalves(runs, "kvroute") {
+		halves = append(halves, JSONHalf{FirstSeed: h.First, LastSeed: h.Last, Figures: JSONAgainst(&h.Against)})
+	}
+	return gs, over, halves, HeldToTheYardstick(runs, "kvroute")
 }

@@ -69,12 +69,40 @@ func TestOverSeedsComparesPoliciesNotDraws(t *testing.T) {
 	assert.Contains(t, text, ": 0 of 5 off\n")
 	assert.Contains(t, text, "figures off: kvroute 2 of 10, weighted-scorers 1 of 10, sglang-cache-aware 1 of 10\n")
 
-	gj, over, hj := jsonOverSeeds(runs)
+	assert.NotContains(t, text, "each half", "two seeds are not split")
+
+	gj, over, halves, hj := jsonOverSeeds(runs)
 	require.Len(t, gj, 4)
 	assert.InDelta(t, 1.414214, *gj[0].TTFTp95, 1e-6)
 	require.Len(t, over, len(Figures))
 	assert.False(t, over[2].Off)
+	assert.Nil(t, halves)
 	assert.Equal(t, held, hj)
+}
+
+// Over each half of the seeds: a verdict the halves disagree on needs more seeds.
+func TestOverSeedsSplitsTheSeedsInHalves(t *testing.T) {
+	s := time.Second
+	run := func(seed uint64, kvP95 time.Duration) SeedRun {
+		return seedRun(t, seed, result("weighted-scorers", 0.5, s, s, s, s), result("kvroute", 0.5, s, kvP95, s, s))
+	}
+	runs := []SeedRun{run(3, 2*s), run(4, 1200*ms), run(5, 500*ms), run(6, 800*ms), run(7, 900*ms)}
+	halves := AgainstBestOverHalves(runs, "kvroute")
+	require.Len(t, halves, 2)
+	assert.Equal(t, []uint64{3, 4, 5, 7}, []uint64{halves[0].First, halves[0].Last, halves[1].First, halves[1].Last})
+	assert.InDelta(t, math.Sqrt(2*1.2), halves[0].Against.Ratio[2], 1e-9)
+	assert.True(t, halves[0].Against.Off[2])
+	assert.InDelta(t, math.Cbrt(0.5*0.8*0.9), halves[1].Against.Ratio[2], 1e-9)
+	assert.False(t, halves[1].Against.Off[2])
+
+	var out bytes.Buffer
+	require.NoError(t, WriteSeeds(&out, runs))
+	assert.Contains(t, out.String(), "and over each half of the seeds (3-4 / 5-7): cached 1.000 / 1.000, TTFT p50 1.000 / 1.000, p95 1.549* / 0.711,")
+	_, _, jh, _ := jsonOverSeeds(runs)
+	require.Len(t, jh, 2)
+	assert.Equal(t, uint64(5), jh[1].FirstSeed)
+	assert.True(t, jh[0].Figures[2].Off)
+	assert.Nil(t, AgainstBestOverHalves(runs[:3], "kvroute"), "too few seeds to split")
 }
 
 // A policy that gave up on one seed has given up over the seeds: infinite, printed as
@@ -94,6 +122,6 @@ func TestOverSeedsWhenARunGaveUp(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, WriteSeeds(&out, runs))
 	assert.Regexp(t, `(?m)^\s+kvroute\s+30\.0%\s+gave up\s+1\.000`, out.String())
-	gj, _, _ := jsonOverSeeds(runs)
+	gj, _, _, _ := jsonOverSeeds(runs)
 	assert.Nil(t, gj[1].TTFTp50)
 }

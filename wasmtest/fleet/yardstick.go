@@ -276,9 +276,10 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 		BoundsMet int          `json:"bounds_met"`
 		Figures   int          `json:"figures"`
 		// The figures over the seeds (overseeds.go).
-		PolicyGeomeans       []JSONGeomean `json:"policy_geomeans,omitempty"`
-		AgainstBestOverSeeds []JSONFigure  `json:"against_best_over_seeds,omitempty"`
-		Held                 []Held        `json:"held,omitempty"`
+		PolicyGeomeans        []JSONGeomean `json:"policy_geomeans,omitempty"`
+		AgainstBestOverSeeds  []JSONFigure  `json:"against_best_over_seeds,omitempty"`
+		AgainstBestOverHalves []JSONHalf    `json:"against_best_over_halves,omitempty"`
+		Held                  []Held        `json:"held,omitempty"`
 	}{Runs: reports}
 	if len(runs) > 0 {
 		for i, g := range Geomeans(runs) {
@@ -291,6 +292,6 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 		}
 	}
 	doc.BoundsMet, doc.Figures = BoundsMet(runs)
-	doc.PolicyGeomeans, doc.AgainstBestOverSeeds, doc.Held = jsonOverSeeds(runs)
+	doc.PolicyGeomeans, doc.AgainstBestOverSeeds, doc.AgainstBestOverHalves, doc.Held = jsonOverSeeds(runs)
 	return writeJSON(w, doc)
 }
