@@ -40,16 +40,16 @@ const homesBusy = 0.9
 // decision predicts and queues (the ledger's tokens, the placement report's predicted
 // cached tokens) and whether it spilled are what the table lists.
 func (r *Router) creditHome(m *table.Model, c *Chain) int {
-	if r.HomeCredit <= 0 || meanBusy(r.cands) < homesBusy {
-		// Going home costs queue. Below capacity that is latency every request pays,
-		// and what stickiness gives the fleet's caches does not make up for it
-		// (docs/rule.md, "Homes").
-		return -1
-	}
-	if r.tiers.on {
+	if r.HomeCredit <= 0 || r.tiers.on {
 		// A slower tier keeps what GPU memory evicts, and the table lists it there:
 		// its listings return prefixes already, and a prefix listed nowhere has left
 		// its home's tier too (docs/rule.md, "Homes").
+		return -1
+	}
+	if meanBusy(r.cands) < homesBusy {
+		// Going home costs queue. Below capacity that is latency every request pays,
+		// and what stickiness gives the fleet's caches does not make up for it
+		// (docs/rule.md, "Homes").
 		return -1
 	}
 	i, blocks := m.Home(c.Keys)

@@ -50,11 +50,10 @@ import (
 // Format 2 adds the slower KV tiers (offloaded blocks, see Holder), format 3 each
 // replica's load (Replica.Running, Busy, MeanUncached), format 4 the homes (homes.go):
 // a filter says in its poll which formats it reads (api.TableFormatsHeader) and gets the
-// newest it listed. A format-1
-// frame of a table with tiers carries its GPU holders only, and is byte for byte the
-// frame a control plane without tiers sends for the same GPU holdings; a format-2 frame
-// is the format-3 frame without the load values, and a format-3 frame the format-4
-// frame without the homes.
+// newest it listed. A format-1 frame of a table with tiers carries its GPU holders only,
+// and is byte for byte the frame a control plane without tiers sends for the same GPU
+// holdings; a format-2 frame is the format-3 frame without the load values, and a
+// format-3 frame the format-4 frame without the homes.
 
 const (
 	magic = "KVRT"

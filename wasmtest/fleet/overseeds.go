@@ -211,17 +211,10 @@ type JSONHalf struct {
 
 // jsonOverSeeds fills --seeds' document with the figures over the seeds.
 func jsonOverSeeds(runs []SeedRun) (gs []JSONGeomean, over []JSONFigure, halves []JSONHalf, held []Held) {
-	num := func(v float64) *float64 {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		v = round6(v)
-		return &v
-	}
 	for _, g := range PolicyGeomeans(runs) {
 		v := g.Values
-		gs = append(gs, JSONGeomean{Policy: g.Policy, CachedTokenRate: num(v[0]), TTFTp50: num(v[1]),
-			TTFTp95: num(v[2]), TTFTp99: num(v[3]), E2Ep50: num(v[4])})
+		gs = append(gs, JSONGeomean{Policy: g.Policy, CachedTokenRate: jsonNum(v[0]), TTFTp50: jsonNum(v[1]),
+			TTFTp95: jsonNum(v[2]), TTFTp99: jsonNum(v[3]), E2Ep50: jsonNum(v[4])})
 	}
 	if a, ok := AgainstBestOverSeeds(runs, "kvroute"); ok {
 		over = JSONAgainst(&a)

@@ -209,21 +209,13 @@ type JSONFigure struct {
 func JSONAgainst(a *Against) []JSONFigure {
 	out := make([]JSONFigure, len(Figures))
 	for i, f := range Figures {
-		out[i] = JSONFigure{Figure: f.Name, Best: a.Best[i], Bound: f.Bound, Off: a.Off[i]}
-		if v := a.Ratio[i]; !math.IsNaN(v) && !math.IsInf(v, 0) {
-			v = round6(v)
-			out[i].Ratio = &v
-		}
+		out[i] = JSONFigure{Figure: f.Name, Ratio: jsonNum(a.Ratio[i]), Best: a.Best[i], Bound: f.Bound, Off: a.Off[i]}
 	}
 	return out
 }
 
 func jsonSecs(d time.Duration) *float64 {
-	if d == time.Duration(math.MaxInt64) {
-		return nil // the run gave up: above any bound
-	}
-	v := math.Round(d.Seconds()*1e6) / 1e6
-	return &v
+	return jsonNum(seconds(d)) // null where the run gave up: above any bound
 }
 
 // JSONRow converts one result.
@@ -242,6 +234,16 @@ func JSONRow(r *sim.Result) JSONPolicy {
 }
 
 func round6(v float64) float64 { return math.Round(v*1e6) / 1e6 }
+
+// jsonNum is v to 6 decimals, or null where it is not a finite number (JSON has no
+// infinity: a run that gave up, or a ratio that says nothing).
+func jsonNum(v float64) *float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	v = round6(v)
+	return &v
+}
 
 // NewJSONReport is the comparison as the JSON document.
 func NewJSONReport(workload string, replicas int, results []*sim.Result) JSONReport {

@@ -283,12 +283,7 @@ func WriteSeedsJSON(w io.Writer, reports []JSONReport, runs []SeedRun) error {
 	}{Runs: reports}
 	if len(runs) > 0 {
 		for i, g := range Geomeans(runs) {
-			e := geomean{Figure: Figures[i].Name}
-			if !math.IsNaN(g) && !math.IsInf(g, 0) {
-				g = round6(g)
-				e.Ratio = &g
-			}
-			doc.Geomeans = append(doc.Geomeans, e)
+			doc.Geomeans = append(doc.Geomeans, geomean{Figure: Figures[i].Name, Ratio: jsonNum(g)})
 		}
 	}
 	doc.BoundsMet, doc.Figures = BoundsMet(runs)
