@@ -34,11 +34,15 @@ func overloadMesh(t *testing.T) *mesh.Mesh {
 	}}})
 }
 
-// A flood of sheddable requests with prompts of their own does not move the critical
-// class's time to first token past its budget: the filter answers the flood's excess
-// with 429 and Retry-After at once, and the critical requests, never refused, find
-// short queues.
-func TestSheddableFloodLeavesCriticalWithinItsBudget(t *testing.T) {
+// A flood of sheddable requests with prompts of their own, through the compiled filter
+// in a proxy: the filter answers the flood's excess with 429 and Retry-After at once,
+// serves the rest, counts the refusals by class and reason, and never refuses a critical
+// request. The critical class's TTFT is logged, not asserted: here it is wall time on a
+// shared machine. That it stays within its budget past capacity is asserted on the
+// simulator's virtual clock, with the Go router and with the compiled filter
+// (wasmtest/fleet TestSheddingKeepsCriticalWithinItsBudgetPastCapacity and
+// TestCompiledFilterShedsPastCapacity).
+func TestSheddableFloodIsRefusedAtTheProxy(t *testing.T) {
 	m := overloadMesh(t)
 	ctx := context.Background()
 	system := mesh.SystemPrompt(1, 2000)
@@ -91,7 +95,6 @@ func TestSheddableFloodLeavesCriticalWithinItsBudget(t *testing.T) {
 	p95 := func(d []time.Duration) time.Duration { return d[(len(d)*95+99)/100-1] }
 	t.Logf("critical TTFT p95 %v quiet, %v under the flood; sheddable %d served, %d refused", p95(quiet), p95(flooded),
 		ok.Load(), shed.Load())
-	assert.LessOrEqual(t, p95(flooded), 300*time.Millisecond, "critical within its budget under the flood")
 	assert.Positive(t, ok.Load(), "the flood is served in part")
 	assert.Zero(t, noRetry.Load(), "every refusal carries Retry-After")
 	counted, _ := m.Host.Metric("kvroute_shed_sheddable_wait_total")
