@@ -44,7 +44,7 @@ func TestInvalidConfigFailsStartWithAClearLog(t *testing.T) {
 
 func TestClientSentRoutingHeaderIsStripped(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
-		h := start(t, vm, testConfig)
+		h := start(t, vm, neverHold(testConfig))
 		spoof := [][2]string{{api.DefaultEndpointHeader, "10.9.9.9:8000"}}
 		// On a path kvroute does not route ...
 		_, hs := h.send(request{method: "GET", path: "/v1/models", headers: spoof})

@@ -70,6 +70,12 @@ const testConfig = `{
 	"max_body_bytes": 65536
 }`
 
+// neverHold is cfg with first_table_wait_ms -1: a request before the first table is
+// left to Envoy at once, as the tests of that path want (held_test.go holds them).
+func neverHold(cfg string) string {
+	return strings.Replace(cfg, "{", `{"first_table_wait_ms": -1,`, 1)
+}
+
 type host struct {
 	proxytest.HostEmulator
 	t *testing.T

@@ -85,7 +85,7 @@ func TestIsolatedTenantUnsaltableBodiesAreRefused(t *testing.T) {
 // control plane unreachable since the proxy started): the engine caches it either way.
 func TestIsolatedTenantIsSaltedWithoutATable(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
-		h := start(t, vm, testConfig)
+		h := start(t, vm, neverHold(testConfig))
 		id, hs := h.send(request{headers: [][2]string{{"x-tenant", "acme"}}, body: chat(system, "q")})
 		assert.Empty(t, endpoint(hs), "no table: Envoy's fallback picks the replica")
 		var sent map[string]any

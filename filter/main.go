@@ -9,8 +9,9 @@
 // reports and table.
 //
 // Files: main.go (contexts, tick), request.go (request path, the endpoint header),
-// response.go (usage and outcome reports), reports.go (a shard's report batches and its
-// queue), shards.go (the control planes polled, one per model or pool, and which one
+// held.go (requests held for their model's first table, resumed on a tick), response.go
+// (usage and outcome reports), reports.go (a shard's report batches and its queue),
+// shards.go (the control planes polled, one per model or pool, and which one
 // serves a request's model), store.go (each shard's table in shared data), placed.go
 // (placements shared between the worker VMs), affinity.go (the replicas of responses and
 // sessions, shared between the worker VMs), leader.go (lease, polling each shard's
@@ -67,6 +68,8 @@ type plugin struct {
 	routed   *shard    // the shard of the request being routed
 	reqNow   time.Time // when the request being routed is routed
 	free     []*httpContext
+	held     []*httpContext // waiting for their model's first table (held.go)
+	started  time.Time      // when the plugin started: requests are held within its first wait
 	header   endpointHeader
 	usage    prompt.Parser // reads usage in responses (its buffers)
 	mem      hostBufs      // what host calls on the request path return (hostmem.go)
@@ -87,6 +90,7 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	p.cfg = cfg
 	p.mem = newHostBufs(cfg.MaxBodyBytes)
 	p.now = time.Now
+	p.started = p.now()
 	p.vmID = randomID()
 	p.router = route.NewRouter(cfg.RuleParams(), randomID())
 	p.router.Config = cfg
@@ -137,6 +141,8 @@ func (p *plugin) OnTick() {
 	if n := p.router.Expire(now.Add(-time.Duration(p.cfg.LedgerTimeoutMs) * time.Millisecond)); n > 0 {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}
+	// Last: it switches the effective context to each stream it resumes.
+	p.releaseHeld(now)
 }
 
 func (p *plugin) NewHttpContext(contextID uint32) types.HttpContext {
@@ -144,10 +150,10 @@ func (p *plugin) NewHttpContext(contextID uint32) types.HttpContext {
 	if n := len(p.free); n > 0 {
 		h := p.free[n-1]
 		p.free = p.free[:n-1]
-		h.reqID = p.nextReq
+		h.reqID, h.contextID = p.nextReq, contextID
 		return h
 	}
-	return &httpContext{p: p, reqID: p.nextReq}
+	return &httpContext{p: p, reqID: p.nextReq, contextID: contextID}
 }
 
 func randomID() uint64 {

@@ -18,6 +18,7 @@ type metrics struct {
 	fallbacks      proxywasm.MetricCounter // routed least-queued: no usable state, or no prompt
 	unrouted       proxywasm.MetricCounter // header left unset: no table or unknown model
 	unservedModel  proxywasm.MetricCounter // ... because no shard serves the model (failed open)
+	heldForTable   proxywasm.MetricCounter // held for the model's first table (held.go)
 	parseErrors    proxywasm.MetricCounter // bodies that could not be parsed
 	oversized      proxywasm.MetricCounter // bodies above max_body_bytes (content-length: not held; else routed least-queued)
 	saltInjected   proxywasm.MetricCounter // cache_salt set for isolated tenants
@@ -75,6 +76,7 @@ func defineMetrics() metrics {
 		fallbacks:            c("kvroute_fallbacks_total"),
 		unrouted:             c("kvroute_unrouted_total"),
 		unservedModel:        c("kvroute_unserved_model_total"),
+		heldForTable:         c("kvroute_held_for_table_total"),
 		parseErrors:          c("kvroute_parse_errors_total"),
 		oversized:            c("kvroute_oversized_bodies_total"),
 		saltInjected:         c("kvroute_cache_salt_injected_total"),

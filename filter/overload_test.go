@@ -75,7 +75,7 @@ func TestOverloadShedsWithA429AndRetryAfter(t *testing.T) {
 // (Envoy's fallback load balancer decides, as without classes).
 func TestOverloadAdmitsWithoutATable(t *testing.T) {
 	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
-		h := start(t, vm, overloadConfig)
+		h := start(t, vm, neverHold(overloadConfig))
 		id, action := h.exchange(request{body: chat(system, "q"), headers: [][2]string{{"x-class", "sheddable"}}})
 		assert.Nil(t, h.GetSentLocalResponse(id))
 		assert.Equal(t, types.ActionContinue, action)

@@ -22,8 +22,9 @@ import (
 // request past the fleet's capacity (admit.Verdict).
 type httpContext struct {
 	types.DefaultHttpContext
-	p     *plugin
-	reqID uint64
+	p         *plugin
+	reqID     uint64
+	contextID uint32 // the host's, for proxy_set_effective_context (held.go)
 
 	schema      prompt.Schema
 	routable    bool // a POST to a path prompt.SchemaForPath knows: held for its body
@@ -37,6 +38,12 @@ type httpContext struct {
 	contentLength int64 // -1: none, or not a number
 	seen          int   // body bytes at the last body callback
 	largestChunk  int
+	// whole: the request was decided with its end of stream seen, its body read with
+	// requestBody(wholeSize) (-1: no body); only then may it be held (held.go).
+	whole     bool
+	wholeSize int
+	// While held for the first table of heldFor (held.go).
+	heldFor *shard
 
 	// Set when the request was placed by the rule; the response completes the report.
 	placed   bool
@@ -110,7 +117,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 		}
 	}
 	if endOfStream {
-		if h.decide(nil, nil) {
+		if h.decideWhole(-1) {
 			return types.ActionPause
 		}
 		return types.ActionContinue
@@ -185,9 +192,7 @@ func (h *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if !endOfStream {
 		return types.ActionPause
 	}
-	// The body lives in p.mem.body until the next request's: routing copies what it keeps.
-	body, err := h.p.mem.body.requestBody(bodySize)
-	if h.decide(body, err) {
+	if h.decideWhole(bodySize) {
 		return types.ActionPause
 	}
 	return types.ActionContinue
@@ -211,17 +216,32 @@ func (h *httpContext) nextChunk(bodySize int) int {
 // OnHttpRequestTrailers: with HTTP/2 trailers the body callback never sees end of
 // stream, so the decision happens here.
 func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
-	if h.routable && !h.decided {
-		body, err := h.p.mem.body.requestBody(h.p.cfg.MaxBodyBytes + 1)
-		if h.decide(body, err) {
-			return types.ActionPause
-		}
+	if h.routable && !h.decided && h.decideWhole(h.p.cfg.MaxBodyBytes+1) {
+		return types.ActionPause
 	}
 	return types.ActionContinue
 }
 
+// decideWhole routes a request whose end of stream was seen, on its body read with
+// requestBody(size) (-1: none); true when the stream stays paused: refused (a local
+// reply is on its way) or held for the first table.
+func (h *httpContext) decideWhole(size int) bool {
+	h.whole, h.wholeSize = true, size
+	body, err := h.wholeBody()
+	return h.decide(body, err)
+}
+
+// wholeBody reads the whole request's body again (nil: it has none). It lives in
+// p.mem.body until the next request's: routing copies what it keeps.
+func (h *httpContext) wholeBody() ([]byte, error) {
+	if h.wholeSize < 0 {
+		return nil, nil
+	}
+	return h.p.mem.body.requestBody(h.wholeSize)
+}
+
 // decide routes a request on its whole body (nil: none, or readErr when the host would
-// not hand it over); true when the request was refused (a local reply is on its way).
+// not hand it over); true when the stream stays paused (route).
 func (h *httpContext) decide(body []byte, readErr error) bool {
 	if readErr != nil {
 		return h.route(&route.Request{Unread: true, Size: len(body)})
@@ -271,8 +291,10 @@ func (h *httpContext) shed(v admit.Verdict) {
 // route runs the routing sequence (route.Router.Route, the same function the fleet
 // simulator runs) and carries out its result: the endpoint header, the body with the
 // tenant's cache_salt, the counters and the placement report; or, for an isolated
-// tenant's body that cannot be salted, a local reply (then it returns true).
-func (h *httpContext) route(req *route.Request) (refused bool) {
+// tenant's body that cannot be salted, a local reply; or, for a whole request that
+// finds no table yet, nothing until the table comes (held.go). True when the stream
+// stays paused: answered locally, or held.
+func (h *httpContext) route(req *route.Request) (paused bool) {
 	h.decided = true
 	p := h.p
 	now := p.now()
@@ -285,6 +307,9 @@ func (h *httpContext) route(req *route.Request) (refused bool) {
 	// Route asks p.tableFor for the table of the model's shard once it knows the model.
 	p.routed, p.reqNow = nil, now
 	d, res := p.router.Route(nil, req, 0, now)
+	if h.holdForTable(&res, now) {
+		return true // counted, salted and reported when it is released
+	}
 	m := &p.metrics
 	if res.Verdict.Shed() {
 		h.shed(res.Verdict)

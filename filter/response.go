@@ -78,6 +78,9 @@ func (h *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 }
 
 func (h *httpContext) OnHttpStreamDone() {
+	if h.heldFor != nil {
+		h.p.dropHeld(h) // the client went away while it was held
+	}
 	h.p.router.Done(h.reqID)
 	h.started(time.Time{})
 	if h.placed && !h.finished {

@@ -27,6 +27,13 @@ const (
 	MaxWaitMs     = 30000
 )
 
+// How long a request that arrives before its model's first table may be held
+// (first_table_wait_ms): the default and the most.
+const (
+	DefaultFirstTableWaitMs = 500
+	MaxFirstTableWaitMs     = 10000
+)
+
 // Tenant policies.
 const (
 	// Shared tenants may hit cache entries other shared tenants created.
@@ -81,6 +88,17 @@ type Config struct {
 	// LedgerTimeoutMs drops a local queue entry whose response never started (lost
 	// stream); the engine's own metrics take over by then.
 	LedgerTimeoutMs int `json:"ledger_timeout_ms,omitempty"`
+	// FirstTableWaitMs holds a whole request that finds no table for its model yet (the
+	// proxy just started, or its control plane is still warming up) until the table
+	// arrives, for at most this long (checked on each tick), instead of leaving it to
+	// Envoy at once: a request Envoy places is reported to no control plane, so the next
+	// request with its prefix copies it again. Default 500; negative: never held.
+	FirstTableWaitMs int `json:"first_table_wait_ms,omitempty"`
+}
+
+// FirstTableWait is FirstTableWaitMs as a duration; 0 when requests are never held.
+func (c *Config) FirstTableWait() time.Duration {
+	return time.Duration(max(c.FirstTableWaitMs, 0)) * time.Millisecond
 }
 
 // ControlPlane says where the table comes from and where reports go.
@@ -302,6 +320,7 @@ func (c *Config) fillDefaults() {
 	def(&c.MaxBodyBytes, 1<<20-64<<10)
 	def(&c.MaxJSONDepth, 64)
 	def(&c.LedgerTimeoutMs, 30000)
+	def(&c.FirstTableWaitMs, DefaultFirstTableWaitMs)
 	p := rule.DefaultParams()
 	if c.Guards.MaxKVUsage == 0 {
 		c.Guards.MaxKVUsage = p.MaxKVUsage
@@ -373,6 +392,9 @@ func (c *Config) Validate() error {
 	c.Guards.validateOffload(bad)
 	if c.LedgerTimeoutMs < 1 {
 		bad("ledger_timeout_ms must be positive")
+	}
+	if c.FirstTableWaitMs > MaxFirstTableWaitMs {
+		bad("first_table_wait_ms %d above %d: a request held that long has waited longer than a cache miss costs", c.FirstTableWaitMs, MaxFirstTableWaitMs)
 	}
 	for a, base := range c.Adapters {
 		if a == "" || base == "" {

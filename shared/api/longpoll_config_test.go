@@ -3,6 +3,7 @@ package api
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,4 +62,22 @@ func TestConfigFailoverTargets(t *testing.T) {
 		{"name": "x", "models": ["m1"], "control_plane": {"cluster": "a", "authority": "a", "failover": [{"cluster": "b", "authority": "b"}]}},
 		{"name": "y", "models": ["m2"], "control_plane": {"cluster": "b", "authority": "b"}}]}`))
 	assert.ErrorContains(t, err, `control_plane.cluster "b" is also shards[0] (x)'s`)
+}
+
+// first_table_wait_ms: 500 by default, negative turns holding off, at most 10 s.
+func TestConfigFirstTableWait(t *testing.T) {
+	parse := func(extra string) (Config, error) {
+		return ParseConfig([]byte(`{"control_plane": {"cluster": "c", "authority": "a"}` + extra + `}`))
+	}
+	c, err := parse(``)
+	require.NoError(t, err)
+	assert.Equal(t, 500*time.Millisecond, c.FirstTableWait())
+	c, err = parse(`, "first_table_wait_ms": -1`)
+	require.NoError(t, err)
+	assert.Zero(t, c.FirstTableWait(), "never held")
+	c, err = parse(`, "first_table_wait_ms": 10000`)
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Second, c.FirstTableWait())
+	_, err = parse(`, "first_table_wait_ms": 10001`)
+	assert.ErrorContains(t, err, "first_table_wait_ms 10001 above 10000")
 }

@@ -270,6 +270,65 @@ func TestKvrouteFirstRequestOnANewVMUsesTheSharedTable(t *testing.T) {
 	assert.Zero(t, unrouted.Value)
 }
 
+// A request whose body is whole before the first table is held, its stream paused, and
+// resumed on the tick after the table arrives, routed on it and with its body as sent
+// (Envoy keeps a paused stream's headers and buffered body; the filter resumes it with
+// proxy_continue_stream on the stream's effective context). A held stream the client
+// resets is never resumed.
+func TestKvrouteRequestBeforeTheFirstTableIsHeldUntilItComes(t *testing.T) {
+	cp := &fakeControlPlane{frame: table.EncodeFull(kvTable(t))}
+	clk := clock.NewVirtual(time.Unix(1_800_000_000, 0))
+	h := loadKvroute(t, host.Config{VMs: 2, Clock: clk, Rand: host.SeededRand(5),
+		Clusters: map[string]host.Cluster{kvCluster: {Handler: cp}}})
+
+	send := func(vm int, q string) (*host.Recorder, *host.Stream) {
+		rec := host.NewRecorder()
+		s := h.VM(vm).NewStream(host.StreamInfo{}, rec.Hooks())
+		_, err := s.SendRequestHeaders(host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}}, false)
+		require.NoError(t, err)
+		a, err := s.SendRequestBody(kvChat(kvSystem, q), true)
+		require.NoError(t, err)
+		assert.Equal(t, host.ActionPause, a, "held: no table yet")
+		return rec, s
+	}
+	held := make([]*host.Recorder, 2)
+	for i := range held {
+		var s *host.Stream
+		held[i], s = send(i, fmt.Sprint("early question ", i))
+		defer s.Close()
+	}
+	_, gone := send(1, "a client that leaves")
+	gone.Reset("client went away")
+	gone.Close() // Envoy destroys a reset stream's filters at once: proxy_on_log, on_done, on_delete
+
+	clk.Advance(100 * time.Millisecond) // every VM ticks; the leader polls
+	require.Eventually(t, func() bool {
+		v, _ := h.Metric("kvroute_table_version")
+		return v.Value == 1
+	}, 5*time.Second, time.Millisecond, "the leader published v1")
+	for _, rec := range held {
+		_, sent, _ := rec.Request()
+		assert.False(t, sent, "still held: the table came after this tick")
+	}
+	clk.Advance(100 * time.Millisecond)
+	for i, rec := range held {
+		require.NoError(t, rec.WaitRequest(context.Background()))
+		m, _, complete := rec.Request()
+		assert.True(t, complete)
+		assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(m), "VM %d routes on the table", i)
+		assert.Equal(t, kvChat(kvSystem, fmt.Sprint("early question ", i)), m.Body)
+	}
+	heldN, _ := h.Metric("kvroute_held_for_table_total")
+	unrouted, _ := h.Metric("kvroute_unrouted_total")
+	decisions, _ := h.Metric("kvroute_decisions_total")
+	assert.Equal(t, int64(3), heldN.Value)
+	assert.Zero(t, unrouted.Value)
+	assert.Equal(t, int64(2), decisions.Value, "the reset stream was never routed")
+	for _, l := range h.Logs() {
+		assert.NotContains(t, l.Message, "held for the first table", "nothing left to resume")
+	}
+}
+
 // The filter holds the headers until the whole body is in, then lets the request go
 // with the endpoint header set; a client-sent endpoint header never survives.
 func TestKvroutePausedRequestResumesAfterTheBody(t *testing.T) {

@@ -34,6 +34,10 @@ one JSON line on stdout.
   --chunk-bytes N      request body chunk size (default 16384)
   --table-age-ms N     X-Kvroute-Age-Ms the control plane answers (default 5)
   --warmup-ticks N     ticks per VM to wait for the table before the requests (default 50)
+  --held N             first send N requests (round robin over the VMs, whole bodies)
+                       before the leader has a table and keep their streams open; after
+                       the warm-up, tick until each is forwarded (the filter holds them
+                       for its first table) or --warmup-ticks more ticks per VM passed
   --no-canary          skip the canary VM Envoy starts and kills before the workers
   --log-level LEVEL    print guest log lines at or above LEVEL to stderr (default: none)
   --seed N             request generator seed (default 1)
@@ -48,7 +52,9 @@ for), cpu_p50_us / cpu_p99_us (the process's CPU time over the same calls: less 
 to a busy machine's preemption), endpoint_header (requests
 whose upstream headers carry the endpoint header), after_table (requests sent after the
 leader received the table), after_table_with_header, failed_open (requests passed
-unfiltered by a failed VM), polls, reports, metrics, logs.
+unfiltered by a failed VM), held (--held), held_forwarded and held_forwarded_with_header
+(the held requests forwarded by the end of their wait, and with the endpoint header),
+polls, reports, metrics, logs.
 Exit status: 0 when the run completed (traps included), 2 when the plugin did not start,
 3 on a host bug, 64 on bad flags.`;
 
@@ -68,6 +74,7 @@ try {
       'step-us': { type: 'string', default: '1000' }, 'body-bytes': { type: 'string', default: '32768' },
       'chunk-bytes': { type: 'string', default: '16384' }, 'table-age-ms': { type: 'string', default: '5' },
       'warmup-ticks': { type: 'string', default: '50' }, 'no-canary': { type: 'boolean', default: false },
+      held: { type: 'string', default: '0' },
       'log-level': { type: 'string' }, latencies: { type: 'string' }, seed: { type: 'string', default: '1' }, help: { type: 'boolean', default: false },
     },
     strict: true,
@@ -87,7 +94,7 @@ const int = (name, min) => {
 if (!args.wasm) die(64, '--wasm is required (--help for flags)');
 const REQUESTS = int('requests', 0), VMS = int('vms', 1), STEP_US = int('step-us', 0);
 const BODY_BYTES = int('body-bytes', 256), CHUNK_BYTES = int('chunk-bytes', 1), AGE_MS = int('table-age-ms', 0);
-const WARMUP_TICKS = int('warmup-ticks', 1), SEED = int('seed', 0);
+const WARMUP_TICKS = int('warmup-ticks', 1), SEED = int('seed', 0), HELD = int('held', 0);
 if (args.clock !== 'virtual' && args.clock !== 'wall') die(64, `--clock: virtual or wall, got ${args.clock}`);
 let printLevel = Infinity;
 if (args['log-level'] !== undefined) {
@@ -298,11 +305,35 @@ function advanceToNext() {
   return true;
 }
 
-// Warm-up: ticks until the leader has the table (its poll answered 200 and delivered).
+// Requests before the table (--held): sent whole, their streams left open.
+phase.name = 'held';
+const held = [];
+for (let i = 0; i < HELD; i++) {
+  const body = requestBody(REQUESTS + i);
+  const s = host.newStream(i % VMS, { requestId: `held-${i}` });
+  s.requestHeaders([[':method', 'POST'], [':path', '/v1/chat/completions'], [':authority', 'llm.bench.svc.cluster.local'],
+    [':scheme', 'http'], ['content-type', 'application/json'], ['content-length', String(body.length)]], false);
+  s.requestBody(body, true);
+  held.push(s);
+}
+const heldForwarded = () => held.filter((s) => s.forwardedRequestHeaders).length;
+
+// Warm-up: ticks until the leader has the table (its poll answered 200 and delivered),
+// then, with held requests, until every VM has released them.
 phase.name = 'warmup';
 for (let k = 0; table && cp.full === 0 && k < WARMUP_TICKS * VMS; k++) {
   if (!advanceToNext()) break;
 }
+host.runDue();
+for (let k = 0; heldForwarded() < held.length && k < WARMUP_TICKS * VMS; k++) {
+  if (!advanceToNext()) break;
+}
+let heldWithHeader = 0;
+for (const s of held) {
+  if (s.forwardedRequestHeaders?.some(([k]) => k.toLowerCase() === endpointHeader)) heldWithHeader++;
+}
+const heldOut = heldForwarded();
+for (const s of held) s.end();
 host.runDue();
 let tableAt = table && cp.full > 0 ? 0 : -1;
 
@@ -382,6 +413,9 @@ const out = {
   table_loaded_at_request: tableAt,
   spoofed_header_kept: spoofKept,
   failed_open: failedOpen,
+  held: HELD,
+  held_forwarded: heldOut,
+  held_forwarded_with_header: heldWithHeader,
   polls: cp.polls,
   table_full_answers: cp.full,
   table_not_modified: cp.notModified,

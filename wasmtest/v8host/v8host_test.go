@@ -31,13 +31,16 @@ const benchModel = "llama-3.3-70b-bench"
 // KVROUTE_V8_REQUESTS requests (default 20,000; `make soak` uses 100,000) over two
 // worker VMs. The rule: no VM fails, and every request sent after the leader received the
 // table (all of them: the driver waits for the table first) goes upstream with an endpoint
-// header the filter chose, never a client-sent one.
+// header the filter chose, never a client-sent one. Before them, 64 requests sent before
+// any table are held by the filter and forwarded, with the endpoint header, once each
+// VM's tick after the table resumes them (proxy_continue_stream on their effective
+// context).
 func TestFilterOnCppHost3930b7b(t *testing.T) {
 	nodePath := findNode(t)
 	module, err := wasmbuild.Filter()
 	require.NoError(t, err)
 	n := requestsFromEnv(t)
-	r := runBench(t, nodePath, module, n)
+	r := runBench(t, nodePath, module, n, "--held", strconv.Itoa(heldBeforeTable))
 
 	require.Zero(t, r.Traps, "VM failures %+v, fatal errors %q, restricted calls %s", r.TrapMessages, r.FatalErrors, r.RestrictedTraps)
 	require.Empty(t, r.RestrictedTraps, "host calls refused inside _initialize or proxy_on_memory_allocate")
@@ -47,7 +50,12 @@ func TestFilterOnCppHost3930b7b(t *testing.T) {
 	require.Equal(t, r.AfterTable, r.AfterTableWithHeader, "requests after the table without the endpoint header")
 	require.Zero(t, r.SpoofedHeaderKept, "a client-sent endpoint header went upstream")
 	require.Zero(t, r.FailedOpen)
-	assert.Equal(t, int64(n), r.Metrics["kvroute_decisions_total"])
+	require.Equal(t, heldBeforeTable, r.Held)
+	require.Equal(t, r.Held, r.HeldForwarded, "held requests resumed after the table")
+	require.Equal(t, r.Held, r.HeldForwardedWithHeader, "and routed on it")
+	assert.Equal(t, int64(heldBeforeTable), r.Metrics["kvroute_held_for_table_total"])
+	assert.Zero(t, r.Metrics["kvroute_unrouted_total"])
+	assert.Equal(t, int64(n+heldBeforeTable), r.Metrics["kvroute_decisions_total"])
 	assert.Positive(t, r.Metrics["kvroute_predicted_hits_total"], "the table's prefixes match the requests' system prompts")
 	assert.Positive(t, r.Reports, "the leader posted the queued reports")
 	assert.Zero(t, r.Logs["critical"])
@@ -118,6 +126,9 @@ func TestUnpatchedFilterDiesOnCppHost3930b7b(t *testing.T) {
 	assert.Positive(t, r.FailedOpen, "streams on a failed VM pass unfiltered")
 }
 
+// heldBeforeTable is how many requests TestFilterOnCppHost3930b7b sends before the table.
+const heldBeforeTable = 64
+
 type benchResult struct {
 	Error            string `json:"error"`
 	Requests         int    `json:"requests"`
@@ -130,28 +141,31 @@ type benchResult struct {
 		Request int    `json:"request"`
 		Message string `json:"message"`
 	} `json:"trap_messages"`
-	RestrictedTraps      []json.RawMessage `json:"restricted_traps"`
-	FatalErrors          []string          `json:"fatal_errors"`
-	P50                  float64           `json:"p50_us"`
-	P99                  float64           `json:"p99_us"`
-	P999                 float64           `json:"p999_us"`
-	Mean                 float64           `json:"mean_us"`
-	CPUP50               float64           `json:"cpu_p50_us"`
-	CPUP99               float64           `json:"cpu_p99_us"`
-	Max                  float64           `json:"max_us"`
-	First                float64           `json:"first_us"`
-	EndpointHeader       int               `json:"endpoint_header"`
-	AfterTable           int               `json:"after_table"`
-	AfterTableWithHeader int               `json:"after_table_with_header"`
-	TableLoadedAt        int               `json:"table_loaded_at_request"`
-	SpoofedHeaderKept    int               `json:"spoofed_header_kept"`
-	FailedOpen           int               `json:"failed_open"`
-	Polls                int               `json:"polls"`
-	Reports              int               `json:"reports"`
-	Metrics              map[string]int64  `json:"metrics"`
-	Logs                 map[string]int    `json:"logs"`
-	StartMs              int               `json:"start_ms"`
-	RunMs                int               `json:"run_ms"`
+	RestrictedTraps         []json.RawMessage `json:"restricted_traps"`
+	FatalErrors             []string          `json:"fatal_errors"`
+	P50                     float64           `json:"p50_us"`
+	P99                     float64           `json:"p99_us"`
+	P999                    float64           `json:"p999_us"`
+	Mean                    float64           `json:"mean_us"`
+	CPUP50                  float64           `json:"cpu_p50_us"`
+	CPUP99                  float64           `json:"cpu_p99_us"`
+	Max                     float64           `json:"max_us"`
+	First                   float64           `json:"first_us"`
+	EndpointHeader          int               `json:"endpoint_header"`
+	AfterTable              int               `json:"after_table"`
+	AfterTableWithHeader    int               `json:"after_table_with_header"`
+	TableLoadedAt           int               `json:"table_loaded_at_request"`
+	SpoofedHeaderKept       int               `json:"spoofed_header_kept"`
+	FailedOpen              int               `json:"failed_open"`
+	Held                    int               `json:"held"`
+	HeldForwarded           int               `json:"held_forwarded"`
+	HeldForwardedWithHeader int               `json:"held_forwarded_with_header"`
+	Polls                   int               `json:"polls"`
+	Reports                 int               `json:"reports"`
+	Metrics                 map[string]int64  `json:"metrics"`
+	Logs                    map[string]int    `json:"logs"`
+	StartMs                 int               `json:"start_ms"`
+	RunMs                   int               `json:"run_ms"`
 }
 
 func findNode(t *testing.T) string {
@@ -178,16 +192,17 @@ func requestsFromEnv(t *testing.T) int {
 }
 
 // runBench writes the table and prompts, runs bench.mjs and parses its JSON line.
-func runBench(t *testing.T, nodePath, module string, requests int) benchResult {
+func runBench(t *testing.T, nodePath, module string, requests int, flags ...string) benchResult {
 	t.Helper()
-	r, stderr, err := runBenchMay(t, nodePath, module, requests)
+	r, stderr, err := runBenchMay(t, nodePath, module, requests, flags...)
 	require.NoError(t, err, "bench.mjs failed: %s\n%s", r.Error, tail(stderr))
 	return r
 }
 
 // runBenchMay is runBench for a run that may fail to start (bench.mjs exits 2: r.Error,
 // r.FatalErrors and r.RestrictedTraps say why); it returns the driver's stderr and exit.
-func runBenchMay(t *testing.T, nodePath, module string, requests int) (benchResult, string, error) {
+// flags go to bench.mjs as well.
+func runBenchMay(t *testing.T, nodePath, module string, requests int, flags ...string) (benchResult, string, error) {
 	t.Helper()
 	tablePath, promptsPath := writeFixtures(t)
 	script, err := filepath.Abs("bench.mjs")
@@ -201,8 +216,8 @@ func runBenchMay(t *testing.T, nodePath, module string, requests int) (benchResu
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, nodePath, script, "--wasm", module, "--table", tablePath,
-		"--prompts", promptsPath, "--requests", strconv.Itoa(requests))
+	cmd := exec.CommandContext(ctx, nodePath, append([]string{script, "--wasm", module, "--table", tablePath,
+		"--prompts", promptsPath, "--requests", strconv.Itoa(requests)}, flags...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()

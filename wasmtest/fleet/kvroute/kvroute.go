@@ -190,6 +190,9 @@ type Stats struct {
 	ParseErrors, Oversized, SaltInjected   int
 	Reports, ReportsApplied, ReportsLost   int
 	Versions                               int
+	// HeldForTable are the requests held for their proxy's first table
+	// (kvroute_held_for_table_total).
+	HeldForTable int
 	// StaleDecisions are the rule's stale-regime decisions
 	// (kvroute_stale_decisions_total).
 	StaleDecisions int
@@ -266,6 +269,8 @@ type router struct {
 	// bytes, or from the control plane; one per proxy, shared by its worker VMs.
 	responses map[uint64]learned
 	shares    []api.ShareEntry // a post's and an answer's entries, reused
+	// held are the requests the proxy holds for its first table (filter/held.go).
+	held map[uint64]bool
 }
 
 type learned struct {
@@ -321,7 +326,7 @@ func New(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config) (*Pol
 		if cfg.NoHomes {
 			r.rt.HomeCredit = 0
 		}
-		r.responses = map[uint64]learned{}
+		r.responses, r.held = map[uint64]learned{}, map[uint64]bool{}
 		r.rt.Follows = func(id []byte, tenant string) string {
 			return r.responses[api.AffinityKey(api.AffinityResponse, tenant, id)].replica
 		}
@@ -531,9 +536,13 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	k := p.routerOf(req)
 	r := p.routers[k]
 	if !r.loaded {
+		if p.holdForTable(r, req, now) {
+			return policy.Choice{Retry: r.untilTick(now)}
+		}
 		p.Stats.Unrouted++ // no table yet: the header stays unset and Envoy decides
 		return policy.Choice{}
 	}
+	delete(r.held, req.ID)
 	nowT := at(now)
 	schema := req.Schema
 	if schema == 0 {
@@ -560,6 +569,31 @@ func (p *Policy) Route(req *workload.Request, now time.Duration) policy.Choice {
 		}
 	}
 	return policy.Choice{Order: r.order, Rule: res.Action == route.Placed, Spill: d.Spill}
+}
+
+// holdForTable is the filter's held.go: a request that finds no table is held while
+// route.HoldForTable agrees (the proxies start with the simulation), and released on a
+// tick (the proxy's poll timer is its tick): routed if the table came, else left to
+// Envoy.
+func (p *Policy) holdForTable(r *router, req *workload.Request, now time.Duration) bool {
+	already := r.held[req.ID]
+	if route.HoldForTable(now, p.cfg.Filter.FirstTableWait(), len(r.held), already) {
+		if !already {
+			r.held[req.ID] = true
+			p.Stats.HeldForTable++
+		}
+		return true
+	}
+	delete(r.held, req.ID)
+	return false
+}
+
+// untilTick is how long from now to the proxy's next tick.
+func (r *router) untilTick(now time.Duration) time.Duration {
+	if d := r.poll.At() - now; d > 0 {
+		return d
+	}
+	return r.poll.Every
 }
 
 // Started is OnHttpResponseHeaders. The ledger entry stays: vLLM sends a stream's

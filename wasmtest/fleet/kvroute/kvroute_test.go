@@ -68,9 +68,9 @@ func TestRoutesCustomersToTheirPrefixOwners(t *testing.T) {
 	assert.InDelta(t, orc.CachedTokenRate, res.CachedTokenRate, 0.03, "close to the oracle's hit rate")
 	assert.Less(t, res.SpillRate, 0.1)
 	st := kp.Stats
-	assert.Positive(t, st.Unrouted, "requests before the first table poll are Envoy's")
-	assert.Less(t, st.Unrouted, 10)
-	assert.Equal(t, w.Len(), st.Decisions+st.Unrouted)
+	assert.Positive(t, st.HeldForTable, "requests before the first table poll are held for it")
+	assert.Zero(t, st.Unrouted)
+	assert.Equal(t, w.Len(), st.Decisions)
 	assert.Equal(t, 3*st.Decisions, st.Reports, "a placement, a start and an outcome per decision")
 	assert.GreaterOrEqual(t, st.ReportsApplied, st.Reports-40, "all but the last batch reached the index")
 	ix := kp.Index().Stats()
@@ -121,10 +121,27 @@ func TestStaleTablesArriveLate(t *testing.T) {
 	assert.Less(t, fresh.Stats.Unrouted, 10)
 }
 
+// A proxy's requests before its first table are held for it and routed on it, none
+// left to Envoy; with first_table_wait_ms -1 the same requests go to Envoy, and no
+// control plane hears of their prefixes.
+func TestFirstRequestsWaitForTheFirstTable(t *testing.T) {
+	w := tiny(t, 5*time.Second)
+	_, held := run(t, w, 3, kvroute.DefaultConfig())
+	cfg := kvroute.DefaultConfig()
+	cfg.Filter.FirstTableWaitMs = -1
+	_, unheld := run(t, w, 3, cfg)
+	assert.Positive(t, unheld.Stats.Unrouted)
+	assert.Zero(t, unheld.Stats.HeldForTable)
+	assert.Equal(t, unheld.Stats.Unrouted, held.Stats.HeldForTable, "the requests before the first table")
+	assert.Zero(t, held.Stats.Unrouted)
+	assert.Equal(t, w.Len(), held.Stats.Decisions)
+}
+
 func TestRoutersAreIndependentProxies(t *testing.T) {
 	w := tiny(t, 10*time.Second)
 	cfg := kvroute.DefaultConfig()
 	cfg.Routers = 4
+	cfg.Filter.FirstTableWaitMs = -1
 	res, kp := run(t, w, 3, cfg)
 	assert.Equal(t, w.Len(), res.Requests)
 	// Each proxy polls on its own: each is without a table until its first poll.
@@ -174,7 +191,7 @@ func TestWasmFilterRoutesLikeTheGoMirror(t *testing.T) {
 	assert.InDelta(t, goRes.CachedTokenRate, res.CachedTokenRate, 0.05)
 	assert.Less(t, res.SpillRate, 0.1)
 	assert.Positive(t, wp.Stats.Versions, "the filter polled published versions")
-	assert.Less(t, wp.Stats.Unrouted, 10, "only requests before the first table are Envoy's")
+	assert.Zero(t, wp.Stats.Unrouted, "requests before the first table are held for it")
 	assert.Equal(t, w.Len(), wp.Stats.Decisions+wp.Stats.Unrouted)
 	ix := wp.Index().Stats()
 	assert.Positive(t, ix.Placements, "the filter's placement reports reached the index over HTTP")

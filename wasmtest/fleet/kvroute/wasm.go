@@ -114,6 +114,7 @@ func NewWasm(f policy.Fleet, routerOf func(*workload.Request) int, cfg Config, o
 			MaxReportBatch: cfg.MaxReportBatch},
 		Guards: api.Guards{MaxKVUsage: cfg.Rule.MaxKVUsage, MaxStateAgeMs: int(cfg.Rule.MaxStateAge / time.Millisecond),
 			TieEpsilon: cfg.Rule.TieEpsilon, MaxEndpoints: cfg.Rule.MaxEndpoints},
+		FirstTableWaitMs: cfg.Filter.FirstTableWaitMs,
 	}
 	if o := cfg.Filter.Overload; o.Enabled() {
 		pc.Overload = o
@@ -203,6 +204,9 @@ func (p *WasmPolicy) Membership(now time.Duration) { p.controlPlane.Membership(n
 // endpoint header it set.
 func (p *WasmPolicy) Route(req *workload.Request, now time.Duration) policy.Choice {
 	p.advance(now)
+	if ws := p.streams[req.ID]; ws != nil {
+		return p.routed(req, ws, now) // held by the filter: released yet?
+	}
 	h := p.hosts[p.routerOf(req)]
 	ws := &wasmStream{}
 	ws.s = h.VM(0).NewStream(host.StreamInfo{SourceAddress: "10.1.0.1:40000"}, host.StreamHooks{
@@ -220,6 +224,20 @@ func (p *WasmPolicy) Route(req *workload.Request, now time.Duration) policy.Choi
 	}
 	if _, err := ws.s.SendRequestBody(req.Body, true); err != nil {
 		panic(fmt.Sprintf("kvroute wasm sim: request body: %v", err))
+	}
+	return p.routed(req, ws, now)
+}
+
+// routed reads the filter's decision on ws: a local reply, the forwarded request's
+// endpoint header, or neither yet (the filter holds the request for its first table:
+// ask again at the host's next timer, a tick that may release it).
+func (p *WasmPolicy) routed(req *workload.Request, ws *wasmStream, now time.Duration) policy.Choice {
+	if ws.fwd == nil && ws.local == 0 {
+		next, ok := p.clk.Next()
+		if d := next.Sub(Epoch) - now; ok && d > 0 {
+			return policy.Choice{Retry: d}
+		}
+		return policy.Choice{Retry: time.Millisecond}
 	}
 	if ws.local == admit.Status {
 		delete(p.streams, req.ID)

@@ -55,6 +55,10 @@ type Choice struct {
 	Rule, Spill bool
 	// Shed: the proxy refused the request past capacity (429); it goes nowhere.
 	Shed bool
+	// Retry, when positive: the proxy holds the request (its stream paused, as kvroute's
+	// filter holds one that arrives before its first table) and the simulator calls Route
+	// for it again Retry later; Order is unused.
+	Retry time.Duration
 }
 
 // Outcome is what the proxy learns when a response ends.

@@ -5,6 +5,7 @@ package sim
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/shared/prompt"
@@ -45,7 +46,56 @@ func (r *runner) arrive(src workload.Source, i int, now time.Duration) {
 	if r.cfg.ClassBudgets != nil {
 		rec.class, rec.tenant = req.Class, req.Tenant
 	}
+	r.route(i, req, now)
+}
+
+// heldRequest is a request its proxy holds (policy.Choice.Retry) until at.
+type heldRequest struct {
+	i   int
+	req *workload.Request
+	at  time.Duration
+}
+
+// nextHeld is when the next held request is due (policy.Never: none is held).
+func (r *runner) nextHeld() time.Duration {
+	t := policy.Never
+	for _, h := range r.held {
+		t = min(t, h.at)
+	}
+	return t
+}
+
+// retryHeld routes again every held request due by now, in the order they arrived.
+func (r *runner) retryHeld(now time.Duration) {
+	if r.nextHeld() > now {
+		return
+	}
+	var due []heldRequest
+	kept := r.held[:0]
+	for _, h := range r.held {
+		if h.at <= now {
+			due = append(due, h)
+		} else {
+			kept = append(kept, h)
+		}
+	}
+	clear(r.held[len(kept):])
+	r.held = kept
+	slices.SortFunc(due, func(a, b heldRequest) int { return a.i - b.i })
+	for _, h := range due {
+		r.route(h.i, h.req, now)
+	}
+}
+
+// route asks the policy where request i goes, now, and sends it there (or holds it,
+// sheds it, or fails it).
+func (r *runner) route(i int, req *workload.Request, now time.Duration) {
+	rec := &r.recs[i]
 	ch := r.pol.Route(req, now)
+	if ch.Retry > 0 {
+		r.held = append(r.held, heldRequest{i: i, req: req, at: now + ch.Retry})
+		return
+	}
 	if ch.Shed {
 		rec.state = shed
 		rec.req = nil

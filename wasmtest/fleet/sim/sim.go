@@ -155,7 +155,8 @@ type runner struct {
 	rng   *policy.Rand
 	inflt int
 	now   time.Duration
-	ev    *evictions // with Config.Evictions
+	held  []heldRequest // held by their proxy (policy.Choice.Retry), in no order
+	ev    *evictions    // with Config.Evictions
 
 	// queue samples
 	sumMax, sumMean float64
@@ -290,12 +291,12 @@ func (r *runner) loop() error {
 	nextCheck := checkEvery
 	limit := r.lastArrival + 6*time.Hour
 	last, same := time.Duration(-1), 0
-	for next < n || r.inflt > 0 {
+	for next < n || r.inflt > 0 || len(r.held) > 0 {
 		t := policy.Never
 		if next < n {
 			t = r.recs[next].at
 		}
-		t = min(t, r.pol.NextWake(), sample)
+		t = min(t, r.pol.NextWake(), sample, r.nextHeld())
 		if len(faults) > 0 {
 			t = min(t, faults[0].At)
 		}
@@ -342,6 +343,7 @@ func (r *runner) loop() error {
 		if r.pol.NextWake() <= t {
 			r.pol.Wake(t)
 		}
+		r.retryHeld(t)
 		for next < n && r.recs[next].at <= t {
 			r.arrive(src, next, t)
 			next++
