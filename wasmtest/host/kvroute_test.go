@@ -271,8 +271,8 @@ func TestKvrouteFirstRequestOnANewVMUsesTheSharedTable(t *testing.T) {
 }
 
 // A request whose body is whole before the first table is held, its stream paused, and
-// resumed on the tick after the table arrives, routed on it and with its body as sent
-// (Envoy keeps a paused stream's headers and buffered body; the filter resumes it with
+// resumed on the tick after the table arrives, routed on it and with its body (and
+// trailers) as sent (Envoy keeps a paused stream's headers and buffered body; the filter resumes it with
 // proxy_continue_stream on the stream's effective context). A held stream the client
 // resets is never resumed.
 func TestKvrouteRequestBeforeTheFirstTableIsHeldUntilItComes(t *testing.T) {
@@ -297,6 +297,19 @@ func TestKvrouteRequestBeforeTheFirstTableIsHeldUntilItComes(t *testing.T) {
 		held[i], s = send(i, fmt.Sprint("early question ", i))
 		defer s.Close()
 	}
+	// HTTP/2 with trailers: the body callback never sees end of stream, the trailers
+	// callback decides and holds.
+	trailed := host.NewRecorder()
+	ts := h.VM(0).NewStream(host.StreamInfo{}, trailed.Hooks())
+	defer ts.Close()
+	_, err := ts.SendRequestHeaders(host.Headers{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "llm"}}, false)
+	require.NoError(t, err)
+	_, err = ts.SendRequestBody(kvChat(kvSystem, "with trailers"), false)
+	require.NoError(t, err)
+	a, err := ts.SendRequestTrailers(host.Headers{{"x-checksum", "1"}})
+	require.NoError(t, err)
+	assert.Equal(t, host.ActionPause, a, "held in the trailers callback")
+
 	_, gone := send(1, "a client that leaves")
 	gone.Reset("client went away")
 	gone.Close() // Envoy destroys a reset stream's filters at once: proxy_on_log, on_done, on_delete
@@ -318,12 +331,18 @@ func TestKvrouteRequestBeforeTheFirstTableIsHeldUntilItComes(t *testing.T) {
 		assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(m), "VM %d routes on the table", i)
 		assert.Equal(t, kvChat(kvSystem, fmt.Sprint("early question ", i)), m.Body)
 	}
+	require.NoError(t, trailed.WaitRequest(context.Background()))
+	m, _, complete := trailed.Request()
+	assert.True(t, complete)
+	assert.Equal(t, "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9003", endpointOf(m))
+	assert.Equal(t, kvChat(kvSystem, "with trailers"), m.Body)
+	assert.Equal(t, "1", m.Trailers.Get("x-checksum"), "the trailers follow the resumed body")
 	heldN, _ := h.Metric("kvroute_held_for_table_total")
 	unrouted, _ := h.Metric("kvroute_unrouted_total")
 	decisions, _ := h.Metric("kvroute_decisions_total")
-	assert.Equal(t, int64(3), heldN.Value)
+	assert.Equal(t, int64(4), heldN.Value)
 	assert.Zero(t, unrouted.Value)
-	assert.Equal(t, int64(2), decisions.Value, "the reset stream was never routed")
+	assert.Equal(t, int64(3), decisions.Value, "the reset stream was never routed")
 	for _, l := range h.Logs() {
 		assert.NotContains(t, l.Message, "held for the first table", "nothing left to resume")
 	}
