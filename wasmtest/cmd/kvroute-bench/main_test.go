@@ -73,9 +73,9 @@ func TestSeeds(t *testing.T) {
 	s := out.String()
 	for _, seed := range []string{"4", "5", "6"} {
 		assert.Contains(t, s, "\nseed "+seed+": 32 requests, 2 replicas (2 GPUs)\n")
-		assert.Regexp(t, `(?m)^\s+`+seed+`(\s+(\d\.\d{3,6}\*?|-)){5}\s+\d$`, s)
+		assert.Regexp(t, `(?m)^\s+`+seed+`(\s+(\d+\.\d{3,6}\*?|-)){5}\s+\d$`, s)
 	}
-	assert.Regexp(t, `(?m)^\s+geomean(\s+\d\.\d{3}){5}\s+\d+$`, s)
+	assert.Regexp(t, `(?m)^\s+geomean(\s+\d+\.\d{3}){5}\s+\d+$`, s)
 	assert.Regexp(t, `bounds met: \d+ of 15\n`, s)
 
 	b, err := os.ReadFile(path)
