@@ -42,7 +42,7 @@ func (ix *Index) Flush(now time.Time, force bool) []ModelUpdate {
 		names = append(names, n)
 		m.mu.Lock()
 		m.collectPending()
-		dirty := len(m.keys.dirty) > 0
+		dirty := len(m.keys.dirty) > 0 || len(m.homes.changed) > 0 // homes dropped alone (tiers.go)
 		m.mu.Unlock()
 		if m.created || m.members || dirty || math.Abs(m.bytesPerToken()-m.bptPub) > 0.01*m.bptPub {
 			changed = true

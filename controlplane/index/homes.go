@@ -117,6 +117,19 @@ func (h *modelHomes) dropSlot(slot uint32) {
 	h.left = slices.DeleteFunc(h.left, func(l leftKey) bool { return uint32(l.slot) == slot })
 }
 
+// dropAll forgets every home: the model has a slower tier, whose listings return its
+// prefixes, and the filters credit no homes there (shared/route/homes.go creditHome).
+func (h *modelHomes) dropAll() {
+	gone := make(map[uint64]homeAt, h.at.Len())
+	for k, at := range h.at.All() {
+		gone[k] = at
+	}
+	for k, at := range gone {
+		h.forget(k, at)
+	}
+	h.left = h.left[:0]
+}
+
 // build makes homes of the keys let go since the last build that unlisted says the
 // table lists nowhere now, whose replica is still the model's (slots), and returns what
 // changed since the last build (every home when reset).

@@ -113,3 +113,33 @@ func TestHomesAreBounded(t *testing.T) {
 		t.Fatalf("a home's slot takes %d bytes", slot)
 	}
 }
+
+// A model with a slower tier has no homes: the tier's listings return its prefixes and
+// the filters credit none there (shared/route/homes.go), so the table does not carry
+// them. The homes made before the tier showed up are dropped with it.
+func TestNoHomesForAModelWithASlowerTier(t *testing.T) {
+	ix := fixture(t, Config{SpecTTL: time.Second})
+	w := newView()
+	w.apply(t, ix.Flush(t0, true), t0)
+	keys := seqHashes(3, 100)
+	ix.ApplyReports(reports(placement("10.0.0.1:8000", keys)), t0, nil)
+	t1 := t0.Add(1100 * time.Millisecond)
+	w.apply(t, ix.Flush(t1, false), t1)
+	if got := w.homes("m"); len(got) != 3 {
+		t.Fatalf("before the tier: homes %v", got)
+	}
+
+	ix.Events().Batch(kvevents.StreamID{Replica: "a"}, 0, batch(cpuStored(seqHashes(1, 9000))))
+	w.apply(t, ix.Flush(t1, false), t1)
+	if got := w.homes("m"); len(got) != 0 {
+		t.Fatalf("after the CPU tier showed up: homes %v", got)
+	}
+
+	more := seqHashes(3, 200)
+	ix.ApplyReports(reports(placement("10.0.0.2:8000", more)), t1, nil)
+	t2 := t1.Add(1100 * time.Millisecond)
+	w.apply(t, ix.Flush(t2, false), t2)
+	if got, st := w.homes("m"), ix.DebugState(t2); len(got) != 0 || st[0].Homes+st[1].Homes != 0 {
+		t.Fatalf("keys let go with a tier: homes %v, debug %d+%d", got, st[0].Homes, st[1].Homes)
+	}
+}

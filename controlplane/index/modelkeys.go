@@ -178,7 +178,7 @@ func (m *model) setSlot(k uint64, slot uint32, on, placed bool) {
 		copy(next[j+1:], s[j:])
 	case len(s) == 1:
 		next = nil
-		if placed {
+		if placed && len(m.tiers) == 0 {
 			m.homes.lastLeft(k, slot) // homes.go: a home if no tier lists it at the build
 		}
 	case len(s) == 2 && s[1-j] < uint16(len(oneHolder)):

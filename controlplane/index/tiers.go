@@ -78,6 +78,7 @@ func (m *model) tierOf(medium string) uint8 {
 		return 0
 	}
 	m.tiers = append(m.tiers, name) // published with the first key that names it (dirty)
+	m.homes.dropAll()               // homes.go: the filters credit none with a slower tier
 	return uint8(len(m.tiers))
 }
 
