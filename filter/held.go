@@ -40,13 +40,13 @@ func (h *httpContext) holdForTable(res *route.Result, now time.Time) bool {
 }
 
 // releaseHeld routes and resumes the held requests whose table arrived, or all of them
-// once the wait since the plugin started passed (each tick, after shardSet.sync); the
-// others stay held, in order.
-func (p *plugin) releaseHeld(now time.Time) {
+// once the wait since the plugin started passed (each tick, after shardSet.sync) or
+// when all is set; the others stay held, in order.
+func (p *plugin) releaseHeld(now time.Time, all bool) {
 	if len(p.held) == 0 {
 		return
 	}
-	expired := !route.HoldForTable(now.Sub(p.started), p.cfg.FirstTableWait(), 0, true)
+	expired := all || !route.HoldForTable(now.Sub(p.started), p.cfg.FirstTableWait(), 0, true)
 	var due []*httpContext
 	kept := p.held[:0]
 	for _, h := range p.held {
@@ -81,6 +81,14 @@ func (h *httpContext) release() {
 	if err := proxywasm.ResumeHttpRequest(); err != nil {
 		proxywasm.LogCriticalf("kvroute: cannot resume a request held for the first table: %v", err)
 	}
+}
+
+// OnPluginDone: the plugin is being removed (a configuration update, or the proxy
+// shutting down) and its ticks end, so the requests it holds go now, routed on what it
+// has, rather than wait for a tick that will not come.
+func (p *plugin) OnPluginDone() bool {
+	p.releaseHeld(p.now(), true)
+	return true
 }
 
 // dropHeld takes h off the held list: its stream ended while held.

@@ -121,3 +121,17 @@ func TestHeldRequestsAreBounded(t *testing.T) {
 		}
 	})
 }
+
+// A plugin that is done (a configuration update, or the proxy shutting down) ticks no
+// more: the requests it holds go at once, to Envoy without a table.
+func TestHeldRequestsGoWhenThePluginIsDone(t *testing.T) {
+	eachRuntime(t, func(t *testing.T, vm types.VMContext) {
+		h := start(t, vm, holdLong)
+		id, action := h.exchange(request{body: chat(system, "q")})
+		require.Equal(t, types.ActionPause, action)
+		assert.True(t, h.FinishVM())
+		assert.Equal(t, types.ActionContinue, h.GetCurrentHttpStreamAction(id), "resumed")
+		assert.Empty(t, endpoint(h.GetCurrentRequestHeaders(id)))
+		assert.Equal(t, uint64(1), counter(h, "kvroute_unrouted_total"))
+	})
+}

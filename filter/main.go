@@ -142,7 +142,7 @@ func (p *plugin) OnTick() {
 		p.metrics.ledgerExpired.Increment(uint64(n))
 	}
 	// Last: it switches the effective context to each stream it resumes.
-	p.releaseHeld(now)
+	p.releaseHeld(now, false)
 }
 
 func (p *plugin) NewHttpContext(contextID uint32) types.HttpContext {
