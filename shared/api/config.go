@@ -88,11 +88,12 @@ type Config struct {
 	// LedgerTimeoutMs drops a local queue entry whose response never started (lost
 	// stream); the engine's own metrics take over by then.
 	LedgerTimeoutMs int `json:"ledger_timeout_ms,omitempty"`
-	// FirstTableWaitMs holds a whole request that finds no table for its model yet (the
-	// proxy just started, or its control plane is still warming up) until the table
-	// arrives, for at most this long (checked on each tick), instead of leaving it to
-	// Envoy at once: a request Envoy places is reported to no control plane, so the next
-	// request with its prefix copies it again. Default 500; negative: never held.
+	// FirstTableWaitMs: for this long after the plugin starts, a whole request that finds
+	// no table for its model yet (the proxy just started, or its control plane is still
+	// warming up) is held until the table arrives (checked on each tick), instead of
+	// being left to Envoy at once: a request Envoy places is reported to no control
+	// plane, so the next request with its prefix copies it again
+	// (shared/route/hold.go). Default 500; negative: never held.
 	FirstTableWaitMs int `json:"first_table_wait_ms,omitempty"`
 }
 
