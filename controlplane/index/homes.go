@@ -105,29 +105,26 @@ func (h *modelHomes) count(slot uint32) int {
 
 // dropSlot forgets the homes of a replica that left (its slot will be reused).
 func (h *modelHomes) dropSlot(slot uint32) {
-	var gone []uint64
-	for k, at := range h.at.All() {
-		if uint32(at.slot) == slot {
-			gone = append(gone, k)
-		}
-	}
-	for _, k := range gone {
-		h.forget(k, homeAt{slot: uint16(slot)})
-	}
-	h.left = slices.DeleteFunc(h.left, func(l leftKey) bool { return uint32(l.slot) == slot })
+	h.drop(func(s uint16) bool { return uint32(s) == slot })
 }
 
 // dropAll forgets every home: the model has a slower tier, whose listings return its
 // prefixes, and the filters credit no homes there (shared/route/homes.go creditHome).
-func (h *modelHomes) dropAll() {
-	gone := make(map[uint64]homeAt, h.at.Len())
+func (h *modelHomes) dropAll() { h.drop(func(uint16) bool { return true }) }
+
+// drop forgets the homes, and the keys let go, of the slots gone says.
+func (h *modelHomes) drop(gone func(slot uint16) bool) {
+	var keys []uint64
+	var ats []homeAt
 	for k, at := range h.at.All() {
-		gone[k] = at
+		if gone(at.slot) {
+			keys, ats = append(keys, k), append(ats, at)
+		}
 	}
-	for k, at := range gone {
-		h.forget(k, at)
+	for i, k := range keys {
+		h.forget(k, ats[i])
 	}
-	h.left = h.left[:0]
+	h.left = slices.DeleteFunc(h.left, func(l leftKey) bool { return gone(l.slot) })
 }
 
 // build makes homes of the keys let go since the last build that unlisted says the

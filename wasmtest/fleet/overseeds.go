@@ -154,12 +154,7 @@ func writeOverSeeds(w io.Writer, runs []SeedRun) error {
 		return err
 	}
 	if a, ok := AgainstBestOverSeeds(runs, "kvroute"); ok {
-		var parts []string
-		for i, f := range Figures {
-			parts = append(parts, fmt.Sprintf("%s %s (%s)", f.Name, ratioText(&a, i), a.Best[i]))
-		}
-		fmt.Fprintf(w, "kvroute over the best other policy over the seeds: %s: %d of %d off\n",
-			strings.Join(parts, ", "), a.OffCount(), len(Figures))
+		fmt.Fprintf(w, "kvroute over the best other policy over the seeds: %s\n", againstLine(&a))
 	}
 	if halves := AgainstBestOverHalves(runs, "kvroute"); halves != nil {
 		var parts []string

@@ -173,12 +173,18 @@ func ratioText(a *Against, i int) string {
 // WriteAgainst writes one run's yardstick: each figure's ratio and the peer it is
 // measured against.
 func WriteAgainst(w io.Writer, a *Against) error {
+	_, err := fmt.Fprintf(w, "%s\n%s\n", YardstickNote(), againstLine(a))
+	return err
+}
+
+// againstLine is a yardstick on one line: each figure's ratio and the peer it is
+// measured against, then how many are off.
+func againstLine(a *Against) string {
 	var parts []string
 	for i, f := range Figures {
 		parts = append(parts, fmt.Sprintf("%s %s (%s)", f.Name, ratioText(a, i), a.Best[i]))
 	}
-	_, err := fmt.Fprintf(w, "%s\n%s: %d of %d off\n", YardstickNote(), strings.Join(parts, ", "), a.OffCount(), len(Figures))
-	return err
+	return fmt.Sprintf("%s: %d of %d off", strings.Join(parts, ", "), a.OffCount(), len(Figures))
 }
 
 // SeedRun is one seed's yardstick and the comparison it was measured on.
