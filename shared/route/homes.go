@@ -15,23 +15,17 @@ import (
 // The control plane remembers, for the keys the table stopped listing, the replica that
 // held each last, and serves them in the table (format 4, shared/table/homes.go): one
 // memory for every proxy and worker VM, since the control plane sees all their
-// placements. So, while the fleet is past capacity (its replicas' mean busy fraction at
-// least homesBusy), for a model without a slower tier, where the table (with this
-// proxy's own recent placements, Local) lists none of a request's prompt on the home of its
-// longest prefix with one, the rule counts that replica as holding HomeCredit of that
-// prefix: enough to keep the prefix there over a somewhat shorter queue elsewhere, not
-// enough to beat a replica the table lists holding it (docs/rule.md, "Homes").
+// placements. So, while the fleet is past capacity (rule.PastCapacity: its replicas'
+// mean busy fraction at least 0.9), for a model without a slower tier, where the table
+// (with this proxy's own recent placements, Local) lists none of a request's prompt on
+// the home of its longest prefix with one, the rule counts that replica as holding
+// HomeCredit of that prefix: enough to keep the prefix there over a somewhat shorter
+// queue elsewhere, not enough to beat a replica the table lists holding it
+// (docs/rule.md, "Homes").
 
 // DefaultHomeCredit is three quarters of the prefix, as measured (docs/performance.md,
 // "Homes").
 const DefaultHomeCredit = 0.75
-
-// homesBusy is the healthy replicas' mean busy fraction (rule.Candidate.Busy) from which
-// homes are credited: a fleet past capacity. Measured, as the credit is: from 0.7 to
-// 0.95 the best of the values tried on the Mooncake trace at 4 replicas over 48 seeds,
-// and the GPU-only workload's rate at a 1 s TTFT p95 is as without homes from 0.8
-// (docs/rule.md and docs/performance.md, "Homes").
-const homesBusy = 0.9
 
 // creditHome counts the home of c's longest prefix with one (r.cands, indexed like
 // m.Replicas) as holding HomeCredit of it, where nothing of c is listed there in any tier,
@@ -46,7 +40,7 @@ func (r *Router) creditHome(m *table.Model, c *Chain) int {
 		// its home's tier too (docs/rule.md, "Homes").
 		return -1
 	}
-	if meanBusy(r.cands) < homesBusy {
+	if !rule.PastCapacity(r.cands) {
 		// Going home costs queue. Below capacity that is latency every request pays,
 		// and what stickiness gives the fleet's caches does not make up for it
 		// (docs/rule.md, "Homes").
@@ -62,23 +56,4 @@ func (r *Router) creditHome(m *table.Model, c *Chain) int {
 	}
 	cd.Cached = min(c.Tokens(blocks), c.PromptTokens) * r.HomeCredit
 	return i
-}
-
-// meanBusy is the healthy candidates' mean busy fraction (rule.Candidate.Busy), 0 when
-// none is healthy or the table carries no load.
-func meanBusy(cands []rule.Candidate) float64 {
-	var sum float64
-	n := 0
-	for _, c := range cands {
-		if c.Healthy {
-			if c.Busy > 0 { // NaN compares false
-				sum += min(c.Busy, 1)
-			}
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
 }

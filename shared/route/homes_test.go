@@ -2,7 +2,6 @@ package route
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +41,7 @@ func TestEvictedPrefixGoesBackToItsHome(t *testing.T) {
 		homes, tier bool
 		busy        float64
 	}{{true, false, 0.95}, {false, false, 0.95}, {true, true, 0.95}, {true, false, 0.85}} {
-		homes := tc.homes && !tc.tier && tc.busy >= homesBusy
+		homes := tc.homes && !tc.tier && tc.busy >= rule.PastCapacityBusy
 		t.Run(fmt.Sprintf("homes=%v,tier=%v,busy=%v", tc.homes, tc.tier, tc.busy), func(t *testing.T) {
 			m := model(t, 4)
 			if tc.tier {
@@ -133,15 +132,4 @@ func TestHomeYieldsToWhatTheTableLists(t *testing.T) {
 	d = r.Decide(m, ch, 50*time.Millisecond, now)
 	assert.Equal(t, "10.0.0.3:8000", d.Addrs[0], "least queued")
 	assert.Zero(t, d.PredictedCached)
-}
-
-// The fleet's busy fraction is its healthy replicas' mean: an unhealthy replica (whose
-// numbers are stale) does not count, a missing or NaN value counts as idle, and a value
-// above 1 as 1.
-func TestMeanBusy(t *testing.T) {
-	c := func(busy float64, healthy bool) rule.Candidate { return rule.Candidate{Busy: busy, Healthy: healthy} }
-	assert.InDelta(t, 0.6, meanBusy([]rule.Candidate{c(0.9, true), c(0.9, true), c(math.NaN(), true), c(0, false)}), 1e-9)
-	assert.InDelta(t, 1.0, meanBusy([]rule.Candidate{c(3, true), c(0.2, false)}), 1e-9)
-	assert.Zero(t, meanBusy([]rule.Candidate{c(0.9, false)}))
-	assert.Zero(t, meanBusy(nil))
 }

@@ -63,7 +63,8 @@ func TestAnIdleFleetSpillsAtTheSavedPrefill(t *testing.T) {
 }
 
 // A hot prefix gains owners: as the owner's queue grows, the point comes where a copy
-// costs everyone less than waiting there, and it comes later the busier the fleet.
+// costs everyone less than waiting there, and it comes later the busier the fleet
+// (below capacity: past it, TestPastCapacityTheLaterArrivalsAreTheFleets).
 func TestAHotPrefixGainsOwnersLaterOnABusierFleet(t *testing.T) {
 	spillPoint := func(rho, running float64) float64 {
 		for q := 0.0; q < 1e7; q += 100 {
@@ -75,7 +76,7 @@ func TestAHotPrefixGainsOwnersLaterOnABusierFleet(t *testing.T) {
 		}
 		return math.Inf(1)
 	}
-	idle, half, busy := spillPoint(0, 0), spillPoint(0.5, 10), spillPoint(0.9, 30)
+	idle, half, busy := spillPoint(0, 0), spillPoint(0.5, 10), spillPoint(0.85, 30)
 	t.Logf("owner's queue at which a copy wins: idle %v, half busy %v, busy %v tokens", idle, half, busy)
 	assert.Less(t, idle, half)
 	assert.Less(t, half, busy)
@@ -97,6 +98,12 @@ func TestHostileLoadValuesStayFinite(t *testing.T) {
 		c := Cost(1000, r)
 		assert.False(t, math.IsNaN(c) || math.IsInf(c, 0) || c < 0, "%+v: cost %v", r, c)
 	}
+	// Past capacity every replica's N counts the fleet's mean queue: the largest queue a
+	// table carries leaves the others' costs finite, and last.
+	past := []Candidate{loaded(math.MaxUint64, 0, 1, 2000, 5), loaded(100, 0, 1, 2000, 5)}
+	d := NewPicker(exact(), 1).Pick(1000, past, nil)
+	assert.Equal(t, []int{1, 0}, d.Order)
+	assert.False(t, math.IsNaN(d.Cost) || math.IsInf(d.Cost, 0), "cost %v", d.Cost)
 }
 
 // A placement pays for what it evicts: U x k/(1 - k) at KV usage k. A prefix nobody holds
@@ -165,4 +172,52 @@ func TestPastCapacityBusyFractionsDoNotDecide(t *testing.T) {
 	owner.Busy = 0.8
 	d = NewPicker(exact(), 1).Pick(8000, []Candidate{owner, lighter}, nil)
 	assert.Equal(t, 1, d.Order[0], "the less busy replica takes the copy")
+}
+
+// Past capacity the router evens the queues and the fleet drains as one, so what a
+// placement's work delays is the fleet's backlog, not the replica's: N counts the fleet's
+// mean queue. A customer's owner 180,000 tokens deeper than three other replicas keeps
+// its request there (cost 480,000 against 1,236,000 for a copy); counted on each
+// replica's own queue, as below capacity, the deep owner's later arrivals made the copy
+// win (1,020,000 against 516,000), and on the Mooncake trace at 4 replicas those copies
+// cost the fleet its cache (docs/performance.md, "Past capacity: the fleet drains as
+// one"). Below capacity the replicas drain apart and the copy still wins.
+func TestPastCapacityTheLaterArrivalsAreTheFleets(t *testing.T) {
+	fleet := func(busy float64) []Candidate {
+		c := []Candidate{loaded(200000, 6000, busy, 2000, 10)}
+		for range 3 {
+			c = append(c, loaded(20000, 0, busy, 2000, 10))
+		}
+		return c
+	}
+	past := fleet(0.95)
+	require.True(t, PastCapacity(past))
+	// owner: 200,000 + 2,000 x (1 + 4 x (65,000 + 2,000)/2,000 + 5);
+	// copy: 20,000 + 8,000 x (1 + 4 x (65,000 + 8,000)/2,000 + 5).
+	assert.InDelta(t, 480000, cost(8000, &past[0], 65000), 1e-6)
+	assert.InDelta(t, 1236000, cost(8000, &past[1], 65000), 1e-6)
+	d := NewPicker(exact(), 1).Pick(8000, past, nil)
+	assert.Equal(t, 0, d.Order[0], "past capacity the owner keeps the request")
+	assert.InDelta(t, 480000, d.Cost, 1e-6)
+	assert.InDelta(t, 1020000, Cost(8000, past[0]), 1e-6, "on its own queue")
+	assert.InDelta(t, 516000, Cost(8000, past[1]), 1e-6, "on its own queue")
+
+	below := fleet(0.85)
+	require.False(t, PastCapacity(below))
+	d = NewPicker(exact(), 1).Pick(8000, below, nil)
+	assert.NotEqual(t, 0, d.Order[0], "below capacity the copy wins")
+	assert.True(t, d.Spill)
+}
+
+// The fleet is past capacity from its healthy replicas' mean busy fraction of 0.9: an
+// unhealthy replica (whose numbers are stale) does not count, a missing or NaN value
+// counts as idle, and a value above 1 as 1.
+func TestMeanBusy(t *testing.T) {
+	c := func(busy float64, healthy bool) Candidate { return Candidate{Busy: busy, Healthy: healthy} }
+	assert.InDelta(t, 0.6, MeanBusy([]Candidate{c(0.9, true), c(0.9, true), c(math.NaN(), true), c(0, false)}), 1e-9)
+	assert.InDelta(t, 1.0, MeanBusy([]Candidate{c(3, true), c(0.2, false)}), 1e-9)
+	assert.Zero(t, MeanBusy([]Candidate{c(0.9, false)}))
+	assert.Zero(t, MeanBusy(nil))
+	assert.True(t, PastCapacity([]Candidate{c(0.9, true), c(0.95, true), c(0, false)}))
+	assert.False(t, PastCapacity([]Candidate{c(0.9, true), c(0.85, true)}))
 }

@@ -45,6 +45,25 @@
 // either, and no separate replication policy: a hot prefix gains owners once its owner's
 // queue outweighs what a copy costs everyone.
 //
+// # Past capacity
+//
+// N above counts the arrivals of r's own busy period: below capacity each replica drains
+// apart, and work placed on r delays only what comes to r. Past capacity (PastCapacity:
+// the healthy replicas busy at least 0.9 of the time on average) the rule sends each
+// arrival where its cost is least, which evens the queues, and the fleet drains as one:
+// work placed anywhere delays the later arrivals everywhere. So there N counts the busy
+// period of the fleet's mean queue, Qbar, instead of r's own:
+//
+//	N = rho/(1 - rho) x (Qbar + U)/Ubar
+//
+// A deep owner's later arrivals are then sent elsewhere rather than counted against it,
+// and it keeps its prefix unless its own wait (Q, counted whole) outweighs what a copy
+// costs the fleet. On the Mooncake trace at 4 replicas, counted on each replica's own
+// queue, the copies from deep owners cost the fleet its cache; counted on the fleet's,
+// kvroute caches more than every peer (docs/performance.md, "Past capacity: the fleet
+// drains as one"). Counted so at every load as well, the trace's TTFT p95 and p99 lost
+// what its cache gained.
+//
 // Without load values (a table older than format 3: every MeanUncached 0) the rule falls
 // back to charging a copy its share of the extra prefill, W x (1/n + u), W = U - the
 // smallest U among the n candidates, u the copy target's KV-cache usage.
@@ -213,11 +232,15 @@ type Decision struct {
 // own wait, Q + U, and what it costs the other requests on r when r carries load values.
 // Without them Pick charges a copy instead (chargeSpills), which depends on the other
 // candidates.
-func Cost(promptTokens float64, r Candidate) float64 { return cost(promptTokens, &r) }
+// It is the cost below capacity; past capacity Pick counts the fleet's mean queue in N
+// (see the package doc, "Past capacity").
+func Cost(promptTokens float64, r Candidate) float64 { return cost(promptTokens, &r, r.Queued) }
 
-func cost(promptTokens float64, r *Candidate) float64 {
+// cost is Cost with backlog, the queued work whose busy period N counts arrivals over:
+// r's own below capacity, the fleet's mean past it.
+func cost(promptTokens float64, r *Candidate, backlog float64) float64 {
 	u := uncached(promptTokens, r)
-	return (r.Queued + u + u*others(r, u) + u*evicts(r)) / speed(r)
+	return (r.Queued + u + u*others(r, u, backlog) + u*evicts(r)) / speed(r)
 }
 
 // maxEvictUsage caps the KV usage evicts reads, so that a full replica's charge stays
@@ -257,8 +280,9 @@ const maxBusy = 0.8
 
 // others is N + B/2 for a placement of u tokens on r: how many other requests each of
 // its tokens delays, a later arrival's first token counting twice a running request's
-// next one (see the package doc). 0 without load values.
-func others(r *Candidate, u float64) float64 {
+// next one (see the package doc), the later arrivals those of the busy period that
+// backlog + u starts. 0 without load values.
+func others(r *Candidate, u, backlog float64) float64 {
 	if !(r.MeanUncached > 0) {
 		return 0
 	}
@@ -266,12 +290,43 @@ func others(r *Candidate, u float64) float64 {
 	if r.Busy > 0 { // NaN compares false
 		rho = min(r.Busy, maxBusy)
 	}
-	later := rho / (1 - rho) * (r.Queued + u) / r.MeanUncached
+	later := rho / (1 - rho) * (backlog + u) / r.MeanUncached
 	running := 0.0
 	if r.Running > 0 && !math.IsInf(r.Running, 1) {
 		running = r.Running
 	}
 	return later + running/2
+}
+
+// PastCapacityBusy is the healthy replicas' mean busy fraction from which the fleet is
+// past capacity: every replica has prefill waiting almost all the time. There the rule
+// counts the fleet's mean queue in N (see the package doc, "Past capacity") and
+// shared/route credits homes. Measured, not derived: docs/performance.md, "Homes" and
+// "Past capacity: the fleet drains as one".
+const PastCapacityBusy = 0.9
+
+// PastCapacity reports whether replicas' healthy ones are busy PastCapacityBusy of the
+// time on average.
+func PastCapacity(replicas []Candidate) bool { return MeanBusy(replicas) >= PastCapacityBusy }
+
+// MeanBusy is the healthy replicas' mean busy fraction: an unhealthy replica (whose
+// numbers are stale) does not count, a missing or NaN value counts as idle and one above
+// 1 as 1; 0 when none is healthy or the table carries no load.
+func MeanBusy(replicas []Candidate) float64 {
+	var sum float64
+	n := 0
+	for i := range replicas {
+		if r := &replicas[i]; r.Healthy {
+			if r.Busy > 0 { // NaN compares false
+				sum += min(r.Busy, 1)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }
 
 // hasLoad reports whether any replica carries load values (a format-3 table).
@@ -354,11 +409,28 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) 
 	pk.scored = pk.scored[:0]
 	for i := range replicas {
 		if r := &replicas[i]; eligible(r, &p) {
-			pk.scored = append(pk.scored, scored{i, cost(promptTokens, r), uncached(promptTokens, r)})
+			pk.scored = append(pk.scored, scored{idx: i, u: uncached(promptTokens, r)})
 		}
 	}
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
+	}
+	fleet := -1.0 // below capacity: each replica's own queue
+	if PastCapacity(replicas) {
+		fleet = 0
+		for _, s := range pk.scored {
+			fleet += replicas[s.idx].Queued
+		}
+		fleet /= float64(len(pk.scored))
+	}
+	for k := range pk.scored {
+		s := &pk.scored[k]
+		r := &replicas[s.idx]
+		backlog := r.Queued
+		if fleet >= 0 {
+			backlog = fleet
+		}
+		s.cost = cost(promptTokens, r, backlog)
 	}
 	if !hasLoad(replicas) {
 		pk.chargeSpills(replicas, len(pk.scored))
