@@ -194,8 +194,8 @@ func TestPastCapacityTheLaterArrivalsAreTheFleets(t *testing.T) {
 	require.True(t, PastCapacity(past))
 	// owner: 200,000 + 2,000 x (1 + 4 x (65,000 + 2,000)/2,000 + 5);
 	// copy: 20,000 + 8,000 x (1 + 4 x (65,000 + 8,000)/2,000 + 5).
-	assert.InDelta(t, 480000, cost(8000, &past[0], 65000), 1e-6)
-	assert.InDelta(t, 1236000, cost(8000, &past[1], 65000), 1e-6)
+	assert.InDelta(t, 480000, cost(8000, &past[0], 65000, pastCapacityUsage), 1e-6)
+	assert.InDelta(t, 1236000, cost(8000, &past[1], 65000, pastCapacityUsage), 1e-6)
 	d := NewPicker(exact(), 1).Pick(8000, past, nil)
 	assert.Equal(t, 0, d.Order[0], "past capacity the owner keeps the request")
 	assert.InDelta(t, 480000, d.Cost, 1e-6)
@@ -207,6 +207,22 @@ func TestPastCapacityTheLaterArrivalsAreTheFleets(t *testing.T) {
 	d = NewPicker(exact(), 1).Pick(8000, below, nil)
 	assert.NotEqual(t, 0, d.Order[0], "below capacity the copy wins")
 	assert.True(t, d.Spill)
+}
+
+// Past capacity the running requests hold nearly every pool, and E reads KV usage at
+// most 0.9: a replica 99% full and one 95% full both charge 9 a token, and the cold
+// prompt goes to the shorter queue. Read up to 0.99 (99 against 19 a token), four points
+// of room weighed 640,000 tokens of queue (45 s of prefill), and on the GPU-only
+// workload at 30 req/s cold prompts piled onto whichever replica had them. Below
+// capacity usage still reads up to 0.99 and the pool with room takes the prompt.
+func TestPastCapacityAFewPointsOfUsageDoNotOutweighTheQueue(t *testing.T) {
+	full := withUsage(loaded(100000, 0, 0.95, 2000, 10), 0.99)
+	roomy := withUsage(loaded(120000, 0, 0.95, 2000, 10), 0.95)
+	d := NewPicker(exact(), 1).Pick(8000, []Candidate{full, roomy}, nil)
+	assert.Equal(t, 0, d.Order[0], "past capacity: the shorter queue")
+	full.Busy, roomy.Busy = 0.5, 0.5
+	d = NewPicker(exact(), 1).Pick(8000, []Candidate{full, roomy}, nil)
+	assert.Equal(t, 1, d.Order[0], "below capacity: the pool with room")
 }
 
 // The fleet is past capacity from its healthy replicas' mean busy fraction of 0.9: an

@@ -58,7 +58,10 @@
 //
 // A deep owner's later arrivals are then sent elsewhere rather than counted against it,
 // and it keeps its prefix unless its own wait (Q, counted whole) outweighs what a copy
-// costs the fleet. On the Mooncake trace at 4 replicas, counted on each replica's own
+// costs the fleet. With N alike for all, E is the term that can outweigh the queues, and
+// past capacity running requests hold nearly every pool, where k/(1 - k) turns a few
+// points of usage into tens of seconds of queue: E reads usage at most 0.9 there
+// (pastCapacityUsage). On the Mooncake trace at 4 replicas, counted on each replica's own
 // queue, the copies from deep owners cost the fleet its cache; counted on the fleet's,
 // kvroute caches more than every peer (docs/performance.md, "Past capacity: the fleet
 // drains as one"). Counted so at every load as well, the trace's TTFT p95 and p99 lost
@@ -234,28 +237,41 @@ type Decision struct {
 // candidates.
 // It is the cost below capacity; past capacity Pick counts the fleet's mean queue in N
 // (see the package doc, "Past capacity").
-func Cost(promptTokens float64, r Candidate) float64 { return cost(promptTokens, &r, r.Queued) }
+func Cost(promptTokens float64, r Candidate) float64 {
+	return cost(promptTokens, &r, r.Queued, maxEvictUsage)
+}
 
-// cost is Cost with backlog, the queued work whose busy period N counts arrivals over:
-// r's own below capacity, the fleet's mean past it.
-func cost(promptTokens float64, r *Candidate, backlog float64) float64 {
+// cost is Cost with backlog, the queued work whose busy period N counts arrivals over,
+// and maxUsage, the KV usage E reads at most: r's own queue and maxEvictUsage below
+// capacity, the fleet's mean queue and pastCapacityUsage past it.
+func cost(promptTokens float64, r *Candidate, backlog, maxUsage float64) float64 {
 	u := uncached(promptTokens, r)
-	return (r.Queued + u + u*others(r, u, backlog) + u*evicts(r)) / speed(r)
+	return (r.Queued + u + u*others(r, u, backlog) + u*evicts(r, maxUsage)) / speed(r)
 }
 
 // maxEvictUsage caps the KV usage evicts reads, so that a full replica's charge stays
 // finite (99 a token).
 const maxEvictUsage = 0.99
 
+// pastCapacityUsage caps it past capacity (9 a token). There the running requests hold
+// nearly every replica's pool, and between 95% and 99% E runs from 19 to 99 a token: a
+// cold 8,000-token prompt's cost moved by 640,000 tokens, 45 s of prefill, on a few
+// points of usage, and with N no longer weighing the queues (the fleet's mean for all)
+// cold prompts piled onto whichever replica had a point more room. Measured, like E's
+// form: the GPU-only workload at 30 req/s, TTFT p99 1.18x weighted-scorers' uncapped and
+// 1.03x capped; the Mooncake trace at 4 replicas alike either way (docs/performance.md,
+// "Past capacity: the fleet drains as one").
+const pastCapacityUsage = 0.9
+
 // evicts is E: what each token prefilled on r evicts from its prefix cache, priced in
-// tokens to prefill again, k / (1 - k) at KV usage k, times what reading an evicted
-// block back costs (EvictCost; see the package doc). 0 without load values: the copy
-// charge prices usage there.
-func evicts(r *Candidate) float64 {
+// tokens to prefill again, k / (1 - k) at KV usage k (at most maxUsage), times what
+// reading an evicted block back costs (EvictCost; see the package doc). 0 without load
+// values: the copy charge prices usage there.
+func evicts(r *Candidate, maxUsage float64) float64 {
 	if !(r.MeanUncached > 0) {
 		return 0
 	}
-	k := min(usage(r), maxEvictUsage)
+	k := min(usage(r), maxUsage)
 	return k / (1 - k) * evictCost(r)
 }
 
@@ -415,8 +431,9 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) 
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
 	}
-	fleet := -1.0 // below capacity: each replica's own queue
+	fleet, maxUsage := -1.0, maxEvictUsage // below capacity: each replica's own queue
 	if PastCapacity(replicas) {
+		maxUsage = pastCapacityUsage
 		fleet = 0
 		for _, s := range pk.scored {
 			fleet += replicas[s.idx].Queued
@@ -430,7 +447,7 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) 
 		if fleet >= 0 {
 			backlog = fleet
 		}
-		s.cost = cost(promptTokens, r, backlog)
+		s.cost = cost(promptTokens, r, backlog, maxUsage)
 	}
 	if !hasLoad(replicas) {
 		pk.chargeSpills(replicas, len(pk.scored))
