@@ -62,10 +62,11 @@
 // past capacity running requests hold nearly every pool, where k/(1 - k) turns a few
 // points of usage into tens of seconds of queue: E reads usage at most 0.9 there
 // (pastCapacityUsage). On the Mooncake trace at 4 replicas, counted on each replica's own
-// queue, the copies from deep owners cost the fleet its cache; counted on the fleet's,
-// kvroute caches more than every peer (docs/performance.md, "Past capacity: the fleet
-// drains as one"). Counted so at every load as well, the trace's TTFT p95 and p99 lost
-// what its cache gained.
+// queue, every cold prompt went to the shortest queue, prefill reached every replica, and
+// decodes slowed everywhere and held the blocks that keep prefixes; counted on the
+// fleet's, kvroute caches more than every peer (docs/performance.md, "Past capacity: the
+// fleet drains as one"). Counted so at every load as well, the trace's TTFT p95 and p99
+// lost what its cache gained.
 //
 // Without load values (a table older than format 3: every MeanUncached 0) the rule falls
 // back to charging a copy its share of the extra prefill, W x (1/n + u), W = U - the
@@ -236,7 +237,7 @@ type Decision struct {
 // Without them Pick charges a copy instead (chargeSpills), which depends on the other
 // candidates.
 // It is the cost below capacity; past capacity Pick counts the fleet's mean queue in N
-// (see the package doc, "Past capacity").
+// and reads KV usage at most 0.9 in E (see the package doc, "Past capacity").
 func Cost(promptTokens float64, r Candidate) float64 {
 	return cost(promptTokens, &r, r.Queued, maxEvictUsage)
 }
