@@ -17,15 +17,22 @@ func (w *view) homes(model string) map[uint64]uint32 {
 	return out
 }
 
-// A placed key the table stops listing becomes a home on the replica that held it
-// last, and stops being one when the table lists it again; the filters see it through
-// table format 4.
-func TestHomesAreKeysListedNowhere(t *testing.T) {
+// placedOnA is an index whose speculative entries live a second, a view that holds its
+// first full table, and three keys a proxy placed on replica a at t0, not yet flushed.
+func placedOnA(t *testing.T) (*Index, *view, []uint64) {
 	ix := fixture(t, Config{SpecTTL: time.Second})
 	w := newView()
 	w.apply(t, ix.Flush(t0, true), t0)
 	keys := seqHashes(3, 100)
 	ix.ApplyReports(reports(placement("10.0.0.1:8000", keys)), t0, nil)
+	return ix, w, keys
+}
+
+// A placed key the table stops listing becomes a home on the replica that held it
+// last, and stops being one when the table lists it again; the filters see it through
+// table format 4.
+func TestHomesAreKeysListedNowhere(t *testing.T) {
+	ix, w, keys := placedOnA(t)
 	w.apply(t, ix.Flush(t0, false), t0)
 	if !all(w.held("m", 0, keys)) || len(w.homes("m")) != 0 {
 		t.Fatalf("placed on a: held %v, homes %v", w.held("m", 0, keys), w.homes("m"))
@@ -118,11 +125,7 @@ func TestHomesAreBounded(t *testing.T) {
 // the filters credit none there (shared/route/homes.go), so the table does not carry
 // them. The homes made before the tier showed up are dropped with it.
 func TestNoHomesForAModelWithASlowerTier(t *testing.T) {
-	ix := fixture(t, Config{SpecTTL: time.Second})
-	w := newView()
-	w.apply(t, ix.Flush(t0, true), t0)
-	keys := seqHashes(3, 100)
-	ix.ApplyReports(reports(placement("10.0.0.1:8000", keys)), t0, nil)
+	ix, w, _ := placedOnA(t)
 	t1 := t0.Add(1100 * time.Millisecond)
 	w.apply(t, ix.Flush(t1, false), t1)
 	if got := w.homes("m"); len(got) != 3 {
