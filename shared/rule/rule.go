@@ -424,29 +424,27 @@ func (pk *Picker) Pick(promptTokens float64, replicas []Candidate, order []int) 
 		return pk.LeastQueued(replicas, order)
 	}
 	pk.scored = pk.scored[:0]
+	queued := 0.0
 	for i := range replicas {
 		if r := &replicas[i]; eligible(r, &p) {
 			pk.scored = append(pk.scored, scored{idx: i, u: uncached(promptTokens, r)})
+			queued += r.Queued
 		}
 	}
 	if len(pk.scored) == 0 {
 		return pk.LeastQueued(replicas, order)
 	}
-	fleet, maxUsage := -1.0, maxEvictUsage // below capacity: each replica's own queue
-	if PastCapacity(replicas) {
+	// Below capacity N counts each replica's own queue; past it, the fleet's mean.
+	past, maxUsage, mean := PastCapacity(replicas), maxEvictUsage, queued/float64(len(pk.scored))
+	if past {
 		maxUsage = pastCapacityUsage
-		fleet = 0
-		for _, s := range pk.scored {
-			fleet += replicas[s.idx].Queued
-		}
-		fleet /= float64(len(pk.scored))
 	}
 	for k := range pk.scored {
 		s := &pk.scored[k]
 		r := &replicas[s.idx]
 		backlog := r.Queued
-		if fleet >= 0 {
-			backlog = fleet
+		if past {
+			backlog = mean
 		}
 		s.cost = cost(promptTokens, r, backlog, maxUsage)
 	}
