@@ -133,3 +133,45 @@ func TestHomeYieldsToWhatTheTableLists(t *testing.T) {
 	assert.Equal(t, "10.0.0.3:8000", d.Addrs[0], "least queued")
 	assert.Zero(t, d.PredictedCached)
 }
+
+// A system prompt every request starts with is listed on every replica, so a
+// conversation after it that every cache let go has its prefix listed in part
+// everywhere: its home is still credited, and the request goes back there over a
+// somewhat shorter queue elsewhere, while the decision predicts only what the table
+// lists there (the system prompt). Credited only where nothing was listed, as before,
+// every conversation of such a service was placed as new.
+func TestHomeIsCreditedBeyondASharedSystemPrompt(t *testing.T) {
+	system := strings.Repeat("You are the assistant of a chat service. ", 40)
+	conversation := strings.Repeat("A long conversation that left every cache. ", 600)
+	id := Identity{Model: "llama"}
+	turn1 := chainOf(t, chatBody(system, conversation+" Turn 1."), id)
+	turn2 := chainOf(t, chatBody(system, conversation+" Turn 2."), id)
+	other := chainOf(t, chatBody(system, "Another conversation."), id)
+	shared := 0
+	for shared < min(len(turn2.Keys), len(other.Keys)) && turn2.Keys[shared] == other.Keys[shared] {
+		shared++
+	}
+	require.Greater(t, shared, int(cfg.Stride), "the system prompt spans checkpoints")
+	sys := turn2
+	sys.Keys = turn2.Keys[:shared]
+
+	m := model(t, 4)
+	for i := range m.Replicas {
+		m.Replicas[i].Queued = uint64(1000 * (i + 3))
+		hold(t, m, sys, uint32(i))
+	}
+	m.Replicas[0].Queued, m.Replicas[1].Queued = 4000, 2000
+	pastCapacity(m)
+	homeAt(t, m, turn1, 0)
+	listed := turn2.Tokens(len(prefix.Checkpoints(nil, sys.Keys, int(cfg.Stride))) * int(cfg.Stride))
+	require.Positive(t, listed)
+
+	d := exactRouter().Decide(m, &turn2, 50*time.Millisecond, time.Now())
+	assert.Equal(t, "10.0.0.0:8000", d.Addrs[0], "back home, not to the shorter queue")
+	assert.Equal(t, listed, d.PredictedCached, "what the table lists there, not the credit")
+	assert.False(t, d.Spill, "every replica lists the same system prompt")
+
+	r := exactRouter()
+	r.HomeCredit = 0
+	assert.Equal(t, "10.0.0.1:8000", r.Decide(m, &turn2, 50*time.Millisecond, time.Now()).Addrs[0], "without homes: placed as new")
+}

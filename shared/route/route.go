@@ -196,12 +196,12 @@ func (r *Router) Decide(m *table.Model, c *Chain, tableAge time.Duration, now ti
 		})
 	}
 	r.creditSession(m, c)
-	home := r.creditHome(m, c)
+	home, listed := r.creditHome(m, c)
 	rd := r.Picker.Pick(c.PromptTokens, r.cands, r.order)
 	if home >= 0 {
 		// The credit was a preference (homes.go): the decision reports, predicts and
-		// queues what the table lists, which is nothing there.
-		r.cands[home].Cached = 0
+		// queues what the table lists there.
+		r.cands[home].Cached = listed
 		rd.Holdings(r.cands)
 	}
 	d := r.decision(m, r.pin(m, rd, r.aff.follow))
