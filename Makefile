@@ -130,9 +130,11 @@ plots: ## docs/performance.md's pictures: docs/img/ttft.svg and docs/img/replica
 # (seeds 1-8), the CPU tier at 34 req/s (1-10: the halves of 5 disagreed) and, with
 # MOONCAKE_TRACE set to Mooncake's public synthetic trace (docs/performance.md says where
 # it is), the trace at 4 replicas (1-24: past capacity each seed tips or not, and 8 did
-# not tell). About 25 minutes on 2 idle cores; ARGS go to every run (e.g.
-# ARGS=--stock-metrics).
+# not tell); with MOONCAKE_CONVERSATION_TRACE set to Mooncake's conversation trace, that
+# trace at 5 replicas (seeds 1-6), on which the rule was not chosen. About 25 minutes on 2
+# idle cores; ARGS go to every run (e.g. ARGS=--stock-metrics).
 MOONCAKE_TRACE ?=
+MOONCAKE_CONVERSATION_TRACE ?=
 .PHONY: yardstick
 yardstick: ## kvroute against the best other policy over seeds where the cache binds (about 25 minutes)
 	@mkdir -p $(BIN)
@@ -141,6 +143,10 @@ yardstick: ## kvroute against the best other policy over seeds where the cache b
 		echo "$(BIN)/kvroute-bench --trace $(MOONCAKE_TRACE) --replicas 4 --seeds 1:24 $(ARGS)"; \
 		$(BIN)/kvroute-bench --trace $(MOONCAKE_TRACE) --replicas 4 --seeds 1:24 $(ARGS); \
 	else echo "yardstick: MOONCAKE_TRACE is not set: the trace at 4 replicas is left out"; fi
+	@if [ -n "$(MOONCAKE_CONVERSATION_TRACE)" ]; then \
+		echo "$(BIN)/kvroute-bench --trace $(MOONCAKE_CONVERSATION_TRACE) --replicas 5 --seeds 1:6 $(ARGS)"; \
+		$(BIN)/kvroute-bench --trace $(MOONCAKE_CONVERSATION_TRACE) --replicas 5 --seeds 1:6 $(ARGS); \
+	else echo "yardstick: MOONCAKE_CONVERSATION_TRACE is not set: the conversation trace is left out"; fi
 	$(BIN)/kvroute-bench --replicas 14 --customers 2000 --duration 600 --warmup 180 --rate 26 --seeds 1:8 $(ARGS)
 	$(BIN)/kvroute-bench --replicas 14 --customers 2000 --cpu-tier-tokens 1500000 --duration 600 --warmup 180 --rate 34 --seeds 1:10 $(ARGS)
 
