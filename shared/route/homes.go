@@ -55,7 +55,7 @@ func (r *Router) creditHome(m *table.Model, c *Chain) (int, float64) {
 	}
 	cd := &r.cands[i]
 	credit := min(c.Tokens(blocks), c.PromptTokens) * r.HomeCredit
-	if cd.Cached >= credit || cd.Offloaded > 0 {
+	if cd.Cached >= credit { // Offloaded is 0: the model has no slower tier (above)
 		return -1, 0
 	}
 	listed := cd.Cached
