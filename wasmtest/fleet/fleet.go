@@ -119,9 +119,15 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 		case "chwbl":
 			return perRouter(func(int) policy.Policy { return policy.NewCHWBL(f, o.CHWBLFactor) }), nil
 		case "sglang-cache-aware":
-			return perRouter(func(int) policy.Policy { return policy.NewSGLang(f, o.SGLang) }), nil
+			return perRouter(func(k int) policy.Policy {
+				c := o.SGLang
+				c.Seed = seed + uint64(k)
+				return policy.NewSGLang(f, c)
+			}), nil
 		case "weighted-scorers":
-			return perRouter(func(k int) policy.Policy { return policy.NewScorers(f, o.Scorers, seed+uint64(k)) }), nil
+			// One picker for every router: the inference extension runs its endpoint
+			// pickers active-passive, so one index serves the whole gateway.
+			return policy.NewScorers(f, o.Scorers, seed), nil
 		case "oracle":
 			p := policy.NewOracle(f, o.KVRoute.Rule, seed)
 			p.UncachedWeight = o.OracleUncachedWeight

@@ -253,7 +253,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(durFlag{&mt.Think, time.Second}, "think", "multiturn and agent: time between a session's turns (agent: 15 s)")
 	fs.IntVar(&mt.Apps, "apps", mt.Apps, "multiturn and agent: distinct system prompts")
 	fs.Float64Var(&agent.MessagesShare, "messages-share", agent.MessagesShare, "agent: share of sessions on the Messages API (resending the history); the rest are Responses follow-ups by previous_response_id")
-	fs.IntVar(&o.Routers, "routers", o.Routers, "independent proxies, each with its own ledger and table (requests spread uniformly)")
+	fs.IntVar(&o.Routers, "routers", o.Routers, "independent proxies, each with its own ledger and table (requests spread uniformly); the other policies get as many routers, each with its own state, except weighted-scorers, whose endpoint picker is one service")
 	fs.Var(durFlag{&stale, time.Millisecond}, "stale", "kvroute: the table each proxy receives is this old (ms or a duration)")
 	fs.Var(faultFlag{sim.Kill, &o.Faults}, "kill-replica", "AT[:REPLICA]: the replica (default 0) dies at AT (seconds or a duration); repeatable")
 	fs.Var(faultFlag{sim.Restart, &o.Faults}, "restart-replica", "AT[:REPLICA]: the replica restarts with an empty cache at AT; repeatable")

@@ -15,7 +15,7 @@ import (
 // SODA 2018) on the request's prefix key: the key's point on a ring of virtual nodes,
 // then clockwise to the first replica whose load (this router's in-flight requests)
 // stays within ceil(c x (in flight + 1) / replicas). A proxy has no tokenizer, so the key
-// is the first KeyBytes bytes of the messages JSON (1,024 bytes, about SMG prefix_hash's
+// is the first KeyBytes bytes of the messages JSON (Request.PrefixInput) (1,024 bytes, about SMG prefix_hash's
 // 256 tokens).
 type CHWBL struct {
 	Base
@@ -66,7 +66,7 @@ func (p *CHWBL) Name() string { return "chwbl" }
 
 // Key is the ring key of r.
 func (p *CHWBL) Key(r *workload.Request) uint64 {
-	b := r.MessagesJSON
+	b := r.PrefixInput
 	if len(b) > p.keyBytes {
 		b = b[:p.keyBytes]
 	}

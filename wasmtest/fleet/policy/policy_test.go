@@ -43,7 +43,7 @@ func (f *fakeFleet) CachedPrefix(i int, r *workload.Request) int {
 func chat(i int, system, question string, tokens int) *workload.Request {
 	msgs := []tokenizer.Message{{Role: "system", Content: system}, {Role: "user", Content: question}}
 	body := `[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + question + `"}]`
-	return &workload.Request{Index: i, ID: uint64(i + 1), Model: "m", Messages: msgs, MessagesJSON: []byte(body),
+	return &workload.Request{Index: i, ID: uint64(i + 1), Model: "m", Messages: msgs, PrefixInput: []byte(body),
 		Tokens: make([]uint32, tokens), OutputTokens: 1}
 }
 
@@ -127,49 +127,46 @@ func TestCHWBLKeepsAKeyOnOneReplicaUpToTheBound(t *testing.T) {
 
 func TestSGLangTreeMatchInsertEvict(t *testing.T) {
 	tr := newTextTree(3)
-	tr.insert([]byte("hello world, customer one"), 0, 1)
-	tr.insert([]byte("hello world, customer two"), 1, 2)
-	n, tenant := tr.match([]byte("hello world, customer one: what now"))
-	assert.Equal(t, len("hello world, customer one"), n)
-	assert.Equal(t, int32(0), tenant)
-	n, tenant = tr.match([]byte("hello world, cust"))
-	assert.Equal(t, len("hello world, cust"), n)
-	assert.Equal(t, int32(1), tenant, "the shared node's last tenant")
-	n, tenant = tr.match([]byte("goodbye"))
-	assert.Equal(t, 0, n)
-	assert.Equal(t, int32(-1), tenant)
-	assert.Equal(t, len("hello world, customer one"), tr.chars[0])
+	tr.insertText([]byte("hello world, customer one"), 0)
+	tr.insertText([]byte("hello world, customer two"), 1)
+	m := tr.match([]byte("hello world, customer one: what now"))
+	assert.Equal(t, len("hello world, customer one"), m.matched)
+	assert.Equal(t, []int32{0}, tr.holders(m.node, nil))
+	m = tr.match([]byte("hello world, cust"))
+	assert.Equal(t, len("hello world, cust"), m.matched, "the partial edge counts")
+	assert.Equal(t, []int32{0, 1}, tr.holders(m.node, nil), "the shared node's tenants")
+	assert.Equal(t, int32(0), tr.resolve(m.node), "its cached tenant is its creator")
+	m = tr.match([]byte("goodbye"))
+	assert.Zero(t, m.matched)
+	assert.Empty(t, tr.holders(m.node, nil))
+	assert.Equal(t, []int{25, 25, 0}, tr.chars)
 
-	// Tenant 0 also holds an older text. Trimmed to 30 characters per tenant, it loses
-	// that (least recently used) first; tenant 1 (25) is under the limit.
-	tr.insert([]byte("zzzzzzzzzzzzzzzzzzzz"), 0, 0)
-	tr.evict(30)
-	assert.Equal(t, 25, tr.chars[0])
-	assert.Equal(t, 25, tr.chars[1])
-	_, tenant = tr.match([]byte("zzzzzzzzzz"))
-	assert.Equal(t, int32(-1), tenant, "the oldest text went first")
-	_, tenant = tr.match([]byte("hello world, customer one"))
-	assert.Equal(t, int32(0), tenant)
+	// Tenant 0 also holds a newer text. Trimmed to 50 characters for the whole tree,
+	// the least recently used leaf goes first (tenant 0's "one"), then the shared
+	// node for tenant 0, which became a leaf for it.
+	tr.insertText([]byte("zzzzzzzzzzzzzzzzzzzz"), 0)
+	tr.evict(50)
+	assert.Equal(t, []int{20, 25, 0}, tr.chars)
+	m = tr.match([]byte("hello world, customer one"))
+	assert.Equal(t, len("hello world, customer "), m.matched)
+	assert.Equal(t, []int32{1}, tr.holders(m.node, nil))
 
-	// At 20, each tenant loses its leaf, then the shared node, which became a leaf for
-	// it; with no tenant left the node leaves the tree.
+	// At 20, tenant 1 loses its leaf, then the shared node; with no tenant left the
+	// node leaves the tree.
 	tr.evict(20)
-	assert.Zero(t, tr.chars[0])
-	assert.Zero(t, tr.chars[1])
-	n, tenant = tr.match([]byte("hello world, customer one"))
-	assert.Zero(t, n)
-	assert.Equal(t, int32(-1), tenant)
+	assert.Equal(t, []int{20, 0, 0}, tr.chars)
+	assert.Zero(t, tr.match([]byte("hello world, customer one")).matched)
 
-	tr.insert([]byte("hello again"), 2, 5)
-	tr.insert([]byte("hello there"), 1, 6)
+	tr.insertText([]byte("hello again"), 2)
+	tr.insertText([]byte("hello there"), 1)
 	tr.removeTenant(2)
-	n, tenant = tr.match([]byte("hello again"))
-	assert.Equal(t, len("hello "), n, "only tenant 1's path is left")
-	assert.Equal(t, int32(1), tenant)
+	m = tr.match([]byte("hello again"))
+	assert.Equal(t, len("hello "), m.matched, "only tenant 1's path is left")
+	assert.Equal(t, []int32{1}, tr.holders(m.node, nil))
 	assert.Zero(t, tr.chars[2])
 }
 
-func TestSGLangCacheThresholdAndBalanceSwitch(t *testing.T) {
+func TestSGLangCacheThresholdAndSpillGate(t *testing.T) {
 	f := newFake(3)
 	p := NewSGLang(f, DefaultSGLang())
 	sys := strings.Repeat("customer a's long system prompt. ", 20)
@@ -177,30 +174,26 @@ func TestSGLangCacheThresholdAndBalanceSwitch(t *testing.T) {
 	owner := p.Route(first, 0).Order[0]
 	p.Sent(first, owner, 0)
 
-	// Matched share above 0.5: the owner, whatever its load.
+	// Matched share above 0.3: the owner.
 	r := chat(1, sys, "second question", 10)
 	assert.Equal(t, owner, p.Route(r, 0).Order[0])
 	assert.Equal(t, 1, p.Hits)
 
-	// Mostly new text (match share below 0.5): the least loaded worker.
+	// Mostly new text (match share below 0.3): the least loaded worker.
 	other := chat(2, "x", strings.Repeat("an unrelated long question. ", 40), 10)
 	got := p.Route(other, 0).Order[0]
 	assert.NotEqual(t, owner, got, "least loaded, not the owner")
 	assert.Equal(t, 2, p.Misses, "the first request and this one")
 
-	// Imbalance: max-min > 32 and max > 1.1 min sends even a perfect match away.
-	p.load[owner] = 40
+	// The spill gate: above 1.5 x the mean load and the mean + 64 (mean 33.3), even a
+	// perfect match goes to the least loaded worker.
+	p.load[owner] = 100
 	assert.NotEqual(t, owner, p.Route(chat(3, sys, "third question", 10), 0).Order[0])
-	assert.Equal(t, 1, p.Imbalanced)
-	// Only one threshold crossed: no switch (abs 32 not exceeded).
-	p.load[owner] = 30
+	assert.Equal(t, 1, p.Spills)
+	// Only one threshold crossed (mean 20: 60 > 30 but not > 84): no spill.
+	p.load[owner] = 60
 	assert.Equal(t, owner, p.Route(chat(4, sys, "fourth question", 10), 0).Order[0])
-	// max-min > 32 but max <= 1.1 x min: no switch either.
-	for i := range p.load {
-		p.load[i] = 400
-	}
-	p.load[owner] = 433
-	assert.Equal(t, owner, p.Route(chat(5, sys, "fifth question", 10), 0).Order[0])
+	assert.Equal(t, 1, p.Spills)
 }
 
 func TestScorersPicks(t *testing.T) {

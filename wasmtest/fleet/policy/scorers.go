@@ -27,13 +27,29 @@ func DefaultScorers() ScorersConfig {
 }
 
 // Scorers is the Gateway API inference extension's endpoint picker with its default
-// plugins, from their description: an approximate prefix index (xxhash64 chained over
-// 64-character blocks of the JSON messages, trailing partial block included, at most
-// 256 blocks; per-endpoint LRU of num_gpu_blocks entries; the picked endpoint gets all
-// of a request's blocks at once and nothing ever confirms them), scored as matched /
-// total blocks along the longest prefix; a queue scorer, min-max normalised waiting
-// requests, inverted; a KV scorer, 1 - KV usage; weighted sum and max-score pick with
-// random tie breaks. Queue and KV usage come from its own scrapes.
+// plugins, as its last release that ships the picker has them (v1.5.0, commit df9f8909;
+// the picker then moved to llm-d/llm-d-router, whose prefix producer hashes estimated
+// tokens instead). Paths are at that commit, under pkg/epp:
+//   - config/loader/defaults.go, loadDefaultConfig: the queue, KV-utilisation and
+//     prefix-cache scorers weighted 2, 2 and 3, a max-score picker of one endpoint;
+//   - framework/plugins/requestcontrol/dataproducer/approximateprefix (hashing.go,
+//     hashPrompt and getUserInputBytes; plugin.go; indexer.go): xxhash64 chained over
+//     64-character blocks of the request's messages as JSON (Request.PrefixInput), the
+//     first seeded with the model's name, full blocks only, at most 256; a per-endpoint
+//     LRU of num_gpu_blocks entries that gets every block of a request when the request
+//     is sent (PreRequest) and is never confirmed by the engine;
+//   - framework/plugins/scheduling/scorer/prefix/plugin.go: matched over total blocks,
+//     matched along the longest prefix any endpoint holds;
+//   - scorer/queuedepth/queue.go: waiting requests, min-max normalised and inverted (1
+//     for all when equal); scorer/kvcacheutilization: 1 - KV usage;
+//   - picker/max_score_picker.go: weighted sum, the maximum wins, ties at random;
+//   - server/options.go: metrics refreshed every 50 ms and used whatever their age.
+//
+// Nothing is shed by default (flow control is off; the legacy admission sheds only
+// negative priorities). Two departures, both toward a stronger peer: v1.5.0 parses only
+// OpenAI bodies and answers an Anthropic Messages body 400, which the stand-in routes
+// on its messages array; and with several routers (--routers) each keeps its own index,
+// where a real deployment runs one active picker.
 type Scorers struct {
 	Base
 	f      Fleet
@@ -83,15 +99,15 @@ func (p *Scorers) Wake(now time.Duration) {
 	}
 }
 
-// blockHashes hashes the messages JSON as the approximate prefix producer does.
+// blockHashes hashes the request as the approximate prefix producer does: full
+// blocks only, so a body shorter than one block has none and every endpoint scores 0.
 func (p *Scorers) blockHashes(r *workload.Request) []uint64 {
 	p.hashes = p.hashes[:0]
 	h := xxhash.Sum64String(r.Model) // seed: model (and cache_salt, none here)
-	b := r.MessagesJSON
+	b := r.PrefixInput
 	var buf []byte
-	for off := 0; off < len(b) && len(p.hashes) < p.cfg.MaxBlocks; off += p.cfg.BlockChars {
-		end := min(off+p.cfg.BlockChars, len(b))
-		buf = append(buf[:0], b[off:end]...)
+	for off := 0; off+p.cfg.BlockChars <= len(b) && len(p.hashes) < p.cfg.MaxBlocks; off += p.cfg.BlockChars {
+		buf = append(buf[:0], b[off:off+p.cfg.BlockChars]...)
 		buf = binary.LittleEndian.AppendUint64(buf, h)
 		h = xxhash.Sum64(buf)
 		p.hashes = append(p.hashes, h)

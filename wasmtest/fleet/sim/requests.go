@@ -145,7 +145,7 @@ func (r *runner) route(i int, req *workload.Request, now time.Duration) {
 	r.inflt++
 	r.f.inflight[target]++
 	// The engine copied the chain; the proxy is done with the body.
-	req.Body, req.MessagesJSON, req.Chain, req.Messages = nil, nil, nil, nil
+	req.Body, req.PrefixInput, req.Chain, req.Messages = nil, nil, nil, nil
 	if r.cfg.Stream {
 		r.pol.Started(req, target, now)
 	}

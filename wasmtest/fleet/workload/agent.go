@@ -132,11 +132,12 @@ func (s *agentSource) Request(i int) *Request {
 		end := b.Len()
 		b.WriteString(`}`)
 		r.Body = []byte(b.String())
-		r.MessagesJSON = r.Body[at:end]
+		r.PrefixInput = r.Body[at:end]
 	case k == 0:
 		r.Schema, r.Messages = prompt.Responses, msgs
 		r.Body = []byte(`{"model":` + model + `,"instructions":"` + sys + `","input":"` + task + `","max_output_tokens":` + max + `,"stream":true}`)
-		r.MessagesJSON = []byte(`"` + task + `"`)
+		// The inference extension marshals the instructions and the input apart.
+		r.PrefixInput = inferenceExtensionJSON([]byte(`[{"instructions":"` + sys + `"},{"input":"` + task + `"}]`))
 	default:
 		// Only the new tool result: the rest is in the previous response's replica.
 		prev := uint64(s.a.prev[i]) + 1
@@ -145,7 +146,9 @@ func (s *agentSource) Request(i int) *Request {
 		input := `[{"type":"function_call_output","call_id":"call_` + strconv.Itoa(k) + `","output":"` + result + `"}]`
 		r.Body = []byte(`{"model":` + model + `,"previous_response_id":"` + ResponseID(prev) + `","input":` + input +
 			`,"max_output_tokens":` + max + `,"stream":true}`)
-		r.MessagesJSON = []byte(input)
+		// Re-marshalled from its parsed form: an object's keys in sorted order.
+		r.PrefixInput = inferenceExtensionJSON([]byte(`[{"input":[{"call_id":"call_` + strconv.Itoa(k) + `","output":"` + result +
+			`","type":"function_call_output"}]}]`))
 	}
 	return r
 }

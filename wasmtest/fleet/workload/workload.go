@@ -13,6 +13,8 @@
 package workload
 
 import (
+	"bytes"
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -63,10 +65,12 @@ type Request struct {
 	Previous uint64
 
 	// Body is the body the proxy sees (an OpenAI /v1/chat/completions one unless Schema
-	// says otherwise). MessagesJSON is the "messages" array inside it (what the Gateway
-	// API inference extension hashes; a Responses body's "input").
-	Body         []byte
-	MessagesJSON []byte
+	// says otherwise). PrefixInput is the bytes the Gateway API inference extension's
+	// prefix producer hashes for it (getUserInputBytes in its approximateprefix/hashing.go
+	// at v1.5.0, df9f8909): a chat body's "messages" array as JSON; a Responses body's
+	// instructions and input, [{"instructions":...},{"input":...}].
+	Body        []byte
+	PrefixInput []byte
 	// Messages are the chat messages (what SGLang's router concatenates for routing).
 	Messages []tokenizer.Message
 
@@ -163,8 +167,20 @@ func (b *builder) finish(r *Request, p *prefix, renderedTail, bodyTail string, m
 	r.Model = b.model
 	r.Body = make([]byte, 0, len(p.body)+len(bodyTail))
 	r.Body = append(append(r.Body, p.body...), bodyTail...)
-	r.MessagesJSON = r.Body[p.msgsAt : len(p.body)+msgsEnd]
+	r.PrefixInput = inferenceExtensionJSON(r.Body[p.msgsAt : len(p.body)+msgsEnd])
 	b.prompt(r, p, renderedTail)
+}
+
+// inferenceExtensionJSON is JSON text as encoding/json writes it, which is how the
+// inference extension re-marshals what it hashes: <, > and & (and U+2028, U+2029)
+// escaped. b itself when none occurs, as in generated text.
+func inferenceExtensionJSON(b []byte) []byte {
+	if !bytes.ContainsAny(b, "<>&\u2028\u2029") {
+		return b
+	}
+	var out bytes.Buffer
+	json.HTMLEscape(&out, b)
+	return out.Bytes()
 }
 
 // prompt sets r's engine prompt: p's rendering followed by renderedTail, encoded, and its

@@ -36,7 +36,7 @@ func checkRequest(t *testing.T, r *Request) {
 	req, err := p.Parse(prompt.Chat, r.Body, prompt.Limits{MaxBytes: 8 << 20})
 	require.NoError(t, err, "body parses")
 	assert.Equal(t, r.Model, req.Model)
-	assert.True(t, bytes.HasPrefix(r.MessagesJSON, []byte(`[{"role":`)) && bytes.HasSuffix(r.MessagesJSON, []byte(`"}]`)))
+	assert.Equal(t, string(inferenceExtensionInput(t, prompt.Chat, r.Body)), string(r.PrefixInput), "weighted-scorers hashes what the inference extension would")
 	for _, m := range r.Messages {
 		assert.True(t, bytes.Contains(req.Text, []byte(m.Content)), "canonical text holds every message")
 	}
