@@ -46,10 +46,10 @@ func DefaultScorers() ScorersConfig {
 //   - server/options.go: metrics refreshed every 50 ms and used whatever their age.
 //
 // Nothing is shed by default (flow control is off; the legacy admission sheds only
-// negative priorities). Two departures, both toward a stronger peer: v1.5.0 parses only
-// OpenAI bodies and answers an Anthropic Messages body 400, which the stand-in routes
-// on its messages array; and with several routers (--routers) each keeps its own index,
-// where a real deployment runs one active picker.
+// negative priorities). With several routers (--routers) the simulator runs one picker
+// for all, as a deployment runs one active picker. One departure, toward a stronger
+// peer: v1.5.0 parses only OpenAI bodies and answers an Anthropic Messages body 400,
+// which the stand-in routes on its messages array.
 type Scorers struct {
 	Base
 	f      Fleet
