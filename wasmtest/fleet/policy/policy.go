@@ -203,7 +203,11 @@ func NewRand(seed, stream uint64) *Rand {
 // Uint64 returns the next value.
 func (r *Rand) Uint64() uint64 {
 	r.s += 0x9e3779b97f4a7c15
-	z := r.s
+	return mix64(r.s)
+}
+
+// mix64 is splitmix64's finalizer.
+func mix64(z uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)

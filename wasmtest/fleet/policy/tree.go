@@ -362,13 +362,6 @@ func (tr *textTree) removeTenant(t int32) {
 // mapOrder is tenant t's place in the iteration order of a map salted salt.
 func mapOrder(salt uint64, t int32) uint64 { return mix64(salt ^ uint64(t)*0x9e3779b97f4a7c15) }
 
-// mix64 is splitmix64's finalizer.
-func mix64(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
-
 type leafItem struct {
 	n  *tnode
 	t  int32
