@@ -126,7 +126,7 @@ func TestCHWBLKeepsAKeyOnOneReplicaUpToTheBound(t *testing.T) {
 }
 
 func TestSGLangTreeMatchInsertEvict(t *testing.T) {
-	tr := newTextTree(3)
+	tr := newTextTree()
 	tr.insertText([]byte("hello world, customer one"), 0)
 	tr.insertText([]byte("hello world, customer two"), 1)
 	m := tr.match([]byte("hello world, customer one: what now"))
@@ -139,14 +139,14 @@ func TestSGLangTreeMatchInsertEvict(t *testing.T) {
 	m = tr.match([]byte("goodbye"))
 	assert.Zero(t, m.matched)
 	assert.Empty(t, tr.holders(m.node, nil))
-	assert.Equal(t, []int{25, 25, 0}, tr.chars)
+	assert.Equal(t, []int{25, 25, 0}, tenantChars(t, tr, 3))
 
 	// Tenant 0 also holds a newer text. Trimmed to 50 characters for the whole tree,
 	// the least recently used leaf goes first (tenant 0's "one"), then the shared
 	// node for tenant 0, which became a leaf for it.
 	tr.insertText([]byte("zzzzzzzzzzzzzzzzzzzz"), 0)
 	tr.evict(50)
-	assert.Equal(t, []int{20, 25, 0}, tr.chars)
+	assert.Equal(t, []int{20, 25, 0}, tenantChars(t, tr, 3))
 	m = tr.match([]byte("hello world, customer one"))
 	assert.Equal(t, len("hello world, customer "), m.matched)
 	assert.Equal(t, []int32{1}, tr.holders(m.node, nil))
@@ -154,7 +154,7 @@ func TestSGLangTreeMatchInsertEvict(t *testing.T) {
 	// At 20, tenant 1 loses its leaf, then the shared node; with no tenant left the
 	// node leaves the tree.
 	tr.evict(20)
-	assert.Equal(t, []int{20, 0, 0}, tr.chars)
+	assert.Equal(t, []int{20, 0, 0}, tenantChars(t, tr, 3))
 	assert.Zero(t, tr.match([]byte("hello world, customer one")).matched)
 
 	tr.insertText([]byte("hello again"), 2)
@@ -163,7 +163,7 @@ func TestSGLangTreeMatchInsertEvict(t *testing.T) {
 	m = tr.match([]byte("hello again"))
 	assert.Equal(t, len("hello "), m.matched, "only tenant 1's path is left")
 	assert.Equal(t, []int32{1}, tr.holders(m.node, nil))
-	assert.Zero(t, tr.chars[2])
+	assert.Zero(t, tenantChars(t, tr, 3)[2])
 }
 
 func TestSGLangCacheThresholdAndSpillGate(t *testing.T) {

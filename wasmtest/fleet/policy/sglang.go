@@ -69,7 +69,7 @@ type SGLang struct {
 
 // NewSGLang returns the cache-aware router.
 func NewSGLang(f Fleet, cfg SGLangConfig) *SGLang {
-	p := &SGLang{f: f, cfg: cfg, tree: newTextTree(f.Len()), rng: NewRand(cfg.Seed, 0x5c1a),
+	p := &SGLang{f: f, cfg: cfg, tree: newTextTree(), rng: NewRand(cfg.Seed, 0x5c1a),
 		load: make([]int, f.Len()), processed: make([]int, f.Len()), gone: make([]bool, f.Len()),
 		held: make([]bool, f.Len()), evict: Timer{Next: cfg.EvictionInterval, Every: cfg.EvictionInterval}}
 	for i := range f.Len() {

@@ -21,6 +21,32 @@ func say(i int, text string) *workload.Request {
 
 var sglangSystem = strings.Repeat("the shared system prompt of one customer. ", 4)
 
+// tenantChars is, for tenants 0 to n-1, the characters of the nodes each is on
+// (upstream's tenant_char_count), counted from the tree; they must sum to the total
+// eviction bounds.
+func tenantChars(t *testing.T, tr *textTree, n int) []int {
+	t.Helper()
+	chars := make([]int, n)
+	var walk func(nd *tnode)
+	walk = func(nd *tnode) {
+		for _, c := range nd.children {
+			walk(c)
+		}
+		if nd != tr.root {
+			for _, x := range nd.tenants {
+				chars[x.t] += len(nd.edge)
+			}
+		}
+	}
+	walk(tr.root)
+	sum := 0
+	for _, c := range chars {
+		sum += c
+	}
+	require.Equal(t, tr.total, sum, "the tree's total is its tenants' characters")
+	return chars
+}
+
 // route routes r and records it as sent, as the simulator does.
 func route(p *SGLang, r *workload.Request) int {
 	i := p.Route(r, 0).Order[0]
@@ -171,7 +197,7 @@ func stampOf(n *tnode, t int32) (uint64, bool) {
 // tree to the budget, the oldest (node, tenant) leaf first whoever its tenant, a
 // parent queued once it is a leaf for that tenant.
 func TestSGLangTreeStampsAndEviction(t *testing.T) {
-	tr := newTextTree(3)
+	tr := newTextTree()
 	tr.register(3) // three workers: epochs 0 to 2 went to the root
 	tr.insertText([]byte("prefix-shared/x"), 0)
 	tr.insertText([]byte("prefix-shared/y"), 1)
@@ -188,13 +214,13 @@ func TestSGLangTreeStampsAndEviction(t *testing.T) {
 	assert.Equal(t, uint64(3), at)
 	at, _ = stampOf(y, 1)
 	assert.Equal(t, uint64(6), at, "refreshed by the second insert")
-	assert.Equal(t, []int{15, 15, 2}, tr.chars)
+	assert.Equal(t, []int{15, 15, 2}, tenantChars(t, tr, 3))
 	assert.Equal(t, 32, tr.total)
 
 	// No tenant exceeds 30, the tree does: x (stamp 3) goes, then the prefix for
 	// tenant 0 (its copied stamp 3 is older than zz's 5).
 	tr.evict(30)
-	assert.Equal(t, []int{0, 15, 2}, tr.chars)
+	assert.Equal(t, []int{0, 15, 2}, tenantChars(t, tr, 3))
 	assert.Equal(t, 17, tr.total)
 	assert.Equal(t, len("prefix-shared/"), tr.descend([]byte("prefix-shared/x")).matched, "x left the tree")
 	assert.Equal(t, []int32{1}, tr.holders(shared, nil))
@@ -202,21 +228,21 @@ func TestSGLangTreeStampsAndEviction(t *testing.T) {
 	// Down to 10: zz (5) goes before y (6); then y, and the prefix, a leaf for
 	// tenant 1 with its stamp 0, right after it.
 	tr.evict(10)
-	assert.Equal(t, []int{0, 0, 0}, tr.chars)
+	assert.Equal(t, []int{0, 0, 0}, tenantChars(t, tr, 3))
 	assert.Zero(t, tr.descend([]byte("prefix-shared/y")).matched)
 	assert.Empty(t, tr.root.children)
 
 	// Under the budget nothing goes.
 	tr.insertText([]byte("abc"), 2)
 	tr.evict(3)
-	assert.Equal(t, 3, tr.chars[2])
+	assert.Equal(t, 3, tenantChars(t, tr, 3)[2])
 }
 
 // A match resolves its node's cached tenant (the node's creator while it stays
 // there, not its latest inserter) and refreshes that tenant's stamp when the epoch
 // it draws is a multiple of 8 (finish_match_and_insert): a counter, not a coin.
 func TestSGLangMatchRefreshesCreatorEveryEighthEpoch(t *testing.T) {
-	tr := newTextTree(2)
+	tr := newTextTree()
 	tr.insertText([]byte("hello world"), 0) // epoch 0
 	tr.insertText([]byte("hello there"), 1) // 1; the split keeps creator 0
 	shared := tr.descend([]byte("hello ")).node
@@ -272,10 +298,10 @@ func TestSGLangMembershipPurgesDroppedWorkers(t *testing.T) {
 	p := NewSGLang(f, DefaultSGLang())
 	require.Equal(t, 0, route(p, say(0, sglangSystem+"q0")))
 	p.Membership(0) // nothing changed
-	assert.Equal(t, len(sglangSystem)+2, p.tree.chars[0])
+	assert.Equal(t, len(sglangSystem)+2, tenantChars(t, p.tree, 3)[0])
 	f.down[0] = true
 	p.Membership(0)
-	assert.Zero(t, p.tree.chars[0])
+	assert.Zero(t, tenantChars(t, p.tree, 3)[0])
 	assert.Zero(t, p.tree.total)
 	assert.Equal(t, uint64(3+2+2), p.tree.epoch, "registered 3, a request, then the 2 left")
 }

@@ -11,9 +11,10 @@ import (
 // decisions; nothing confirms what an engine really holds. Characters are bytes here:
 // the workloads' routing text is ASCII, where upstream's char counts are the same.
 type textTree struct {
-	root  *tnode
-	chars []int // per tenant: characters of the nodes it is on (tenant_char_count)
-	total int   // the sum of chars, the size eviction bounds (total_char_count)
+	root *tnode
+	// total is the characters of every (node, tenant) pair, each tenant counting the
+	// nodes it is on: the size eviction bounds (total_char_count).
+	total int
 	// epoch is get_epoch's counter: every stamp, and every match, draws the next value.
 	epoch uint64
 	nodes uint64    // nodes created: ids and tenant-map salts
@@ -46,8 +47,8 @@ type tenantAt struct {
 	at uint64
 }
 
-func newTextTree(tenants int) *textTree {
-	return &textTree{root: &tnode{last: -1}, chars: make([]int, tenants)}
+func newTextTree() *textTree {
+	return &textTree{root: &tnode{last: -1}}
 }
 
 // next is get_epoch: the counter's value, then one more.
@@ -85,7 +86,6 @@ func (tr *textTree) attach(n *tnode, t int32, at uint64) {
 		return
 	}
 	n.tenants = append(n.tenants, tenantAt{t, at})
-	tr.chars[t] += len(n.edge)
 	tr.total += len(n.edge)
 }
 
@@ -290,7 +290,6 @@ func (tr *textTree) drop(n *tnode, t int32) {
 		return
 	}
 	n.tenants = append(n.tenants[:i], n.tenants[i+1:]...)
-	tr.chars[t] -= len(n.edge)
 	tr.total -= len(n.edge)
 	if len(n.tenants) == 0 && len(n.children) == 0 && n.parent != nil {
 		delete(n.parent.children, n.edge[0])
