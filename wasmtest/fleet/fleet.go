@@ -30,7 +30,11 @@ type Options struct {
 	Replicas int
 	Profile  timing.Profile
 	Seed     uint64
-	Routers  int
+	// PolicySeed, when not 0, seeds the policies' own random sources (tie breaks,
+	// kvroute's timer phases) instead of Seed, so that the same arrivals can be routed
+	// with another draw of them: whether a figure is the arrivals' or the ties'.
+	PolicySeed uint64
+	Routers    int
 	// PinTenants: each tenant's requests reach one proxy (sim.Config.PinTenants).
 	PinTenants bool
 	Stream     bool
@@ -102,7 +106,7 @@ func ParsePolicies(s string) ([]string, error) {
 
 // NewPolicy returns the constructor of the named policy.
 func NewPolicy(name string, o Options) sim.NewPolicy {
-	seed := o.Seed
+	seed := o.policySeed()
 	return func(f policy.Fleet, routerOf func(*workload.Request) int) (policy.Policy, error) {
 		perRouter := func(mk func(k int) policy.Policy) policy.Policy {
 			return policy.Split(o.Routers, routerOf, mk)
@@ -145,6 +149,14 @@ func NewPolicy(name string, o Options) sim.NewPolicy {
 		}
 		return nil, fmt.Errorf("unknown policy %q", name)
 	}
+}
+
+// policySeed seeds the policies' random sources: PolicySeed, else Seed.
+func (o Options) policySeed() uint64 {
+	if o.PolicySeed != 0 {
+		return o.PolicySeed
+	}
+	return o.Seed
 }
 
 func (o Options) simConfig(w workload.Workload, replicas int) sim.Config {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/wasmtest/engine/timing"
 	"github.com/kvroute/kvroute/wasmtest/fleet/kvroute"
+	"github.com/kvroute/kvroute/wasmtest/fleet/sim"
 	"github.com/kvroute/kvroute/wasmtest/fleet/workload"
 )
 
@@ -63,6 +64,32 @@ func TestCompareIsDeterministic(t *testing.T) {
 		a[i].RuleSpillRate, b[i].RuleSpillRate = 0, 0
 		assert.Equal(t, a[i], b[i], "same seed, same numbers, whatever the parallelism")
 	}
+}
+
+// TestPolicySeedDrawsOnlyTheTies: --policy-seed routes the same arrivals with another
+// draw of the policies' random sources; a policy without one is untouched, and the
+// arrivals' own seed as the policy seed is the default run.
+func TestPolicySeedDrawsOnlyTheTies(t *testing.T) {
+	w := tinySeed(t)
+	names := []string{"random", "round-robin"}
+	o := tinyOptions()
+	base, err := Compare(w, names, o)
+	require.NoError(t, err)
+	o.PolicySeed = o.Seed
+	same, err := Compare(w, names, o)
+	require.NoError(t, err)
+	o.PolicySeed = o.Seed + 1
+	other, err := Compare(w, names, o)
+	require.NoError(t, err)
+	for _, rs := range [][]*sim.Result{base, same, other} {
+		for _, r := range rs {
+			r.Wall, r.RuleSpillRate = 0, 0 // NaN for a policy without the rule
+		}
+	}
+	assert.Equal(t, base, same, "the arrivals' seed as the policy seed is the default")
+	assert.Equal(t, base[1], other[1], "round robin draws nothing: the arrivals and engines are the same")
+	assert.Equal(t, base[0].Requests, other[0].Requests)
+	assert.NotEqual(t, base[0].TTFT, other[0].TTFT, "random placement is drawn again")
 }
 
 func TestBisect(t *testing.T) {

@@ -230,6 +230,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "replicas (the starting point with --find-replicas)")
 	fs.Var(durFlag{&duration, time.Second}, "duration", "seed, multiturn and agent: arrivals span (seconds or a duration)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "random seed: arrivals, texts, tie breaks")
+	fs.Uint64Var(&o.PolicySeed, "policy-seed", 0, "when not 0, seeds the policies' tie breaks (and kvroute's timer phases) instead of --seed: the same arrivals routed with another draw of the ties")
 	fs.IntVar(&seed.Customers, "customers", seed.Customers, "seed: distinct customer prefixes")
 	fs.IntVar(&seed.PromptTokens, "prompt-tokens", seed.PromptTokens, "seed: prompt length in tokens")
 	fs.IntVar(&seed.OutputTokens, "output-tokens", seed.OutputTokens, "seed: output tokens")
@@ -448,6 +449,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.CPUTierTokens > 0 {
 		fmt.Fprintf(stdout, ", CPU tier %d tokens a replica (%v a token to load)", o.CPUTierTokens, o.CPULoadPerToken)
+	}
+	if o.PolicySeed != 0 {
+		fmt.Fprintf(stdout, ", policy seed %d", o.PolicySeed)
 	}
 	if seedList != nil {
 		fmt.Fprintf(stdout, ", seeds %s\n", *seeds)
