@@ -186,6 +186,8 @@ type JSONReport struct {
 	Replicas int    `json:"replicas"`
 	// Seed is the run's seed in --seeds' document (WriteSeedsJSON).
 	Seed uint64 `json:"seed,omitempty"`
+	// PolicySeed is --policy-seed when given (Options.PolicySeed).
+	PolicySeed uint64 `json:"policy_seed,omitempty"`
 	// ReuseCeiling is the workload's workload.Ceiling rate (absent when not computed).
 	ReuseCeiling *float64 `json:"reuse_ceiling,omitempty"`
 	// PooledLRU is workload.PooledLRU's rate over the fleet's KV memory (absent when not

@@ -598,6 +598,7 @@ func (b *bench) compare(phases bool) error {
 	}
 	if b.jsonPath != "" {
 		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
+		rep.PolicySeed = o.PolicySeed
 		v := math.Round(ceiling.Rate*1e6) / 1e6
 		rep.ReuseCeiling = &v
 		p := math.Round(pooled.Rate*1e6) / 1e6
@@ -635,7 +636,7 @@ func (b *bench) seeds(seeds []uint64, build func(fleet.Options) (workload.Worklo
 			return err
 		}
 		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
-		rep.Seed = s
+		rep.Seed, rep.PolicySeed = s, o.PolicySeed
 		reports = append(reports, rep)
 		if a, ok := fleet.AgainstBest(results, "kvroute"); ok {
 			runs = append(runs, fleet.SeedRun{Seed: s, Against: a, Policies: fleet.AllFigures(results)})

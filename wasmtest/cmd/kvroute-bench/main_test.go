@@ -62,6 +62,18 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.Regexp(t, `kvroute over the best other policy on each figure[^\n]*\n.*\ncached \d\.\d{3}\*? \(round-robin\), `+
 		`TTFT p50 [^,]+ \(round-robin\), .*: \d of 5 off`, s, "the yardstick, against the one peer that ran")
 	assert.Contains(t, string(b), `"against_best": [`)
+	assert.NotContains(t, string(b), `"policy_seed"`)
+}
+
+// TestPolicySeedFlag: --policy-seed is said in the header and the JSON.
+func TestPolicySeedFlag(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.json")
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(append(tiny, "--policy-seed", "5", "--json", path, "--policies", "random,kvroute"), &out, &errOut), errOut.String())
+	assert.Contains(t, out.String(), ", policy seed 5, seed 1, 32 requests\n")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"policy_seed": 5`)
 }
 
 // TestSeeds: --seeds runs one comparison per seed, each on its own arrivals, then
