@@ -217,6 +217,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		findRate    = fs.Bool("find-rate", false, "search, per policy, the highest rate (req/s) that --replicas hold at --slo-ttft-p95: from --rate, doubling or halving, then bisecting to --rate-resolution")
 		rateRes     = fs.String("rate-resolution", "2%", "with --find-rate: stop when the rate held and the lowest rate missed are this close: requests per second (0.5) or a percentage of the rate held (2%)")
 		seeds       = fs.String("seeds", "", "A:B: run the comparison once for each seed from A to B, print each table, then kvroute's yardstick per seed, each figure's geometric mean and the bounds met (not with --seed)")
+		policySeeds = fs.String("policy-seeds", "", "A:B: as --seeds, but on --seed's arrivals, once for each --policy-seed from A to B: the figures over draws of the ties")
 		sweepRate   = fs.String("sweep-rate", "", "A:B:STEP: run every policy at each rate from A to B requests per second (with --trace, by compressing time); with --plot, draw TTFT p50, p95 and cached rate against the rate")
 		slo         = 1 * time.Second
 		stale       time.Duration
@@ -367,7 +368,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return load, label, w, nil
 	}
 	var seedList []uint64
-	if *seeds != "" {
+	drawTies := *policySeeds != "" // --policy-seeds: seedList are policy seeds
+	switch {
+	case *seeds != "" && drawTies:
+		return cli.Usagef("--seeds and --policy-seeds: give one")
+	case drawTies:
+		if seedList, err = parseSeeds(*policySeeds); err != nil {
+			return cli.Usagef("--policy-seeds %w", err)
+		}
+		if set["policy-seed"] {
+			return cli.Usagef("--policy-seeds and --policy-seed: give one")
+		}
+	case *seeds != "":
 		if seedList, err = parseSeeds(*seeds); err != nil {
 			return cli.Usagef("--seeds %w", err)
 		}
@@ -384,7 +396,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if seedList != nil && (*find || *findRate || *sweepRate != "" || *plotPath != "" || *outcomes != "" || *memory) {
-		return cli.Usagef("--seeds prints each seed's table and the yardstick: not with --find-replicas, --find-rate, --sweep-rate, --plot, --requests-csv or --memory")
+		return cli.Usagef("--seeds and --policy-seeds print each seed's table and the yardstick: not with --find-replicas, --find-rate, --sweep-rate, --plot, --requests-csv or --memory")
 	}
 	o.Outcomes = *outcomes != ""
 	o.Evictions = *memory // the "stored again" column
@@ -453,15 +465,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if o.PolicySeed != 0 {
 		fmt.Fprintf(stdout, ", policy seed %d", o.PolicySeed)
 	}
-	if seedList != nil {
+	switch {
+	case drawTies:
+		fmt.Fprintf(stdout, ", seed %d, %d requests, policy seeds %s\n", o.Seed, w.Len(), *policySeeds)
+	case seedList != nil:
 		fmt.Fprintf(stdout, ", seeds %s\n", *seeds)
-	} else {
+	default:
 		fmt.Fprintf(stdout, ", seed %d, %d requests\n", o.Seed, w.Len())
 	}
 	b := &bench{stdout: stdout, o: o, names: names, load: load, w: w, label: label,
 		plotPath: *plotPath, plotFormat: plotFormat, jsonPath: *jsonPath, outcomesPath: *outcomes, memory: *memory, start: time.Now()}
 	switch {
 	case seedList != nil:
+		if drawTies {
+			return b.seeds(seedList, nil)
+		}
 		return b.seeds(seedList, func(o fleet.Options) (workload.Workload, error) {
 			_, _, w, err := build(o)
 			return w, err
@@ -613,21 +631,32 @@ func (b *bench) compare(phases bool) error {
 
 // seeds runs the comparison once per seed, each on its own workload (b.w for the first,
 // which run built; build for the others), printing each table and kvroute's yardstick,
-// then the yardstick over all of them.
+// then the yardstick over all of them. Without build (--policy-seeds) the seeds are
+// policy seeds, each run on b.w, the arrivals of b.o.Seed.
 func (b *bench) seeds(seeds []uint64, build func(fleet.Options) (workload.Workload, error)) error {
 	o, stdout := b.o, b.stdout
 	var runs []fleet.SeedRun
 	var reports []fleet.JSONReport
+	label, ties := "seed", ""
+	if build == nil {
+		label = "policy seed"
+		ties = fmt.Sprintf("each seed is a policy seed: seed %d's arrivals, routed with that draw of the ties\n", o.Seed)
+		fmt.Fprintf(stdout, "\n%s", ties)
+	}
 	for i, s := range seeds {
-		o.Seed = s
 		w := b.w
-		if i > 0 {
-			var err error
-			if w, err = build(o); err != nil {
-				return err
+		if build == nil {
+			o.PolicySeed = s
+		} else {
+			o.Seed = s
+			if i > 0 {
+				var err error
+				if w, err = build(o); err != nil {
+					return err
+				}
 			}
 		}
-		fmt.Fprintf(stdout, "\nseed %d: %d requests, %d replicas (%d GPUs)\n", s, w.Len(), o.Replicas, o.Replicas*o.Profile.GPUs)
+		fmt.Fprintf(stdout, "\n%s %d: %d requests, %d replicas (%d GPUs)\n", label, s, w.Len(), o.Replicas, o.Replicas*o.Profile.GPUs)
 		results, err := fleet.Compare(w, b.names, o)
 		if err != nil {
 			return err
@@ -636,14 +665,14 @@ func (b *bench) seeds(seeds []uint64, build func(fleet.Options) (workload.Worklo
 			return err
 		}
 		rep := fleet.NewJSONReport(b.label, o.Replicas, results)
-		rep.Seed, rep.PolicySeed = s, o.PolicySeed
+		rep.Seed, rep.PolicySeed = o.Seed, o.PolicySeed
 		reports = append(reports, rep)
 		if a, ok := fleet.AgainstBest(results, "kvroute"); ok {
 			runs = append(runs, fleet.SeedRun{Seed: s, Against: a, Policies: fleet.AllFigures(results)})
 		}
 	}
 	if len(runs) > 0 {
-		fmt.Fprintf(stdout, "\n%s\n", fleet.YardstickNote())
+		fmt.Fprintf(stdout, "\n%s\n%s", fleet.YardstickNote(), ties)
 		if err := fleet.WriteSeeds(stdout, runs); err != nil {
 			return err
 		}

@@ -65,6 +65,40 @@ func TestCompareTableAndJSON(t *testing.T) {
 	assert.NotContains(t, string(b), `"policy_seed"`)
 }
 
+// TestPolicySeeds: --policy-seeds runs --seed's arrivals once per policy seed, says so,
+// and carries both seeds in the JSON (fleet's TestPolicySeedDrawsOnlyTheTies holds what
+// a policy seed changes).
+func TestPolicySeeds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ties.json")
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(append(tiny, "--seed", "4", "--policy-seeds", "2:3", "--json", path, "--policies", "random,kvroute"), &out, &errOut), errOut.String())
+	s := out.String()
+	assert.Contains(t, s, ", seed 4, 32 requests, policy seeds 2:3\n")
+	assert.Contains(t, s, "each seed is a policy seed: seed 4's arrivals")
+	for _, seed := range []string{"2", "3"} {
+		assert.Contains(t, s, "\npolicy seed "+seed+": 32 requests, 2 replicas (2 GPUs)\n")
+		assert.Regexp(t, `(?m)^\s+`+seed+`(\s+(\d+\.\d{3,6}\*?|-)){5}\s+\d$`, s)
+	}
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc struct {
+		Runs []struct {
+			Seed       uint64 `json:"seed"`
+			PolicySeed uint64 `json:"policy_seed"`
+			Policies   []struct {
+				Requests int `json:"requests"`
+			} `json:"policies"`
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Runs, 2)
+	for i, r := range doc.Runs {
+		assert.Equal(t, uint64(4), r.Seed, "the arrivals' seed")
+		assert.Equal(t, uint64(2+i), r.PolicySeed)
+		assert.Equal(t, 32, r.Policies[0].Requests)
+	}
+}
+
 // TestPolicySeedFlag: --policy-seed is said in the header and the JSON.
 func TestPolicySeedFlag(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
@@ -394,9 +428,13 @@ func TestBadLoadFlags(t *testing.T) {
 		{[]string{"--seeds", "one"}, "want A:B"},
 		{[]string{"--seeds", "1:x"}, "invalid syntax"},
 		{[]string{"--seeds", "1:2", "--seed", "3"}, "--seeds and --seed: give one"},
-		{[]string{"--seeds", "1:2", "--find-rate"}, "--seeds prints each seed's table and the yardstick: not with"},
-		{[]string{"--seeds", "1:2", "--requests-csv", "x.csv"}, "--seeds prints each seed's table"},
-		{[]string{"--seeds", "1:2", "--memory"}, "--seeds prints each seed's table"},
+		{[]string{"--seeds", "1:2", "--find-rate"}, "--seeds and --policy-seeds print each seed's table and the yardstick: not with"},
+		{[]string{"--seeds", "1:2", "--requests-csv", "x.csv"}, "--seeds and --policy-seeds print each seed's table"},
+		{[]string{"--seeds", "1:2", "--memory"}, "--seeds and --policy-seeds print each seed's table"},
+		{[]string{"--policy-seeds", "1:2", "--memory"}, "--seeds and --policy-seeds print each seed's table"},
+		{[]string{"--policy-seeds", "1:2", "--seeds", "1:2"}, "--seeds and --policy-seeds: give one"},
+		{[]string{"--policy-seeds", "1:2", "--policy-seed", "3"}, "--policy-seeds and --policy-seed: give one"},
+		{[]string{"--policy-seeds", "2:1"}, "--policy-seeds \"2:1\": want A <= B"},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
